@@ -1,0 +1,37 @@
+# Two commands matter: `make demo` and `make test`. Both do their own set-up.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# These machines carry a CPU build of torch 2.13.0 on disk; a bare `torch` would pull CUDA.
+TORCH_PIN ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+QUICK  ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps test demo demo-stop lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+# Chromium + chromedriver for the browser test, docker-compose to validate the compose file.
+system-deps:
+	@bash scripts/system-deps.sh
+
+test: setup system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m training.demo $(if $(QUICK),--quick,)
+
+bench: setup
+	$(PY) benchmarks/mining.py --quick
+	$(PY) benchmarks/training_speed.py --quick
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info

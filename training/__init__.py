@@ -1,0 +1,1 @@
+"""Image-text retrieval trained with hard negatives (AOQ): library and the `aoq` command."""

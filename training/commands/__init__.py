@@ -1,0 +1,1 @@
+"""Command modules of the `aoq` CLI (see training/cli.py)."""

@@ -1,0 +1,31 @@
+"""Device selection and seeding; the only place that decides where tensors live."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def resolve_device(name: str | torch.device | None = "auto") -> torch.device:
+    """``"auto"`` (or None) picks CUDA when available, else the CPU; other names pass through.
+
+    Raises:
+        ValueError: a CUDA device was asked for on a machine without one.
+    """
+    if isinstance(name, torch.device):
+        return name
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, numpy and torch (CPU and CUDA) for a reproducible run."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
