@@ -1,0 +1,103 @@
+"""Hashed, resumable stages: a stage is skipped when its inputs are unchanged and its output
+artefact is still intact.
+
+A stage's identity is the hash of its inputs (the config sections it reads plus the content
+hashes of the upstream artefacts). ``pipeline.json`` in the run directory records, per stage,
+that input hash and the content hash of the artefact produced. On a re-run a stage is skipped
+only when both still match (the output's manifest is re-verified), so a changed config, a
+changed upstream artefact, or a damaged output all cause the stage to run again. Stages that
+were interrupted resume through their own mechanisms (trainer state, mining parts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.io import ArtefactError, atomic_write_json, read_manifest, sha256_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stage:
+    """One step of a pipeline.
+
+    Attributes:
+        name: unique stage name (``round1``, ``mine``, ...).
+        output: the artefact directory it produces (must hold a ``manifest.json``).
+        inputs: returns a JSON-able description of everything the output depends on; called
+            when the stage is reached, so it may read the hashes of upstream outputs.
+        run: builds the output; called with no arguments; must leave ``output`` complete.
+    """
+
+    name: str
+    output: Path
+    inputs: Callable[[], dict[str, Any]]
+    run: Callable[[], None]
+
+    def input_hash(self) -> str:
+        return sha256_json(self.inputs())
+
+
+class StageLedger:
+    """The ``pipeline.json`` record of finished stages, rewritten atomically after each one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.entries: dict[str, dict[str, Any]] = {}
+        if path.is_file():
+            try:
+                self.entries = json.loads(path.read_text())["stages"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                log.warning("%s is unreadable; every stage will be checked again", path)
+
+    def is_current(self, stage: Stage, input_hash: str) -> bool:
+        """True when ``stage`` already ran with these inputs and its output is intact."""
+        entry = self.entries.get(stage.name)
+        if not entry or entry.get("input_hash") != input_hash:
+            return False
+        try:
+            manifest = read_manifest(stage.output)
+        except ArtefactError as exc:
+            log.warning("stage %s: output damaged, running it again (%s)", stage.name, exc)
+            return False
+        return manifest.get("content_hash") == entry.get("output_hash")
+
+    def record(self, stage: Stage, input_hash: str, seconds: float) -> str:
+        output_hash = read_manifest(stage.output, verify=False)["content_hash"]
+        self.entries[stage.name] = {
+            "input_hash": input_hash,
+            "output": str(stage.output),
+            "output_hash": output_hash,
+            "seconds": round(seconds, 2),
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        atomic_write_json(self.path, {"stages": self.entries})
+        return output_hash
+
+
+def run_stages(stages: list[Stage], ledger: StageLedger) -> dict[str, str]:
+    """Run the stages in order, skipping those that are current.
+
+    Returns:
+        stage name -> ``"skipped"`` or ``"ran"``.
+    """
+    status: dict[str, str] = {}
+    for stage in stages:
+        input_hash = stage.input_hash()
+        if ledger.is_current(stage, input_hash):
+            log.info("stage %s: up to date, skipped (%s)", stage.name, stage.output)
+            status[stage.name] = "skipped"
+            continue
+        log.info("stage %s: running -> %s", stage.name, stage.output)
+        start = time.perf_counter()
+        stage.run()
+        ledger.record(stage, input_hash, time.perf_counter() - start)
+        status[stage.name] = "ran"
+    return status
