@@ -1,0 +1,37 @@
+"""``aoq vocab``: build the vocabulary of a dataset's train split and save it as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from tqdm import tqdm
+
+from training.config import load_config
+from training.data.load import load_split
+from training.data.vocab import Vocabulary
+
+HELP = "Build the vocabulary of a dataset's train split and save it as JSON."
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="experiment YAML (its data section is used)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. data.vocab_threshold=2 (repeatable)")
+    parser.add_argument("--out", required=True, help="vocabulary JSON file to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    train = load_split(cfg.data, "train")
+    vocab = Vocabulary.build(
+        tqdm(train.captions, desc="tokenizing", unit="caption", disable=None),
+        threshold=cfg.data.vocab_threshold,
+    )
+    path = vocab.save(args.out)
+    print(
+        f"{path}: {len(vocab)} tokens (threshold {vocab.threshold}) from "
+        f"{train.n_captions} captions of split {train.name!r} ({train.source})"
+    )
+    return 0
