@@ -1,0 +1,201 @@
+"""The UI's HTTP client against a fake search service (httpx.MockTransport): requests sent,
+answers parsed, and every failure mapped to a BackendError with a message fit for the page."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from ui_fake_backend import BASE, FakeBackend
+
+from ui.client import BackendClient, BackendError, BackendUnavailable, format_detail
+
+
+def _client(handler) -> BackendClient:
+    return BackendClient(BASE, transport=httpx.MockTransport(handler))
+
+
+def test_health_and_models_are_parsed():
+    fake = FakeBackend()
+    client = fake.client()
+    health = client.health()
+    assert (health.status, health.models, health.version) == ("ok", ["baseline", "aoq"], "0.1.0")
+    models = client.models()
+    assert [(m.name, m.role, m.loss) for m in models] == [("baseline", "baseline", "max_violation"),
+                                                         ("aoq", "aoq", "adap_off_quin")]
+    assert [str(r.url) for r in fake.requests] == [f"{BASE}/health", f"{BASE}/models"]
+
+
+def test_examples_sends_split_and_n():
+    fake = FakeBackend()
+    examples = fake.client().examples("train", 3)
+    assert fake.requests[0].url.params == httpx.QueryParams({"split": "train", "n": "3"})
+    assert [c.id for c in examples.captions] == [100, 101, 102]
+    assert [i.thumbnail_url for i in examples.images] == ["/images/100?size=64", "/images/101?size=64",
+                                                          "/images/102?size=64"]
+
+
+def test_compare_text_sends_the_contract_body_and_parses_both_sides():
+    fake = FakeBackend()
+    answer = fake.client().compare_text("a red square number 0", ["baseline", "aoq"], k=2)
+    request = fake.requests[0]
+    assert (request.method, request.url.path) == ("POST", "/compare/text")
+    assert json.loads(request.content) == {"query": "a red square number 0", "models": ["baseline", "aoq"], "k": 2}
+    assert (answer.left.model, answer.left.ground_truth_rank, answer.left.caption_id) == ("baseline", 3, 0)
+    assert [h.image_id for h in answer.left.results] == [2, 1]
+    assert [h.is_ground_truth for h in answer.right.results] == [True, False]
+
+
+def test_compare_text_without_models_lets_the_backend_choose():
+    fake = FakeBackend()
+    fake.client().compare_text("anything", None, k=1)
+    assert json.loads(fake.requests[0].content) == {"query": "anything", "k": 1}
+
+
+def test_compare_image_by_id_sends_form_fields():
+    fake = FakeBackend()
+    answer = fake.client().compare_image(image_id=0, models=["baseline", "aoq"], k=3)
+    body = fake.requests[0].content
+    assert b'name="image_id"\r\n\r\n0' in body and b'name="models"\r\n\r\nbaseline,aoq' in body
+    assert b'name="k"\r\n\r\n3' in body and b"filename=" not in body
+    assert [h.caption_id for h in answer.left.results] == [7, 0, 1]
+    assert answer.left.ground_truth_rank == 2 and answer.right.ground_truth_rank == 1
+
+
+def test_compare_image_upload_sends_the_file_as_png(tmp_path):
+    fake = FakeBackend()
+    path = tmp_path / "query.png"
+    path.write_bytes(b"\x89PNG fake bytes")
+    fake.client().compare_image(file=path, k=1)
+    body = fake.requests[0].content
+    assert b'filename="query.png"' in body and b"Content-Type: image/png" in body
+    assert b"\x89PNG fake bytes" in body and b'name="models"' not in body
+
+
+def test_compare_image_needs_exactly_one_source(tmp_path):
+    client = FakeBackend().client()
+    with pytest.raises(ValueError, match="exactly one"):
+        client.compare_image(k=1)
+    with pytest.raises(ValueError, match="exactly one"):
+        client.compare_image(image_id=1, file=tmp_path / "x.png")
+
+
+def test_unreadable_upload_is_a_backend_error_naming_the_file(tmp_path):
+    with pytest.raises(BackendError, match="cannot read the uploaded image .*missing.png"):
+        FakeBackend().client().compare_image(file=tmp_path / "missing.png")
+
+
+def test_failures_and_negatives_send_their_parameters():
+    fake = FakeBackend()
+    client = fake.client()
+    failures = client.failures("i2t", "both", 5, ["aoq", "baseline"])
+    assert fake.requests[0].url.params == httpx.QueryParams(
+        {"direction": "i2t", "which": "both", "limit": "5", "models": "aoq,baseline"})
+    assert (failures.left, failures.right, failures.total, failures.items[0].image_url) == (
+        "aoq", "baseline", 7, "/images/1")
+    negatives = client.negatives("image", 4, "aoq", 2)
+    assert fake.requests[1].url.params == httpx.QueryParams({"kind": "image", "id": "4", "model": "aoq", "n": "2"})
+    assert [n.text for n in negatives.offline] == ["a blue <b>square</b>"]
+
+
+def test_metrics_quotes_the_model_name():
+    seen = []
+
+    def handler(request):
+        seen.append(request.url.raw_path)
+        return httpx.Response(404, json={"detail": "unknown model"})
+
+    with pytest.raises(BackendError):
+        _client(handler).metrics("my model/2")
+    assert seen == [b"/metrics/my%20model%2F2"]
+
+
+def test_backend_down_is_unavailable_with_a_hint():
+    fake = FakeBackend(down=True)
+    with pytest.raises(BackendUnavailable) as info:
+        fake.client().health()
+    message = str(info.value)
+    assert message.startswith(f"The search service at {BASE} is not reachable (ConnectError")
+    assert "aoq serve" in message and "AOQ_BACKEND_URL" in message
+    assert info.value.status is None
+
+
+def test_timeout_is_unavailable():
+    def handler(request):
+        raise httpx.ReadTimeout("slow", request=request)
+
+    with pytest.raises(BackendUnavailable, match=r"did not answer GET /models in time \(ReadTimeout\)"):
+        _client(handler).models()
+
+
+def test_4xx_detail_becomes_the_message():
+    fake = FakeBackend()
+    with pytest.raises(BackendError) as info:
+        fake.client().compare_text("q", ["baseline", "nope"], 1)
+    assert not isinstance(info.value, BackendUnavailable)
+    assert info.value.status == 404
+    assert str(info.value) == "unknown model 'nope'; known: ['baseline', 'aoq']"
+    assert info.value.detail == str(info.value)
+
+
+def test_fastapi_422_list_is_flattened():
+    detail = [{"loc": ["body", "query"], "msg": "String should have at least 1 character", "type": "x"},
+              {"loc": ["body", "k"], "msg": "Input should be less than or equal to 100", "type": "y"}]
+    fake = FakeBackend(fail={"/compare/text": (422, detail)})
+    with pytest.raises(BackendError) as info:
+        fake.client().compare_text("", None, 1)
+    assert str(info.value) == ("query: String should have at least 1 character; "
+                               "k: Input should be less than or equal to 100")
+    assert info.value.status == 422
+
+
+def test_5xx_says_the_service_failed():
+    fake = FakeBackend(fail={"/failures": (500, "index and catalogue disagree")})
+    with pytest.raises(BackendError, match=r"^The search service failed on GET /failures \(HTTP 500\): "
+                                           r"index and catalogue disagree$"):
+        fake.client().failures("t2i", "both")
+
+
+def test_error_without_json_uses_the_body_text():
+    def handler(request):
+        return httpx.Response(502, text="Bad gateway from the proxy")
+
+    with pytest.raises(BackendError, match=r"\(HTTP 502\): Bad gateway from the proxy$"):
+        _client(handler).health()
+
+
+def test_success_that_is_not_json_is_an_error():
+    def handler(request):
+        return httpx.Response(200, text="<html>hello</html>")
+
+    with pytest.raises(BackendError, match="answered GET /health with something that is not JSON"):
+        _client(handler).health()
+
+
+def test_wrong_shape_names_the_field():
+    def handler(request):
+        return httpx.Response(200, json={"query": "q", "left": {"model": "a", "query": "q"}, "right": {}})
+
+    with pytest.raises(BackendError, match=r"unexpected shape: left\.results: Field required \(\d+ problem"):
+        _client(handler).compare_text("q")
+
+
+@pytest.mark.parametrize(
+    ("detail", "expected"),
+    [
+        ("plain", "plain"),
+        (None, ""),
+        ([{"loc": ["query", "n"], "msg": "too big"}], "n: too big"),
+        ([{"loc": [], "msg": "bad"}, "odd"], "bad; odd"),
+        ({"weird": 1}, "{'weird': 1}"),
+    ],
+)
+def test_format_detail(detail, expected):
+    assert format_detail(detail) == expected
+
+
+def test_trailing_slash_and_public_url():
+    client = BackendClient("http://host:9/", public_url="http://public:9/")
+    assert (client.base_url, client.public_url) == ("http://host:9", "http://public:9")
+    assert BackendClient("http://host:9").public_url == "http://host:9"

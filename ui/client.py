@@ -1,0 +1,222 @@
+"""A small typed HTTP client for the search service (the only way the UI gets results).
+
+Every failure becomes a ``BackendError`` carrying a message fit to show in the page:
+
+* ``BackendUnavailable``: nothing answers at the URL (refused, timed out, DNS);
+* ``BackendError`` with ``status`` set: the backend answered 4xx/5xx; ``detail`` is its
+  ``{"detail": ...}`` message (FastAPI's list form for 422 is flattened to ``field: msg; ...``);
+* ``BackendError`` with ``status=None``: the answer is not the JSON the contract promises.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from ui.schemas import (
+    Direction,
+    Examples,
+    FailureKind,
+    Failures,
+    Health,
+    ImageComparison,
+    Metrics,
+    ModelInfo,
+    Negatives,
+    TextComparison,
+)
+
+DEFAULT_BACKEND_URL = "http://127.0.0.1:8000"
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+UPLOAD_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+
+T = TypeVar("T")
+
+
+class BackendError(RuntimeError):
+    """The backend could not give the answer asked for; ``str(exc)`` is shown to the user."""
+
+    def __init__(self, message: str, status: int | None = None, detail: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
+
+
+class BackendUnavailable(BackendError):
+    """Nothing answers at the backend URL."""
+
+
+def format_detail(detail: Any) -> str:
+    """Turn a FastAPI ``detail`` (a string, or the 422 list of ``{loc, msg}``) into one line."""
+    if detail is None:
+        return ""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        parts = []
+        for item in detail:
+            if isinstance(item, Mapping):
+                loc = [str(p) for p in item.get("loc", [])]
+                if loc and loc[0] in _LOCATIONS:  # where FastAPI found the field, not its name
+                    loc = loc[1:]
+                msg = str(item.get("msg", item))
+                parts.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)
+    return str(detail)
+
+
+class BackendClient:
+    """Calls the endpoints of docs/api.md and returns validated ``ui.schemas`` objects.
+
+    ``public_url`` is the backend URL as the *browser* reaches it (relative image URLs in answers
+    are resolved against it when rendered); it defaults to ``base_url``.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BACKEND_URL,
+        *,
+        public_url: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.public_url = (public_url or base_url).rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> BackendClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    def health(self) -> Health:
+        return self._get("/health", Health)
+
+    def models(self) -> list[ModelInfo]:
+        return self._get("/models", list[ModelInfo])
+
+    def examples(self, split: str = "test", n: int = 8) -> Examples:
+        return self._get("/examples", Examples, params={"split": split, "n": n})
+
+    def compare_text(self, query: str, models: Sequence[str] | None = None, k: int = 10) -> TextComparison:
+        body: dict[str, Any] = {"query": query, "k": k}
+        if models:
+            body["models"] = list(models)
+        return self._call("POST", "/compare/text", TextComparison, json=body)
+
+    def compare_image(
+        self,
+        *,
+        image_id: int | None = None,
+        file: str | Path | None = None,
+        models: Sequence[str] | None = None,
+        k: int = 10,
+    ) -> ImageComparison:
+        """Compare two models on a gallery image (``image_id``) or an uploaded PNG/JPEG (``file``)."""
+        if (image_id is None) == (file is None):
+            raise ValueError("give exactly one of image_id and file")
+        # Every field goes as a multipart part (a (None, value) pair has no file name): the
+        # contract is multipart/form-data even without an upload, which httpx would urlencode.
+        fields: dict[str, tuple[str | None, bytes | str, str | None]] = {"k": (None, str(k), None)}
+        if models:
+            fields["models"] = (None, ",".join(models), None)
+        if image_id is not None:
+            fields["image_id"] = (None, str(image_id), None)
+        else:
+            path = Path(file)  # type: ignore[arg-type]
+            mime = UPLOAD_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0]
+            try:
+                content = path.read_bytes()
+            except OSError as exc:
+                raise BackendError(f"cannot read the uploaded image {path}: {exc.strerror}") from exc
+            fields["file"] = (path.name, content, mime or "application/octet-stream")
+        return self._call("POST", "/compare/image", ImageComparison, files=fields)
+
+    def failures(
+        self,
+        direction: Direction,
+        which: FailureKind,
+        limit: int = 20,
+        models: Sequence[str] | None = None,
+    ) -> Failures:
+        params: dict[str, Any] = {"direction": direction, "which": which, "limit": limit}
+        if models:
+            params["models"] = ",".join(models)
+        return self._get("/failures", Failures, params=params)
+
+    def metrics(self, model: str) -> Metrics:
+        return self._get(f"/metrics/{quote(model, safe='')}", Metrics)
+
+    def negatives(self, kind: str, item_id: int, model: str, n: int = 5) -> Negatives:
+        params = {"kind": kind, "id": item_id, "model": model, "n": n}
+        return self._get("/negatives", Negatives, params=params)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _get(self, path: str, shape: type[T], params: Mapping[str, Any] | None = None) -> T:
+        return self._call("GET", path, shape, params=params)
+
+    def _call(self, method: str, path: str, shape: type[T], **kwargs: Any) -> T:
+        where = f"{method} {path}"
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise BackendUnavailable(
+                f"The search service at {self.base_url} did not answer {where} in time ({exc.__class__.__name__})."
+            ) from exc
+        except httpx.TransportError as exc:
+            raise BackendUnavailable(
+                f"The search service at {self.base_url} is not reachable ({exc.__class__.__name__}: {exc}). "
+                "Start it with `aoq serve` or point the UI at it with --backend / AOQ_BACKEND_URL."
+            ) from exc
+        if response.status_code >= 400:
+            raise _http_error(response, where)
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise BackendError(f"The search service answered {where} with something that is not JSON.") from exc
+        try:
+            return TypeAdapter(shape).validate_python(payload)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "(root)"
+            raise BackendError(
+                f"The search service answered {where} with an unexpected shape: {field}: {first['msg']} "
+                f"({exc.error_count()} problem(s)); are the UI and backend versions the same?"
+            ) from exc
+
+
+def _http_error(response: httpx.Response, where: str) -> BackendError:
+    try:
+        detail = format_detail(response.json().get("detail"))
+    except (ValueError, AttributeError):
+        detail = response.text.strip()[:300] or response.reason_phrase
+    status = response.status_code
+    if status >= 500:
+        message = f"The search service failed on {where} (HTTP {status}): {detail}"
+    else:
+        message = detail or f"The search service rejected {where} (HTTP {status})."
+    return BackendError(message, status=status, detail=detail)
+
+
+__all__ = [
+    "DEFAULT_BACKEND_URL",
+    "BackendClient",
+    "BackendError",
+    "BackendUnavailable",
+    "format_detail",
+]
