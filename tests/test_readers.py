@@ -326,3 +326,24 @@ def test_load_split_karpathy(tmp_path: Path) -> None:
     assert load_split(cfg, "test").image_paths[0].parent == tmp_path / "images"
     message = _error(load_split, cfg.model_copy(update={"test_split": "testall"}), "test")
     assert message == f"{tmp_path / 'images'}: unknown split 'testall'; available: dev, test, train"
+
+
+# --------------------------------------------------------------------------- synthetic set
+
+
+def test_both_readers_agree_on_the_synthetic_set(tmp_path: Path) -> None:
+    from training.cli import main as aoq
+
+    out = tmp_path / "synth"
+    args = ["synth", "--out", str(out), "--train", "8", "--dev", "4", "--test", "4", "--workers", "1", "--no-progress"]
+    assert aoq(args) == 0
+    karpathy = read_karpathy(out / "dataset_synth.json")
+    assert {n: s.n_images for n, s in karpathy.splits.items()} == {"train": 8, "dev": 4, "test": 4}
+    for name in ("train", "dev", "test"):  # Karpathy "val" is read as "dev", the precomp name
+        from_json, from_precomp = karpathy.split(name), read_precomp(out / "precomp", name, captions_per_image=5)
+        assert from_precomp.n_images == from_json.n_images
+        assert from_precomp.captions == from_json.captions
+        assert isinstance(from_precomp.features, np.memmap) and from_precomp.features.ndim == 3
+        assert all(p.is_file() for p in from_json.image_paths)
+    cfg = DataConfig(format="karpathy", path=str(out / "dataset_synth.json"), dev_split="val")
+    assert load_split(cfg, "dev").captions == load_split(DataConfig(path=str(out / "precomp")), "dev").captions
