@@ -1,0 +1,103 @@
+"""The FastAPI application: ``create_app(settings)`` wires the catalogue, the model registry, the
+query log and the routers; errors of every kind become JSON ``{"detail": ...}``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import faiss
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from backend.config import Settings
+from backend.db import create_schema, make_engine, session_factory
+from backend.deps import Service
+from backend.errors import ServiceError
+from backend.limits import BodyLimitMiddleware
+from backend.negatives import NegativesService
+from backend.querylog import QueryLogger
+from backend.registry import Registry
+from backend.routes import analysis, items, search, service
+from backend.version import VERSION
+
+log = logging.getLogger(__name__)
+#: room for the multipart framing and the other form fields around a maximal upload.
+_FORM_OVERHEAD = 64 * 1024
+
+
+def start_service(settings: Settings) -> Service:
+    """Open the catalogue, check and load every model, start the background threads."""
+    torch.set_num_threads(settings.torch_threads)
+    faiss.omp_set_num_threads(settings.faiss_threads)
+    engine = make_engine(settings.catalogue())
+    create_schema(engine)
+    sessions = session_factory(engine)
+    registry = Registry(settings, sessions)
+    registry.start()
+    querylog = QueryLogger(sessions, enabled=settings.query_log)
+    querylog.start()
+    return Service(settings=settings, engine=engine, sessions=sessions, registry=registry, querylog=querylog,
+                   negatives=NegativesService(settings.data_dir, sessions))
+
+
+def stop_service(svc: Service) -> None:
+    svc.registry.stop()
+    svc.querylog.close()
+    svc.engine.dispose()
+
+
+def _problems(exc: RequestValidationError) -> list[dict]:
+    return [{"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": str(e.get("msg"))} for e in exc.errors()]
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = _problems(exc)
+        # "body.query: String should have at most 1000 characters; query.k: ..." reads on one line
+        text = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in problems)
+        return JSONResponse({"detail": text or "invalid request", "errors": problems}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Last resort only: every expected problem is a ServiceError or a validation error.
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The application; models are loaded when it starts (lifespan), not when it is created."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.service = start_service(settings)
+        try:
+            yield
+        finally:
+            stop_service(app.state.service)
+
+    app = FastAPI(
+        title="AOQ image-text retrieval",
+        version=VERSION,
+        description="Sentence -> images and image -> sentences with baseline and AOQ models (docs/api.md).",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _FORM_OVERHEAD)
+    _install_error_handlers(app)
+    for module in (service, search, items, analysis):
+        app.include_router(module.router)
+    return app

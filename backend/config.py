@@ -1,0 +1,53 @@
+"""Settings of the search service: environment variables with the ``AOQ_`` prefix, or CLI flags.
+
+Example::
+
+    AOQ_MODELS_DIR=runs/synthetic/models AOQ_INDEX_DIR=runs/synthetic/index aoq serve --port 8000
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The catalogue lives beside the indexes unless a URL is given.
+CATALOGUE_FILE = "catalogue.sqlite"
+
+
+class Settings(BaseSettings):
+    """Everything ``aoq serve`` needs; every field can be set as ``AOQ_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="AOQ_", extra="ignore")
+
+    #: SQLAlchemy URL; default ``sqlite:///<index_dir>/catalogue.sqlite``.
+    catalogue_url: str | None = None
+    #: one checkpoint directory per model (``runs/<name>/models``).
+    models_dir: Path = Path("runs/synthetic/models")
+    #: written by ``aoq index``: one artefact directory per model plus ``index.json``.
+    index_dir: Path = Path("runs/synthetic/index")
+    #: the only tree images are ever read from (catalogue image paths are relative to it).
+    data_dir: Path = Path("data")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    #: where models run queries; the CPU is the sensible default for single queries.
+    device: str = "cpu"
+    #: threads for torch and for FAISS: on a small machine one thread per query wins (FIELD-NOTES 9),
+    #: concurrency comes from serving several requests at once.
+    torch_threads: int = Field(1, ge=1)
+    faiss_threads: int = Field(1, ge=1)
+    #: seconds between checks of ``index.json`` for a rebuilt index (0: only ``POST /admin/reload``).
+    reload_poll_s: float = Field(2.0, ge=0)
+    max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    #: uploads with more pixels are refused before decoding (decompression bombs).
+    max_upload_pixels: int = Field(40_000_000, ge=1)
+    #: record every query (time, endpoint, latency, model, k) in the catalogue; uploads never are.
+    query_log: bool = True
+    log_level: str = "info"
+
+    def catalogue(self) -> str:
+        """The catalogue URL, defaulting to a SQLite file inside the index directory."""
+        if self.catalogue_url:
+            return self.catalogue_url
+        return f"sqlite:///{(self.index_dir / CATALOGUE_FILE).resolve()}"

@@ -1,0 +1,51 @@
+"""What routes receive: the service's long-lived parts, and the snapshot a request works on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.config import Settings
+from backend.negatives import NegativesService
+from backend.querylog import QueryLogger
+from backend.registry import Registry, Snapshot
+from backend.search import Urls
+
+
+@dataclass
+class Service:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker
+    registry: Registry
+    querylog: QueryLogger
+    negatives: NegativesService
+
+
+def get_service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def get_snapshot(request: Request) -> Snapshot:
+    # Taken once per request: a reload during the request cannot change what it sees.
+    return request.app.state.service.registry.current
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.service.sessions() as session:
+        yield session
+
+
+def get_urls(request: Request) -> Urls:
+    return Urls(str(request.base_url).rstrip("/"))
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
+SnapshotDep = Annotated[Snapshot, Depends(get_snapshot)]
+SessionDep = Annotated[Session, Depends(get_session)]
+UrlsDep = Annotated[Urls, Depends(get_urls)]

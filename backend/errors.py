@@ -1,0 +1,16 @@
+"""The one exception the service's modules raise for a request they cannot answer.
+
+It carries the HTTP status (always 4xx: the service never blames itself for bad input) and a
+message meant for the person who sent the request; the app turns it into ``{"detail": message}``.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """A request that cannot be answered, with its HTTP status and a clear message."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+        self.detail = detail

@@ -1,0 +1,95 @@
+"""Queries to vectors: text through the model's vocabulary and text encoder, uploaded images
+through the model's own image path.
+
+Image paths by model kind:
+
+- raw-image models (``image_input == "pixels"``, the cnn encoders): ``load_pixels`` at the
+  training image size, then the CNN;
+- region-feature models on the synthetic benchmark: the benchmark's own pixel region extractor
+  (``extract_regions``), the very function that produced the training features;
+- region-feature models on COCO/Flickr30K precomp: those features came from an external
+  detector (bottom-up attention) that is not part of this project, so an upload is refused
+  with a 422 that says so.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from backend.errors import ServiceError
+from training.checkpoint import Checkpoint
+from training.data.loaders import load_pixels
+from training.data.synth.features import extract_regions
+from training.embed import encode_image_inputs, encode_texts
+
+ACCEPTED_FORMATS = ("PNG", "JPEG")
+
+
+def decode_upload(data: bytes, max_pixels: int) -> Image.Image:
+    """Decode an uploaded PNG or JPEG, refusing anything else before it costs memory.
+
+    The pixel count is checked from the header, before decoding, so a small file that would
+    expand to gigabytes (a decompression bomb) is refused without being decompressed.
+
+    Raises:
+        ServiceError: 422 empty, not an image, corrupt/truncated, or too many pixels;
+            415 an image in another format.
+    """
+    if not data:
+        raise ServiceError(422, "the uploaded file is empty")
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ServiceError(422, f"image refused as a possible decompression bomb ({exc})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+        raise ServiceError(422, "the uploaded file is not an image (PNG or JPEG expected)") from None
+    if image.format not in ACCEPTED_FORMATS:
+        raise ServiceError(415, f"the uploaded image is {image.format or 'of an unknown format'}; PNG or JPEG expected")
+    width, height = image.size
+    if width * height > max_pixels:
+        raise ServiceError(
+            422,
+            f"the uploaded image has {width}x{height} = {width * height} pixels, more than the limit of "
+            f"{max_pixels} (possible decompression bomb)",
+        )
+    try:
+        image.load()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError) as exc:
+        raise ServiceError(422, f"the uploaded image is corrupt or truncated ({exc})") from None
+    return image
+
+
+def encode_text(checkpoint: Checkpoint, text: str) -> np.ndarray:
+    """One query's unit-norm embedding, shape (d,)."""
+    return encode_texts(checkpoint.model, checkpoint.vocab, [text])[0]
+
+
+def upload_refusal(image_input: str, synthetic: bool, dataset: str) -> str | None:
+    """Why uploads cannot be featurised for a model, or None when they can."""
+    if image_input == "pixels" or synthetic:
+        return None
+    return (
+        f"this model reads region features of dataset {dataset!r} that came from an external detector "
+        f"(bottom-up attention), which this service does not run; query by image_id instead"
+    )
+
+
+def encode_upload(checkpoint: Checkpoint, image: Image.Image, synthetic: bool, dataset: str) -> np.ndarray:
+    """Embed an uploaded image with the model's own image path, shape (d,).
+
+    Raises:
+        ServiceError: 422 for feature models of a dataset whose features the service cannot compute.
+    """
+    model = checkpoint.model
+    refusal = upload_refusal(model.image_input, synthetic, dataset)
+    if refusal is not None:
+        raise ServiceError(422, refusal)
+    if model.image_input == "pixels":
+        inputs = load_pixels(image, checkpoint.config.data.image_size)[None]
+    else:
+        inputs = torch.from_numpy(extract_regions(image))[None]
+    return encode_image_inputs(model, inputs)[0]

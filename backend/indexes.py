@@ -1,0 +1,269 @@
+"""FAISS indexes of one model's gallery, written as one atomic artefact directory.
+
+Layout of ``<index_dir>/<model>/``::
+
+    images.faiss     inner-product index of the gallery images (vector id = catalogue image id)
+    captions.faiss   the same for the gallery captions (vector id = catalogue caption id)
+    images.npy       the image embeddings (float32, row p = image position p), for exact
+    captions.npy     ground-truth ranks over the full gallery and for image-id queries
+    image_ids.npy    catalogue ids by position
+    caption_ids.npy
+    manifest.json    kind "aoq-index", model, checkpoint hash, index type, tuned parameters and
+                     measured recall@10 against exact search, per-file hashes
+
+``<index_dir>/index.json`` names the models and a generation number; it is written last, after
+the catalogue commit, and a running server reloads when it changes.
+
+Approximate indexes (HNSW, IVF) are tuned on the gallery's own queries (captions against images
+and images against captions): the search-time parameter grows until recall@10 against the exact
+index reaches the target, and the measured value is recorded (FIELD-NOTES 10).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import faiss
+import numpy as np
+
+from training.io import ArtefactError, atomic_dir, atomic_save_npy, atomic_write_json, read_manifest, write_manifest
+
+log = logging.getLogger(__name__)
+
+KIND = "aoq-index"
+GENERATION_FILE = "index.json"
+IndexType = Literal["flat", "hnsw", "ivf"]
+MODALITIES = ("images", "captions")
+RECALL_K = 10
+#: queries used to measure recall of an approximate index (a random sample of the gallery's own).
+RECALL_QUERIES = 2000
+_HNSW_EF = (16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """How to index: ``flat`` (exact, default), ``hnsw`` or ``ivf`` tuned to ``target_recall``."""
+
+    type: IndexType = "flat"
+    target_recall: float = 0.95
+    hnsw_m: int = 32
+    #: IVF lists; None: about 4 * sqrt(N).
+    ivf_nlist: int | None = None
+    seed: int = 0
+
+
+def _exact(vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
+    index = faiss.IndexIDMap(faiss.IndexFlatIP(vectors.shape[1]))
+    index.add_with_ids(vectors, ids)
+    return index
+
+
+def _approximate(vectors: np.ndarray, ids: np.ndarray, spec: IndexSpec) -> faiss.Index:
+    d = vectors.shape[1]
+    if spec.type == "hnsw":
+        index = faiss.IndexIDMap(faiss.IndexHNSWFlat(d, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT))
+        index.add_with_ids(vectors, ids)
+        return index
+    nlist = spec.ivf_nlist or max(1, min(len(vectors) // 39, int(4 * math.sqrt(len(vectors)))))
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    ivf.cp.seed = spec.seed
+    ivf.train(vectors)
+    ivf.add_with_ids(vectors, ids)
+    return ivf
+
+
+def set_search_param(index: faiss.Index, index_type: str, value: int | None) -> None:
+    """Apply the tuned search-time parameter (HNSW efSearch, IVF nprobe) to a loaded index."""
+    if value is None or index_type == "flat":
+        return
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    if index_type == "hnsw":
+        inner.hnsw.efSearch = int(value)
+    else:
+        faiss.extract_index_ivf(index).nprobe = int(value)
+
+
+def recall_at_k(index: faiss.Index, exact: faiss.Index, queries: np.ndarray, k: int = RECALL_K) -> float:
+    """Mean fraction of the exact top-k ids that ``index`` also returns in its top-k."""
+    k = min(k, exact.ntotal)
+    _, truth = exact.search(queries, k)
+    _, found = index.search(queries, k)
+    hits = sum(len(set(t.tolist()) & set(f.tolist())) for t, f in zip(truth, found))
+    return hits / float(truth.size)
+
+
+def _tune(index: faiss.Index, exact: faiss.Index, queries: np.ndarray, spec: IndexSpec) -> dict[str, Any]:
+    """Smallest search parameter reaching the target recall, and the recall measured with it."""
+    if spec.type == "hnsw":
+        name, grid = "efSearch", list(_HNSW_EF)
+    else:
+        name, nlist = "nprobe", faiss.extract_index_ivf(index).nlist
+        grid = sorted({min(2**e, nlist) for e in range(int(math.log2(nlist)) + 2)})
+    recall = 0.0
+    for value in grid:
+        set_search_param(index, spec.type, value)
+        recall = recall_at_k(index, exact, queries)
+        if recall >= spec.target_recall:
+            return {name: value, "recall_at_10": round(recall, 4)}
+    raise ArtefactError(
+        f"{spec.type} index: recall@10 against exact search is only {recall:.3f} at {name}={grid[-1]}, "
+        f"below the target {spec.target_recall}; use --type flat for this gallery"
+    )
+
+
+def build_index(
+    vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, spec: IndexSpec
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """Index ``vectors`` under ``ids``; approximate types are tuned on ``queries``.
+
+    Returns:
+        The index and its parameters (``recall_at_10`` measured against exact search, 1.0 for flat).
+    """
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    exact = _exact(vectors, ids)
+    if spec.type == "flat":
+        return exact, {"recall_at_10": 1.0}
+    index = _approximate(vectors, ids, spec)
+    rng = np.random.default_rng(spec.seed)
+    sample = queries[rng.choice(len(queries), size=min(RECALL_QUERIES, len(queries)), replace=False)]
+    params = _tune(index, exact, np.ascontiguousarray(sample, dtype=np.float32), spec)
+    log.info("%s index over %d vectors: %s", spec.type, len(vectors), params)
+    return index, params
+
+
+def write_model_index(
+    out: Path,
+    embeddings: dict[str, np.ndarray],
+    ids: dict[str, np.ndarray],
+    spec: IndexSpec,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """Build both indexes of a model and write them with their manifest into ``out`` atomically.
+
+    Args:
+        embeddings: ``{"images": (N_i, d), "captions": (N_c, d)}`` L2-normalised float32.
+        ids: catalogue ids by position, same keys.
+        meta: recorded in the manifest (model name, checkpoint hash, dataset, split...).
+
+    Returns:
+        The manifest (``params`` holds each modality's index parameters and recall).
+    """
+    params: dict[str, dict[str, Any]] = {}
+    queries = {"images": embeddings["captions"], "captions": embeddings["images"]}
+    with atomic_dir(out) as tmp:
+        for modality in MODALITIES:
+            index, params[modality] = build_index(embeddings[modality], ids[modality], queries[modality], spec)
+            faiss.write_index(index, str(tmp / f"{modality}.faiss"))
+            atomic_save_npy(tmp / f"{modality}.npy", np.asarray(embeddings[modality], dtype=np.float32))
+            atomic_save_npy(tmp / f"{modality[:-1]}_ids.npy", np.asarray(ids[modality], dtype=np.int64))
+        config = {
+            **meta,
+            "index_type": spec.type,
+            "dim": int(embeddings["images"].shape[1]),
+            "counts": {m: int(len(ids[m])) for m in MODALITIES},
+        }
+        manifest = write_manifest(tmp, KIND, config, params=params)
+    return manifest
+
+
+@dataclass
+class LoadedIndex:
+    """A model's indexes and embeddings as loaded by the server (read-only after loading)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    faiss: dict[str, faiss.Index]
+    embeddings: dict[str, np.ndarray]
+    ids: dict[str, np.ndarray]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.manifest["config"]
+
+
+def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
+    """Verify (per-file hashes) and load a model's index directory.
+
+    Raises:
+        ArtefactError: missing, foreign, corrupted directory or inconsistent contents.
+    """
+    manifest = read_manifest(path, kind=KIND)
+    config = manifest["config"]
+    indexes, embeddings, ids = {}, {}, {}
+    for modality in MODALITIES:
+        try:
+            index = faiss.read_index(str(path / f"{modality}.faiss"))
+        except RuntimeError as exc:
+            raise ArtefactError(f"{path / f'{modality}.faiss'}: not a readable FAISS index ({exc})") from None
+        set_search_param(index, config["index_type"], _search_value(manifest["params"][modality]))
+        embeddings[modality] = np.load(path / f"{modality}.npy", mmap_mode="r")
+        ids[modality] = np.load(path / f"{modality[:-1]}_ids.npy")
+        n = config["counts"][modality]
+        if not (index.ntotal == len(embeddings[modality]) == len(ids[modality]) == n):
+            raise ArtefactError(
+                f"{path}: {modality} index has {index.ntotal} vectors, embeddings {len(embeddings[modality])}, "
+                f"ids {len(ids[modality])}, manifest {n}"
+            )
+        indexes[modality] = _maybe_gpu(index, use_gpu)
+    return LoadedIndex(path=path, manifest=manifest, faiss=indexes, embeddings=embeddings, ids=ids)
+
+
+def _search_value(params: dict[str, Any]) -> int | None:
+    return params.get("efSearch", params.get("nprobe"))
+
+
+def _maybe_gpu(index: faiss.Index, use_gpu: bool | None) -> faiss.Index:
+    """faiss-gpu is optional (FIELD-NOTES 8): move flat indexes to the GPUs when it is installed."""
+    wanted = use_gpu if use_gpu is not None else hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0
+    if not wanted:
+        return index
+    try:
+        return faiss.index_cpu_to_all_gpus(index)
+    except (RuntimeError, AttributeError) as exc:  # e.g. HNSW has no GPU version: keep the CPU index
+        log.info("index stays on the CPU (%s)", exc)
+        return index
+
+
+def search(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` (scores, ids) of one query vector; ids of missing results (-1) are dropped."""
+    k = min(k, index.ntotal)
+    scores, ids = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), k)
+    keep = ids[0] >= 0
+    return scores[0][keep], ids[0][keep]
+
+
+def full_rank(embeddings: np.ndarray, query: np.ndarray, positions: np.ndarray) -> int:
+    """1-based rank, over the whole gallery, of the best of the items at ``positions``.
+
+    Ties count in the query's favour (items scoring strictly higher push it down), as in the
+    evaluation code.
+    """
+    scores = np.asarray(embeddings @ query.astype(np.float32), dtype=np.float32)
+    best = float(scores[positions].max())
+    return int((scores > best).sum()) + 1
+
+
+def read_generation(index_dir: Path) -> dict[str, Any] | None:
+    """The content of ``index.json`` (None when the directory was never indexed)."""
+    path = index_dir / GENERATION_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtefactError(f"{path}: not valid JSON ({exc})") from None
+
+
+def bump_generation(index_dir: Path, models: list[str]) -> dict[str, Any]:
+    """Write ``index.json`` with the next generation number: the signal to reload."""
+    previous = read_generation(index_dir) or {}
+    known = sorted(set(previous.get("models", [])) | set(models))
+    content = {"generation": int(previous.get("generation", 0)) + 1, "models": known}
+    atomic_write_json(index_dir / GENERATION_FILE, content)
+    return content

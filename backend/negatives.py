@@ -1,0 +1,168 @@
+"""Hard negatives of a training item, the two kinds the AOQ method learns from (paper Fig. 3):
+
+- offline: the top of the mined lists of the model's pipeline (``training.mining`` artefact,
+  found through the ``mined_dir`` the catalogue records for the model);
+- online: the hardest in-batch negatives of the anchor in a random batch of 128 training pairs
+  scored by the model, as the max-violation loss would pick them.
+
+The mined lists and the training split are loaded on first use and kept per model checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from sqlalchemy.orm import sessionmaker
+
+from backend import catalogue
+from backend.catalogue import SplitIds
+from backend.errors import ServiceError
+from backend.paths import safe_path, served_data_config
+from backend.registry import ServingModel
+from training.data.dataset import DataError, SplitData
+from training.data.load import load_split
+from training.data.loaders import load_pixels
+from training.embed import encode_image_inputs, encode_texts
+from training.io import ArtefactError
+from training.mining import MinedNegatives, load_mined
+
+Kind = Literal["caption", "image"]
+#: the catalogue name of the training split and the size of the random batch (paper: 128).
+TRAIN_SPLIT = "train"
+BATCH_SIZE = 128
+_CACHED_MODELS = 4
+
+
+@dataclass(frozen=True)
+class Negative:
+    """A negative: catalogue id, caption text (caption negatives) and its rank or score."""
+
+    id: int
+    text: str | None
+    rank: int | None = None
+    score: float | None = None
+
+
+@dataclass(frozen=True)
+class NegativesResult:
+    kind: Kind
+    anchor_id: int
+    anchor_text: str | None
+    offline: list[Negative]
+    online: list[Negative]
+
+
+@dataclass(frozen=True)
+class _Training:
+    mined: MinedNegatives
+    ids: SplitIds
+    split: SplitData
+    image_size: int
+
+
+class NegativesService:
+    """Answers ``/negatives``; caches the training data of the last few models."""
+
+    def __init__(self, data_dir: Path, sessions: sessionmaker) -> None:
+        self.data_dir, self.sessions = data_dir, sessions
+        self._cache: OrderedDict[tuple, _Training] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _training(self, served: ServingModel) -> _Training:
+        if served.mined_dir is None:
+            raise ServiceError(
+                404, f"no mined negatives are registered for model {served.name!r} (its checkpoint records no mined_dir)"
+            )
+        key = (served.name, served.checkpoint.content_hash, served.mined_dir)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+            training = self._load(served)
+            self._cache[key] = training
+            while len(self._cache) > _CACHED_MODELS:
+                self._cache.popitem(last=False)
+            return training
+
+    def _load(self, served: ServingModel) -> _Training:
+        try:
+            mined = load_mined(served.mined_dir, verify=False)
+        except ArtefactError as exc:
+            raise ServiceError(404, f"the mined negatives of model {served.name!r} cannot be read: {exc}") from None
+        with self.sessions() as session:
+            dataset = catalogue.get_dataset(session, served.gallery.dataset_id)
+            ids = catalogue.split_ids(session, dataset.id, TRAIN_SPLIT)
+        if ids.n_images == 0:
+            raise ServiceError(404, f"the training split of dataset {dataset.name!r} is not catalogued; re-run aoq index")
+        data_cfg = served_data_config(self.data_dir, dataset.data_config)
+        try:
+            split = load_split(data_cfg, TRAIN_SPLIT)
+        except DataError as exc:
+            raise ServiceError(404, f"the training split of dataset {dataset.name!r} cannot be read: {exc}") from None
+        if mined.img_top_caps.shape[0] != ids.n_images or mined.cap_top_imgs.shape[0] != len(ids.caption_ids):
+            raise ServiceError(
+                409,
+                f"the mined negatives of model {served.name!r} cover {mined.img_top_caps.shape[0]} images, the "
+                f"catalogued training split has {ids.n_images}; they are from another dataset",
+            )
+        return _Training(mined, ids, split, data_cfg.image_size)
+
+    def _image_inputs(self, served: ServingModel, training: _Training, positions: np.ndarray) -> torch.Tensor:
+        """Model inputs of the training images at ``positions`` (increasing)."""
+        if served.checkpoint.model.image_input == "features":
+            if training.split.features is None:
+                raise ServiceError(404, "the training split has no features for this model")
+            return torch.from_numpy(np.array(training.split.features[positions], dtype=np.float32))
+        if training.split.image_paths is None:
+            raise ServiceError(404, "the training split has no image files for this model")
+        return torch.stack([
+            load_pixels(safe_path(self.data_dir, training.split.image_paths[p]), training.image_size) for p in positions
+        ])
+
+    def negatives(self, served: ServingModel, kind: Kind, item_id: int, n: int, seed: int = 0) -> NegativesResult:
+        """Offline and online hard negatives of a training caption or image (catalogue id).
+
+        Raises:
+            ServiceError: 404 no mined artefact for the model, or ``item_id`` is not a training
+                item of the model's dataset.
+        """
+        training = self._training(served)
+        ids, cpi = training.ids, training.split.captions_per_image
+        anchor_ids = ids.caption_ids if kind == "caption" else ids.image_ids
+        position = int(np.searchsorted(anchor_ids, item_id))
+        if position >= len(anchor_ids) or int(anchor_ids[position]) != item_id:
+            raise ServiceError(404, f"{kind} {item_id} is not a training {kind} of dataset {served.gallery.dataset!r}")
+        captions = training.split.captions
+        n_captions = len(captions)
+        rng = np.random.default_rng([seed, position, 0 if kind == "caption" else 1])
+        ckpt = served.checkpoint
+
+        if kind == "caption":
+            offline_pos = np.asarray(training.mined.cap_top_imgs[position][:n], dtype=np.int64)
+            offline = [Negative(int(ids.image_ids[p]), None, rank=r + 1) for r, p in enumerate(offline_pos)]
+            own_image = position // cpi
+            others = rng.choice(n_captions - 1, size=min(BATCH_SIZE - 1, n_captions - 1), replace=False)
+            batch_images = np.unique((others + (others >= position)) // cpi)
+            batch_images = batch_images[batch_images != own_image]
+            query = encode_texts(ckpt.model, ckpt.vocab, [captions[position]])[0]
+            scores = encode_image_inputs(ckpt.model, self._image_inputs(served, training, batch_images)) @ query
+            order = np.argsort(-scores, kind="stable")[:n]
+            online = [Negative(int(ids.image_ids[batch_images[j]]), None, score=float(scores[j])) for j in order]
+            return NegativesResult(kind, item_id, captions[position], offline, online)
+
+        offline_pos = np.asarray(training.mined.img_top_caps[position][:n], dtype=np.int64)
+        offline = [Negative(int(ids.caption_ids[p]), captions[p], rank=r + 1) for r, p in enumerate(offline_pos)]
+        others = rng.choice(n_captions, size=min(BATCH_SIZE - 1, n_captions), replace=False)
+        batch_captions = others[others // cpi != position]
+        query = encode_image_inputs(ckpt.model, self._image_inputs(served, training, np.array([position])))[0]
+        scores = encode_texts(ckpt.model, ckpt.vocab, [captions[p] for p in batch_captions]) @ query
+        order = np.argsort(-scores, kind="stable")[:n]
+        online = [Negative(int(ids.caption_ids[batch_captions[j]]), captions[batch_captions[j]], score=float(scores[j]))
+                  for j in order]
+        return NegativesResult(kind, item_id, None, offline, online)

@@ -1,0 +1,311 @@
+"""What the server serves: an immutable snapshot of the loaded models, swapped atomically.
+
+At start-up and on every reload each catalogued model is checked against its files: the
+checkpoint's content hash, the index manifest's checkpoint hash and per-file hashes, each index's
+vector count and file hash as recorded in the catalogue, and the index's ids against the
+catalogue's gallery ids. A model failing any check is disabled with the reason (logged, and shown
+by ``/health`` and ``/models``) instead of serving wrong results (FIELD-NOTES 7).
+
+A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
+an old index with a new catalogue inside one answer: requests in flight finish on the old
+snapshot while new ones see the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend import catalogue
+from backend.catalogue import SplitIds
+from backend.config import Settings
+from backend.db import Model
+from backend.errors import ServiceError
+from backend.indexes import MODALITIES, LoadedIndex, load_model_index, read_generation
+from training.checkpoint import Checkpoint, load_checkpoint
+from training.io import ArtefactError, read_manifest
+
+log = logging.getLogger(__name__)
+
+
+class Disabled(Exception):
+    """A model cannot be served; the message is the reason shown to users."""
+
+
+@dataclass(frozen=True)
+class Gallery:
+    """The gallery split of a dataset as the service keeps it in memory (ids and caption texts)."""
+
+    dataset_id: int
+    dataset: str
+    split: str
+    synthetic: bool
+    ids: SplitIds
+    captions: list[str]
+    #: exact caption text -> its first position, to recognise queries that are gallery captions.
+    text_positions: dict[str, int]
+
+    def image_position(self, image_id: int) -> int | None:
+        return _position(self.ids.image_ids, image_id)
+
+    def caption_position(self, caption_id: int) -> int | None:
+        return _position(self.ids.caption_ids, caption_id)
+
+
+def _position(sorted_ids: np.ndarray, item_id: int) -> int | None:
+    """Position of ``item_id`` in an increasing id array (ids are assigned in position order)."""
+    p = int(np.searchsorted(sorted_ids, item_id))
+    return p if p < len(sorted_ids) and int(sorted_ids[p]) == item_id else None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``/models`` says about a model, served or not."""
+
+    name: str
+    role: str = "unknown"
+    loss: str = ""
+    image_encoder: str = ""
+    image_input: str = ""
+    checkpoint_hash: str = ""
+    dataset: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = False
+    disabled_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingModel:
+    """A model that passed every check: its checkpoint, indexes and gallery."""
+
+    info: ModelInfo
+    model_id: int
+    checkpoint: Checkpoint
+    index: LoadedIndex
+    gallery: Gallery
+    report: dict[str, Any]
+    mined_dir: str | None
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    generation: int | None
+    models: dict[str, ServingModel]
+    infos: list[ModelInfo]
+    loaded_at: float
+
+    @property
+    def disabled(self) -> dict[str, str]:
+        return {i.name: i.disabled_reason or "disabled" for i in self.infos if not i.enabled}
+
+    def get(self, name: str) -> ServingModel:
+        """The served model called ``name``.
+
+        Raises:
+            ServiceError: 404 unknown model, 409 a known but disabled model (with the reason).
+        """
+        served = self.models.get(name)
+        if served is not None:
+            return served
+        reason = self.disabled.get(name)
+        if reason is not None:
+            raise ServiceError(409, f"model {name!r} is disabled: {reason}")
+        known = ", ".join(sorted(self.models)) or "none"
+        raise ServiceError(404, f"unknown model {name!r}; served models: {known}")
+
+    def by_role(self, role: str) -> ServingModel | None:
+        return next((m for m in self.models.values() if m.info.role == role), None)
+
+    def default_pair(self) -> tuple[str, str]:
+        """The baseline-role and aoq-role models, the default of the comparison endpoints.
+
+        Raises:
+            ServiceError: 404 when either role has no served model.
+        """
+        left, right = self.by_role("baseline"), self.by_role("aoq")
+        if left is None or right is None:
+            missing = " and ".join(r for r, m in (("baseline", left), ("aoq", right)) if m is None)
+            raise ServiceError(404, f"no served model with role {missing}; name the two models explicitly")
+        return left.name, right.name
+
+
+def _info(row: Model, dataset: str, enabled: bool, reason: str | None) -> ModelInfo:
+    return ModelInfo(
+        name=row.name, role=row.role, loss=row.loss, image_encoder=row.image_encoder,
+        image_input=row.image_input, checkpoint_hash=row.checkpoint_hash, dataset=dataset,
+        metrics=dict(row.metrics or {}), enabled=enabled, disabled_reason=reason,
+    )
+
+
+class _Loader:
+    """Builds one snapshot; galleries are shared by the models of a dataset split."""
+
+    def __init__(self, settings: Settings, session: Session, previous: Snapshot | None) -> None:
+        self.settings, self.session, self.previous = settings, session, previous
+        self.galleries: dict[tuple[int, str], Gallery] = {}
+
+    def gallery(self, dataset_id: int, split: str) -> Gallery:
+        key = (dataset_id, split)
+        if key not in self.galleries:
+            dataset = catalogue.get_dataset(self.session, dataset_id)
+            ids = catalogue.split_ids(self.session, dataset_id, split)
+            texts = catalogue.caption_texts(self.session, dataset_id, split)
+            positions: dict[str, int] = {}
+            for p, text in enumerate(texts):
+                positions.setdefault(text, p)
+            self.galleries[key] = Gallery(dataset_id, dataset.name, split, dataset.synthetic, ids, texts, positions)
+        return self.galleries[key]
+
+    def checkpoint(self, row: Model) -> Checkpoint:
+        path = self.settings.models_dir / row.name
+        if not path.is_dir():
+            raise Disabled(f"checkpoint directory {path} is missing")
+        old = self.previous.models.get(row.name) if self.previous else None
+        if old is not None and old.checkpoint.content_hash == row.checkpoint_hash:
+            # Reuse the loaded weights when the files on disk are still the same checkpoint.
+            try:
+                if read_manifest(path, verify=False).get("content_hash") == row.checkpoint_hash:
+                    return old.checkpoint
+            except ArtefactError:
+                pass
+        try:
+            ckpt = load_checkpoint(path, device=self.settings.device)
+        except ArtefactError as exc:
+            raise Disabled(f"checkpoint cannot be loaded: {exc}") from None
+        if ckpt.content_hash != row.checkpoint_hash:
+            raise Disabled(
+                f"checkpoint {path} has hash {ckpt.content_hash[:12]} but the catalogue indexed "
+                f"{row.checkpoint_hash[:12]}; re-run aoq index"
+            )
+        return ckpt
+
+    def index(self, row: Model, gallery: Gallery) -> LoadedIndex:
+        path = self.settings.index_dir / row.name
+        try:
+            loaded = load_model_index(path)
+        except ArtefactError as exc:
+            raise Disabled(f"index cannot be loaded: {exc}") from None
+        built_from = loaded.config.get("checkpoint_hash")
+        if built_from != row.checkpoint_hash:
+            raise Disabled(
+                f"index {path} was built from checkpoint {str(built_from)[:12]} but the catalogue records "
+                f"{row.checkpoint_hash[:12]}; re-run aoq index"
+            )
+        records = catalogue.index_records(self.session, row.id)
+        expected = {"images": gallery.ids.image_ids, "captions": gallery.ids.caption_ids}
+        for modality in MODALITIES:
+            record = records.get(modality)
+            if record is None:
+                raise Disabled(f"the catalogue has no {modality} index for this model; re-run aoq index")
+            count = loaded.faiss[modality].ntotal
+            if record.vector_count != count or len(expected[modality]) != count:
+                raise Disabled(
+                    f"{modality} index holds {count} vectors, the catalogue records {record.vector_count} "
+                    f"and the gallery has {len(expected[modality])}; re-run aoq index"
+                )
+            if record.file_hash != loaded.manifest["files"].get(f"{modality}.faiss"):
+                raise Disabled(f"{modality} index file differs from the one the catalogue records; re-run aoq index")
+            if not np.array_equal(loaded.ids[modality], expected[modality]):
+                raise Disabled(f"{modality} index ids differ from the catalogue's gallery ids; re-run aoq index")
+        return loaded
+
+    def load(self, row: Model) -> ServingModel:
+        dataset = catalogue.get_dataset(self.session, row.dataset_id)
+        gallery = self.gallery(row.dataset_id, row.gallery_split)
+        index = self.index(row, gallery)
+        ckpt = self.checkpoint(row)
+        return ServingModel(
+            info=_info(row, dataset.name, True, None), model_id=row.id, checkpoint=ckpt, index=index,
+            gallery=gallery, report=dict(row.report or {}), mined_dir=row.mined_dir,
+        )
+
+
+def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot | None = None) -> Snapshot:
+    """Check and load every catalogued model; failures become disabled entries, never exceptions."""
+    generation = None
+    try:
+        generation = (read_generation(settings.index_dir) or {}).get("generation")
+    except ArtefactError as exc:
+        log.error("%s", exc)
+    served: dict[str, ServingModel] = {}
+    infos: list[ModelInfo] = []
+    with sessions() as session:
+        loader = _Loader(settings, session, previous)
+        rows = catalogue.models(session)
+        for row in rows:
+            try:
+                model = loader.load(row)
+            except Disabled as exc:
+                log.error("model %r disabled: %s", row.name, exc)
+                dataset = catalogue.get_dataset(session, row.dataset_id)
+                infos.append(_info(row, dataset.name if dataset else "", False, str(exc)))
+                continue
+            served[row.name] = model
+            infos.append(model.info)
+    catalogued = {r.name for r in rows}
+    for path in sorted(settings.models_dir.glob("*/manifest.json")) if settings.models_dir.is_dir() else []:
+        name = path.parent.name
+        if name not in catalogued:
+            reason = "checkpoint is not in the catalogue; run aoq index"
+            log.warning("model %r disabled: %s", name, reason)
+            infos.append(ModelInfo(name=name, enabled=False, disabled_reason=reason))
+    log.info("serving %d model(s): %s (generation %s)", len(served), ", ".join(served) or "none", generation)
+    return Snapshot(generation=generation, models=served, infos=infos, loaded_at=time.time())
+
+
+class Registry:
+    """Holds the current snapshot; reloads on demand or when ``index.json`` changes."""
+
+    def __init__(self, settings: Settings, sessions: sessionmaker) -> None:
+        self.settings, self.sessions = settings, sessions
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._snapshot = load_snapshot(settings, sessions)
+
+    @property
+    def current(self) -> Snapshot:
+        return self._snapshot
+
+    def reload(self) -> Snapshot:
+        """Build a new snapshot next to the current one, then swap (one reference assignment)."""
+        with self._lock:
+            self._snapshot = load_snapshot(self.settings, self.sessions, self._snapshot)
+            return self._snapshot
+
+    def _generation_on_disk(self) -> Any:
+        try:
+            return (read_generation(self.settings.index_dir) or {}).get("generation")
+        except ArtefactError:
+            return None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.settings.reload_poll_s):
+            on_disk = self._generation_on_disk()
+            if on_disk is not None and on_disk != self._snapshot.generation:
+                log.info("index generation %s on disk (serving %s): reloading", on_disk, self._snapshot.generation)
+                try:
+                    self.reload()
+                except Exception:  # the old snapshot keeps serving; the next change retries
+                    log.exception("reload failed; still serving generation %s", self._snapshot.generation)
+
+    def start(self) -> None:
+        if self.settings.reload_poll_s > 0 and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="aoq-index-watcher", daemon=True)
+            self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None

@@ -1,0 +1,74 @@
+"""What ``/metrics/{model}`` shows, computed by ``aoq index`` from the gallery embeddings: the
+evaluation tables, the training curves of the checkpoint's metrics log, and the cross-retrieval
+rank histogram (AOQ supplement)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.metrics import METRIC_KEYS, cross_retrieval_ranks, evaluate_embeddings, rank_histogram
+
+log = logging.getLogger(__name__)
+
+#: the COCO protocols need 5 folds of 1,000 images.
+LARGE_GALLERY = 5000
+
+
+def _table(result: dict) -> dict[str, Any]:
+    return {
+        "i2t": {k: float(result["i2t"][k]) for k in METRIC_KEYS},
+        "t2i": {k: float(result["t2i"][k]) for k in METRIC_KEYS},
+        "rsum": float(result["rsum"]),
+    }
+
+
+def evaluation_tables(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int) -> dict[str, dict]:
+    """``{"full": table}``, plus ``1k5fold`` and ``5k`` when the gallery has 5,000 images or more."""
+    protocols = ["full"] + (["1k5fold", "5k"] if len(img_emb) >= LARGE_GALLERY else [])
+    return {p: _table(evaluate_embeddings(img_emb, cap_emb, captions_per_image, p)) for p in protocols}
+
+
+def curves(log_path: Path, round_number: int) -> list[dict[str, Any]]:
+    """R@1 and rsum per epoch from a trainer's ``metrics.jsonl`` (its ``dev_*`` fields)."""
+    points = []
+    for line in log_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        points.append({
+            "epoch": int(record["epoch"]),
+            "round": round_number,
+            "i2t_r1": record.get("dev_i2t_r1"),
+            "t2i_r1": record.get("dev_t2i_r1"),
+            "rsum": record.get("dev_rsum"),
+        })
+    return points
+
+
+def cross_histogram(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int) -> dict[str, list]:
+    """Histogram of the cross-retrieval ranks of every positive pair, ``{"bins", "counts"}``."""
+    sims = np.asarray(img_emb, dtype=np.float32) @ np.asarray(cap_emb, dtype=np.float32).T
+    counts = rank_histogram(cross_retrieval_ranks(sims, captions_per_image))
+    return {"bins": list(counts), "counts": list(counts.values())}
+
+
+def model_report(
+    img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int, logs: list[tuple[Path, int]]
+) -> dict[str, Any]:
+    """Tables, curves (from the readable logs among ``(path, round)``) and the rank histogram."""
+    points: list[dict[str, Any]] = []
+    for path, round_number in logs:
+        try:
+            points.extend(curves(path, round_number))
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("%s: metrics log not used (%s)", path, exc)
+    return {
+        "tables": evaluation_tables(img_emb, cap_emb, captions_per_image),
+        "curves": points,
+        "rank_histogram": cross_histogram(img_emb, cap_emb, captions_per_image),
+    }

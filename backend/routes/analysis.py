@@ -1,0 +1,99 @@
+"""What the models learned: failure cases, evaluation tables and curves, hard negatives."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Query
+
+from backend.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
+from backend.errors import ServiceError
+from backend.failures import failure_cases
+from backend.schemas import (
+    MAX_ID,
+    ErrorOut,
+    FailureItem,
+    FailuresOut,
+    MetricsOut,
+    NegativeItem,
+    NegativesOut,
+)
+
+router = APIRouter(tags=["analysis"])
+ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 422)}
+
+
+@router.get("/failures", response_model=FailuresOut, responses=ERRORS)
+def get_failures(
+    service: ServiceDep, snapshot: SnapshotDep, session: SessionDep, urls: UrlsDep,
+    direction: Literal["t2i", "i2t"] = "t2i",
+    which: Literal["baseline_only", "aoq_only", "both"] = "baseline_only",
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    models: Annotated[str | None, Query(max_length=401, description='"left,right"; default baseline and aoq roles')] = None,
+) -> FailuresOut:
+    """Test queries where the left model (baseline) or the right one (AOQ) misses rank 1,
+    from the full-gallery ranks ``aoq index`` stored."""
+    start = time.perf_counter()
+    if models is None:
+        names = snapshot.default_pair()
+    else:
+        parts = [m.strip() for m in models.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ServiceError(422, f'models must be two names separated by a comma ("left,right"), got {models!r}')
+        names = (parts[0], parts[1])
+    left, right = (snapshot.get(n) for n in names)
+    if left.gallery is not right.gallery:
+        raise ServiceError(422, f"models {left.name!r} and {right.name!r} are indexed over different galleries")
+    total, rows = failure_cases(session, left.model_id, right.model_id, direction, which, limit, offset)
+    gallery = left.gallery
+    items = []
+    for query_id, left_rank, right_rank in rows:
+        if direction == "t2i":
+            p = gallery.caption_position(query_id)
+            text = gallery.captions[p] if p is not None else None
+            image_id = int(gallery.ids.caption_image_ids[p]) if p is not None else None
+            items.append(FailureItem(query_id=query_id, query_text=text, image_id=image_id,
+                                     left_rank=left_rank, right_rank=right_rank))
+        else:
+            items.append(FailureItem(query_id=query_id, image_url=urls.image(query_id), image_id=query_id,
+                                     left_rank=left_rank, right_rank=right_rank))
+    service.querylog.record("/failures", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", limit)
+    return FailuresOut(direction=direction, which=which, left=left.name, right=right.name, total=total, items=items)
+
+
+@router.get("/metrics/{model}", response_model=MetricsOut, responses=ERRORS)
+def get_metrics(model: Annotated[str, Path(min_length=1, max_length=200)], snapshot: SnapshotDep) -> MetricsOut:
+    """Evaluation tables on the gallery split, training curves, cross-retrieval rank histogram."""
+    report = snapshot.get(model).report
+    return MetricsOut(model=model, tables=report.get("tables", {}), curves=report.get("curves", []),
+                      rank_histogram=report.get("rank_histogram"))
+
+
+@router.get("/negatives", response_model=NegativesOut, responses=ERRORS)
+def get_negatives(
+    service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep,
+    kind: Literal["caption", "image"],
+    id: Annotated[int, Query(ge=0, le=MAX_ID, description="a training caption or image id")],
+    model: Annotated[str, Query(min_length=1, max_length=200)],
+    n: Annotated[int, Query(ge=1, le=50)] = 5,
+    seed: Annotated[int, Query(ge=0, le=MAX_ID, description="picks the random batch of the online kind")] = 0,
+) -> NegativesOut:
+    """Offline (mined) and online (in-batch) hard negatives of a training item (paper Fig. 3)."""
+    start = time.perf_counter()
+    result = service.negatives.negatives(snapshot.get(model), kind, id, n, seed)
+
+    def item(neg, **extra) -> NegativeItem:
+        if neg.text is None:
+            return NegativeItem(id=neg.id, image_url=urls.image(neg.id), **extra)
+        return NegativeItem(id=neg.id, text=neg.text, **extra)
+
+    out = NegativesOut(
+        model=model, kind=kind, id=id, text=result.anchor_text,
+        image_url=urls.image(id) if kind == "image" else None,
+        offline=[item(x, rank=x.rank) for x in result.offline],
+        online=[item(x, score=x.score) for x in result.online],
+    )
+    service.querylog.record("/negatives", (time.perf_counter() - start) * 1000, model, n)
+    return out

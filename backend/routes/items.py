@@ -1,0 +1,83 @@
+"""Catalogue items: image files and thumbnails, captions, and example queries for the UI."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Path, Query
+from fastapi.responses import FileResponse, Response
+
+from backend import catalogue
+from backend.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
+from backend.errors import ServiceError
+from backend.images import media_type, thumbnail_png
+from backend.paths import safe_path
+from backend.schemas import MAX_ID, CaptionOut, ErrorOut, ExampleCaption, ExampleImage, ExamplesOut
+
+router = APIRouter(tags=["items"])
+ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+ItemId = Annotated[int, Path(ge=0, le=MAX_ID)]
+
+
+@router.get(
+    "/images/{image_id}",
+    response_class=Response,
+    responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}, **ERRORS},
+)
+def get_image(
+    image_id: ItemId, service: ServiceDep, session: SessionDep,
+    size: Annotated[int | None, Query(ge=16, le=512, description="thumbnail: longer side in pixels (PNG)")] = None,
+) -> Response:
+    """The image file (its own format), or a PNG thumbnail when ``size`` is given."""
+    image = catalogue.get_image(session, image_id)
+    if image is None:
+        raise ServiceError(404, f"no image with id {image_id}")
+    if image.path is None:
+        raise ServiceError(404, f"image {image_id} has no file: its dataset holds precomputed features only")
+    path = safe_path(service.settings.data_dir, image.path)
+    headers = {"Cache-Control": "public, max-age=3600"}
+    if size is not None:
+        return Response(thumbnail_png(path, size, service.settings.max_upload_pixels), media_type="image/png",
+                        headers=headers)
+    if not path.is_file():
+        raise ServiceError(404, f"image {image_id}: the file is missing from the data directory")
+    return FileResponse(path, media_type=media_type(path), headers=headers)
+
+
+@router.get("/captions/{caption_id}", response_model=CaptionOut, responses=ERRORS)
+def get_caption(caption_id: ItemId, session: SessionDep) -> CaptionOut:
+    caption = catalogue.get_caption(session, caption_id)
+    if caption is None:
+        raise ServiceError(404, f"no caption with id {caption_id}")
+    return CaptionOut(id=caption.id, text=caption.text, image_id=caption.image_id, split=caption.split)
+
+
+@router.get("/examples", response_model=ExamplesOut, responses=ERRORS)
+def get_examples(
+    session: SessionDep, snapshot: SnapshotDep, urls: UrlsDep,
+    split: Annotated[str, Query(min_length=1, max_length=64)] = "test",
+    n: Annotated[int, Query(ge=1, le=64)] = 8,
+    dataset: Annotated[str | None, Query(max_length=200, description="default: the served models' dataset")] = None,
+) -> ExamplesOut:
+    """``n`` images spread evenly over a split, and the first caption of each: example queries."""
+    known = {d.name: (d, splits) for d, splits in catalogue.datasets(session)}
+    if dataset is None:
+        served = snapshot.by_role("aoq") or snapshot.by_role("baseline") or next(iter(snapshot.models.values()), None)
+        dataset = served.gallery.dataset if served else next(iter(sorted(known)), None)
+    if dataset not in known:
+        raise ServiceError(404, f"unknown dataset {dataset!r}; catalogued: {', '.join(sorted(known)) or 'none'}")
+    record, splits = known[dataset]
+    sizes = {s.name: s.n_images for s in splits}
+    if split not in sizes:
+        raise ServiceError(404, f"split {split!r} of dataset {dataset!r} is not catalogued; catalogued: "
+                                f"{', '.join(sorted(sizes))}")
+    positions = sorted({int(p) for p in np.linspace(0, sizes[split] - 1, num=min(n, sizes[split]))})
+    images = catalogue.images_at(session, record.id, split, positions)
+    firsts = catalogue.first_captions(session, [i.id for i in images])
+    return ExamplesOut(
+        dataset=dataset, split=split,
+        captions=[ExampleCaption(id=c.id, text=c.text, image_id=c.image_id)
+                  for c in (firsts.get(i.id) for i in images) if c is not None],
+        images=[ExampleImage(id=i.id, image_url=urls.image(i.id), thumbnail_url=urls.thumbnail(i.id)) for i in images],
+    )

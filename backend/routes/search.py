@@ -1,0 +1,107 @@
+"""Searches on one model and side-by-side comparisons of two."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, UploadFile
+from PIL import Image
+
+from backend.deps import ServiceDep, SnapshotDep, UrlsDep
+from backend.errors import ServiceError
+from backend.featurize import decode_upload
+from backend.registry import Snapshot
+from backend.schemas import (
+    MAX_ID,
+    MAX_K,
+    CompareImageOut,
+    CompareTextIn,
+    CompareTextOut,
+    ErrorOut,
+    SearchImageOut,
+    SearchTextIn,
+    SearchTextOut,
+)
+from backend.search import search_image, search_text
+
+router = APIRouter(tags=["search"])
+ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 413, 415, 422)}
+
+ModelForm = Annotated[str, Form(min_length=1, max_length=200, description="model name")]
+KForm = Annotated[int, Form(ge=1, le=MAX_K)]
+ImageIdForm = Annotated[int | None, Form(ge=0, le=MAX_ID, description="a gallery image id (or upload a file)")]
+FileForm = Annotated[UploadFile | None, File(description="PNG or JPEG, at most 10 MB (or give image_id)")]
+
+
+def _read_query_image(service: ServiceDep, image_id: int | None, file: UploadFile | None) -> Image.Image | None:
+    """The decoded upload, or None for an image-id query; exactly one of the two must be given."""
+    if (image_id is None) == (file is None):
+        raise ServiceError(422, "give exactly one of image_id (a gallery image) or file (an uploaded PNG/JPEG)")
+    if file is None:
+        return None
+    limit = service.settings.max_upload_bytes
+    data = file.file.read(limit + 1)
+    if len(data) > limit:
+        raise ServiceError(413, f"the uploaded file is larger than the limit of {limit} bytes")
+    return decode_upload(data, service.settings.max_upload_pixels)
+
+
+def _pair(snapshot: Snapshot, models: list[str] | None) -> tuple[str, str]:
+    if models is None:
+        return snapshot.default_pair()
+    left, right = models
+    return left, right
+
+
+@router.post("/search/text", response_model=SearchTextOut, responses=ERRORS)
+def post_search_text(body: SearchTextIn, service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep) -> SearchTextOut:
+    """Rank the gallery images of ``model`` for a sentence."""
+    out = search_text(snapshot.get(body.model), body.query, body.k, urls)
+    service.querylog.record("/search/text", out.latency_ms, body.model, body.k)
+    return out
+
+
+@router.post("/search/image", response_model=SearchImageOut, responses=ERRORS)
+def post_search_image(
+    service: ServiceDep, snapshot: SnapshotDep, model: ModelForm, k: KForm = 10,
+    image_id: ImageIdForm = None, file: FileForm = None,
+) -> SearchImageOut:
+    """Rank the gallery captions of ``model`` for a gallery image or an uploaded one."""
+    served = snapshot.get(model)
+    upload = _read_query_image(service, image_id, file)
+    out = search_image(served, k, image_id=image_id, upload=upload)
+    service.querylog.record("/search/image", out.latency_ms, model, k)
+    return out
+
+
+@router.post("/compare/text", response_model=CompareTextOut, responses=ERRORS)
+def post_compare_text(body: CompareTextIn, service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep) -> CompareTextOut:
+    """The same sentence on two models (default: the baseline-role and the aoq-role model)."""
+    start = time.perf_counter()
+    left, right = (snapshot.get(name) for name in _pair(snapshot, body.models))
+    out = CompareTextOut(query=body.query, left=search_text(left, body.query, body.k, urls),
+                         right=search_text(right, body.query, body.k, urls))
+    service.querylog.record("/compare/text", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", body.k)
+    return out
+
+
+@router.post("/compare/image", response_model=CompareImageOut, responses=ERRORS)
+def post_compare_image(
+    service: ServiceDep, snapshot: SnapshotDep, k: KForm = 10,
+    models: Annotated[str | None, Form(max_length=401, description='"left,right"; default baseline and aoq roles')] = None,
+    image_id: ImageIdForm = None, file: FileForm = None,
+) -> CompareImageOut:
+    """The same image on two models, each with its rank of the ground truth."""
+    start = time.perf_counter()
+    names = None
+    if models is not None:
+        names = [m.strip() for m in models.split(",")]
+        if len(names) != 2 or not all(names):
+            raise ServiceError(422, f'models must be two names separated by a comma ("left,right"), got {models!r}')
+    left, right = (snapshot.get(name) for name in _pair(snapshot, names))
+    upload = _read_query_image(service, image_id, file)
+    out = CompareImageOut(left=search_image(left, k, image_id=image_id, upload=upload),
+                          right=search_image(right, k, image_id=image_id, upload=upload))
+    service.querylog.record("/compare/image", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", k)
+    return out

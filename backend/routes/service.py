@@ -1,0 +1,50 @@
+"""Service state: health, the models and datasets it knows, and a forced index reload."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from backend import catalogue
+from backend.deps import ServiceDep, SessionDep, SnapshotDep
+from backend.schemas import DatasetOut, HealthOut, ModelOut, ReloadOut, SplitCounts
+from backend.version import VERSION
+
+router = APIRouter(tags=["service"])
+
+
+@router.get("/health", response_model=HealthOut)
+def health(snapshot: SnapshotDep) -> HealthOut:
+    return HealthOut(
+        status="ok" if snapshot.models else "degraded", models=sorted(snapshot.models),
+        disabled=snapshot.disabled, version=VERSION, generation=snapshot.generation,
+    )
+
+
+@router.get("/models", response_model=list[ModelOut])
+def list_models(snapshot: SnapshotDep) -> list[ModelOut]:
+    return [
+        ModelOut(name=i.name, role=i.role, loss=i.loss, image_encoder=i.image_encoder, image_input=i.image_input,
+                 checkpoint_hash=i.checkpoint_hash, dataset=i.dataset, enabled=i.enabled,
+                 disabled_reason=i.disabled_reason, metrics=i.metrics)
+        for i in sorted(snapshot.infos, key=lambda i: i.name)
+    ]
+
+
+@router.get("/datasets", response_model=list[DatasetOut])
+def list_datasets(session: SessionDep) -> list[DatasetOut]:
+    return [
+        DatasetOut(
+            name=dataset.name, synthetic=dataset.synthetic,
+            n_images=sum(s.n_images for s in splits), n_captions=sum(s.n_captions for s in splits),
+            splits={s.name: SplitCounts(images=s.n_images, captions=s.n_captions) for s in splits},
+        )
+        for dataset, splits in catalogue.datasets(session)
+    ]
+
+
+@router.post("/admin/reload", response_model=ReloadOut)
+def reload(service: ServiceDep) -> ReloadOut:
+    """Re-check and reload every model now (a running server also reloads by itself when
+    ``aoq index`` writes a new ``index.json``). Requests in flight finish on the old indexes."""
+    snapshot = service.registry.reload()
+    return ReloadOut(generation=snapshot.generation, models=sorted(snapshot.models), disabled=snapshot.disabled)

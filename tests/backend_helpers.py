@@ -1,0 +1,207 @@
+"""A tiny, real search service for tests: a synthetic dataset, three untrained checkpoints,
+mined negatives, indexes and a catalogue, and the real uvicorn server on a free loopback port.
+
+Usable by any test module (backend, UI, end-to-end)::
+
+    fx = build_service_fixture(tmp_path)
+    with run_server(fx.settings()) as base_url:
+        httpx.get(f"{base_url}/health")
+
+Models: ``baseline`` (role baseline) and ``aoq`` (role aoq, with a mined-negatives artefact and
+a metrics log) read region features; ``pixels`` (role other) is a small CNN on raw images of a
+second dataset (the same pictures read through the Karpathy JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend.build import IndexJob, index_models
+from backend.config import Settings
+from backend.indexes import IndexSpec
+from training.checkpoint import save_checkpoint
+from training.config import DataConfig, ExperimentConfig, ModelConfig
+from training.data.load import load_split
+from training.data.vocab import Vocabulary
+from training.device import seed_everything
+from training.embed import encode_split
+from training.mining import mine_offline_negatives, save_mined
+from training.models.joint import build_model
+
+SIZES = {"train": 24, "dev": 4, "test": 12}
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@dataclass
+class ServiceFixture:
+    """Where the pieces of a built service live."""
+
+    catalogue_url: str
+    models_dir: Path
+    index_dir: Path
+    data_dir: Path
+    #: model name -> role
+    roles: dict[str, str] = field(default_factory=dict)
+
+    def settings(self, **overrides: object) -> Settings:
+        """Service settings for this fixture (no background reload polling unless asked)."""
+        values = {
+            "catalogue_url": self.catalogue_url, "models_dir": self.models_dir, "index_dir": self.index_dir,
+            "data_dir": self.data_dir, "reload_poll_s": 0.0, "port": 0,
+        }
+        values.update(overrides)
+        return Settings(**values)
+
+    def index(self, **job: object) -> list[dict]:
+        """(Re)run ``aoq index`` over this fixture's models."""
+        values = {"models_dir": self.models_dir, "data_dir": self.data_dir, "out": self.index_dir,
+                  "catalogue_url": self.catalogue_url, "split": "test", "device": "cpu"}
+        values.update(job)
+        return index_models(IndexJob(**values))
+
+
+def _config(name: str, data: DataConfig, encoder: str) -> ExperimentConfig:
+    model = ModelConfig(image_encoder=encoder, embed_dim=16, word_dim=8, cnn_width=4)
+    return ExperimentConfig(name=name, data=data, model=model)
+
+
+def write_checkpoint(path: Path, cfg: ExperimentConfig, vocab: Vocabulary, img_dim: int | None, seed: int,
+                     extra: dict) -> str:
+    """An untrained checkpoint (weights from ``seed``)."""
+    seed_everything(seed)
+    model = build_model(cfg.model, len(vocab), img_dim)
+    metrics = {"rsum": 0.0, "i2t": {"r1": 0.0}, "t2i": {"r1": 0.0}}
+    return save_checkpoint(path, model, cfg, vocab, metrics, extra)
+
+
+def _metrics_log(path: Path) -> None:
+    lines = [{"epoch": e, "dev_i2t_r1": 10.0 * e, "dev_t2i_r1": 8.0 * e, "dev_rsum": 50.0 * e} for e in (1, 2)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, index: bool = True) -> ServiceFixture:
+    """Generate the data, checkpoints and mined negatives under ``tmp_path``; index them unless told not to."""
+    from training.data.synth.writer import write_dataset
+
+    data_dir = tmp_path / "data"
+    synth = data_dir / "synth"
+    write_dataset(synth, SIZES, seed=0, workers=1, progress=False)
+    features = DataConfig(format="precomp", path=str(synth / "precomp"), name="synth", vocab_threshold=1)
+    pixels = DataConfig(format="karpathy", path=str(synth / "dataset_synth.json"), name="synth_pixels",
+                        vocab_threshold=1, image_size=32)
+    train = load_split(features, "train")
+    vocab = Vocabulary.build(train.captions, threshold=1)
+    models_dir, run_dir = tmp_path / "run" / "models", tmp_path / "run"
+
+    baseline_cfg = _config("baseline", features, "vse")
+    write_checkpoint(models_dir / "baseline", baseline_cfg, vocab, train.feature_dim, 1, {"role": "baseline"})
+    # Mined with the baseline, as the pipeline does, and recorded in the AOQ checkpoint.
+    from training.checkpoint import load_checkpoint
+
+    miner = load_checkpoint(models_dir / "baseline")
+    img_emb, cap_emb = encode_split(miner.model, miner.vocab, train)
+    tops = mine_offline_negatives(img_emb, cap_emb, train.captions_per_image, 20, 8, progress=False)
+    save_mined(run_dir / "mined", *tops, {"checkpoint_hash": miner.content_hash})
+    _metrics_log(run_dir / "metrics.jsonl")
+    aoq_extra = {"role": "aoq", "mined_dir": str(run_dir / "mined"), "metrics_log": str(run_dir / "metrics.jsonl")}
+    write_checkpoint(models_dir / "aoq", _config("aoq", features, "vse"), vocab, train.feature_dim, 2, aoq_extra)
+    write_checkpoint(models_dir / "pixels", _config("pixels", pixels, "cnn"), vocab, None, 3, {"role": "other"})
+
+    index_dir = tmp_path / "index"
+    fixture = ServiceFixture(
+        catalogue_url=catalogue_url or f"sqlite:///{index_dir / 'catalogue.sqlite'}",
+        models_dir=models_dir, index_dir=index_dir, data_dir=data_dir,
+        roles={"baseline": "baseline", "aoq": "aoq", "pixels": "other"},
+    )
+    if index:
+        fixture.index()
+    return fixture
+
+
+def free_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A listening socket on a free port chosen by the kernel (no race between pick and bind)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(128)
+    return sock
+
+
+@contextlib.contextmanager
+def run_server(settings: Settings, timeout_s: float = 60.0) -> Iterator[str]:
+    """Start the real uvicorn server in a thread on 127.0.0.1 (random free port); yield its base
+    URL once it accepts requests; stop it cleanly on exit."""
+    import uvicorn
+
+    from backend.app import create_app
+
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", access_log=False))
+    # uvicorn installs signal handlers only in the main thread; a test thread must not try.
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError("the test server did not start (see the log above)")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test session, dropped afterwards.
+
+    The server comes from ``AOQ_TEST_POSTGRES_URL`` (default: trust auth on 127.0.0.1:5432,
+    database ``test``, user ``postgres``, falling back to ``root``). Skips the test when no
+    server can be reached.
+    """
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    configured = os.environ.get("AOQ_TEST_POSTGRES_URL")
+    candidates = [configured] if configured else [DEFAULT_POSTGRES_URL, DEFAULT_POSTGRES_URL.replace("postgres@", "root@")]
+    errors = []
+    for url in candidates:
+        admin = make_url(url)
+        conninfo = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+        try:
+            conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=5)
+        except psycopg.Error as exc:
+            errors.append(f"{admin.render_as_string()}: {str(exc).strip()}")
+            continue
+        name = f"aoq_test_{uuid.uuid4().hex[:12]}"
+        with conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+            try:
+                yield admin.set(database=name).render_as_string(hide_password=False)
+            finally:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        return
+    pytest.skip(f"no PostgreSQL server reachable ({'; '.join(errors)})")
+
+
+def unit_vectors(n: int, d: int, seed: int = 0) -> np.ndarray:
+    """``n`` random L2-normalised float32 rows."""
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
