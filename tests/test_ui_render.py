@@ -166,7 +166,11 @@ def test_negatives_of_a_caption_are_images_and_of_an_image_captions():
     anchor, offline, online = render_negatives(image, PUBLIC)
     assert _srcs(anchor) == [f"{PUBLIC}/images/4"]
     assert '<li data-id="7"><span class="aoq-rank">#2</span> t1</li>' in offline
-    assert "none" in online and "<img" not in offline
+    assert "none" in online and "<img" not in offline and "Positive" not in anchor
+    with_positive = caption.model_copy(update={"positives": Negatives.model_validate(
+        {"kind": "caption", "id": 3, "positives": [{"id": 5, "image_url": "/images/5"}]}).positives})
+    anchor = render_negatives(with_positive, PUBLIC)[0]
+    assert "<h4>Positive(s)</h4>" in anchor and _srcs(anchor) == [f"{PUBLIC}/images/5"]
 
 
 def test_metrics_table_rows():

@@ -63,7 +63,7 @@ def build_app(
         with gr.Tab("Image to text"):
             with gr.Row():
                 gallery = gr.Gallery(label="Test images: click one", columns=6, height=260,
-                                     allow_preview=False, elem_id="i2t-gallery", scale=3)
+                                     allow_preview=False, buttons=[], elem_id="i2t-gallery", scale=3)
                 with gr.Column(scale=1):
                     upload = gr.Image(label="...or upload a PNG/JPEG", type="filepath", format="png",
                                       sources=["upload"], height=180)

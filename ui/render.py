@@ -254,7 +254,8 @@ def _negative_block(public_url: str, title: str, items: Sequence[NegativeItem], 
 def render_negatives(answer: Negatives, public_url: str) -> tuple[str, str, str]:
     """(anchor, offline column, online column) for the offline-negatives tab (paper Fig. 3).
 
-    A caption anchor has image negatives and an image anchor has caption negatives.
+    A caption anchor has image negatives and an image anchor has caption negatives; the
+    anchor's positives, when the backend sends them, are shown under the anchor.
     """
     if answer.kind == "caption":
         anchor = f'<div class="aoq-query">Anchor caption {answer.id}: <q>{escape(answer.text or "")}</q></div>'
@@ -262,6 +263,8 @@ def render_negatives(answer: Negatives, public_url: str) -> tuple[str, str, str]
     else:
         anchor = render_query_image(public_url, answer.image_url or f"/images/{answer.id}", f"anchor image {answer.id}")
         negative_kind = "caption"
+    if answer.positives:
+        anchor += _negative_block(public_url, "Positive(s)", answer.positives, negative_kind)
     offline = _negative_block(public_url, "Offline hard negatives (mined from the whole training set; rank)",
                               answer.offline, negative_kind)
     online = _negative_block(public_url, "Online hard negatives (hardest in a random batch of 128; score)",

@@ -175,3 +175,5 @@ class Negatives(_Answer):
     image_url: str | None = None
     offline: list[NegativeItem] = Field(default_factory=list)
     online: list[NegativeItem] = Field(default_factory=list)
+    #: optional (asked for in /tmp/ui-needs-endpoint.md): the anchor's matching items
+    positives: list[NegativeItem] = Field(default_factory=list)
