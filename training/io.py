@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -80,6 +80,30 @@ def atomic_save_npy(path: str | Path, array: np.ndarray) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file handle whose content appears at ``path`` only if the block succeeds.
+
+    For writers that stream (``torch.save``) and should not build the whole payload in memory
+    first: the handle is a temp file beside ``path``, flushed, fsync'ed and renamed on success,
+    deleted on failure.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,50 @@
+"""``aoq train``: round-1 training with an in-batch loss; resumable (re-run the same command)."""
+
+from __future__ import annotations
+
+import argparse
+
+from training.config import load_config
+
+HELP = "Round-1 training with an in-batch loss (max_violation, sum, smooth_ap, infonce)."
+LOSSES = ("max_violation", "sum", "smooth_ap", "infonce")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/synthetic.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. model.image_encoder=vsrn (repeatable)")
+    parser.add_argument("--loss", choices=LOSSES, help="round-1 loss (train.loss)")
+    parser.add_argument("--out", help="run folder (out_dir); round 1 writes to OUT/round1")
+    parser.add_argument("--epochs", type=int, help="train.epochs")
+    parser.add_argument("--seed", type=int, help="train.seed")
+    parser.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def overrides_from_args(args: argparse.Namespace) -> list[str]:
+    """``--set`` values followed by the shortcut flags (which therefore win)."""
+    out = list(args.overrides)
+    for flag, key in (("loss", "train.loss"), ("epochs", "train.epochs"), ("seed", "train.seed"),
+                      ("device", "train.device")):
+        value = getattr(args, flag)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from training.round1 import train_round1
+
+    cfg = load_config(args.config, overrides_from_args(args))
+    if args.out is not None:
+        # Assigned, not parsed as YAML: a folder called "null" or "2024" stays a string.
+        cfg.out_dir = args.out
+    result = train_round1(cfg, progress_bar=not args.no_progress)
+    status = "already finished" if result.already_finished else ("resumed and finished" if result.resumed else "finished")
+    print(f"round 1 {status}: {result.epochs_done} epochs, loss {cfg.train.loss}, "
+          f"best dev rsum {result.best_rsum:.2f} at epoch {result.best_epoch}")
+    print(f"best checkpoint: {result.best_dir}")
+    print(f"last checkpoint: {result.last_dir}")
+    print(f"metrics log:     {result.run_dir / 'metrics.jsonl'}")
+    return 0

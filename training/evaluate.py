@@ -1,0 +1,97 @@
+"""Evaluate a model or a checkpoint on a split under a retrieval protocol.
+
+Protocols (``training.metrics``): ``full`` (every image of the split at once), ``1k5fold``
+(COCO "1K": the mean over 5 consecutive folds of 1,000 images) and ``5k`` (the first 5,000
+images). Every result names its protocol, so 1K and 5K numbers cannot be confused.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from training.checkpoint import load_checkpoint
+from training.data.dataset import SplitData
+from training.data.load import load_split
+from training.data.vocab import Vocabulary
+from training.device import resolve_device
+from training.embed import encode_split
+from training.metrics import evaluate_embeddings
+from training.models.joint import JointModel
+
+
+def evaluate_model(
+    model: JointModel,
+    vocab: Vocabulary,
+    split: SplitData,
+    protocol: str = "full",
+    *,
+    image_size: int = 64,
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+) -> dict:
+    """Embed ``split`` with ``model`` and compute R@1/5/10, medr, meanr both ways and rsum.
+
+    Returns:
+        ``{"i2t": {...}, "t2i": {...}, "rsum": float, "protocol": str}``.
+    """
+    img, cap = encode_split(model, vocab, split, batch_size=batch_size, device=device, image_size=image_size)
+    return evaluate_embeddings(img, cap, split.captions_per_image, protocol=protocol)
+
+
+def dev_validator(split: SplitData, vocab: Vocabulary, image_size: int = 64, batch_size: int = 256):
+    """The trainer's ``validate`` function: full-protocol metrics of a model on the dev split."""
+
+    def validate(model: JointModel) -> dict:
+        return evaluate_model(model, vocab, split, "full", image_size=image_size, batch_size=batch_size)
+
+    return validate
+
+
+def evaluate_checkpoint(
+    ckpt_dir: str | Path,
+    split_name: str = "test",
+    protocol: str = "full",
+    data_path: str | Path | None = None,
+    *,
+    device: str | torch.device = "auto",
+    batch_size: int = 256,
+) -> dict:
+    """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
+
+    Args:
+        ckpt_dir: a checkpoint directory (``training.checkpoint``).
+        split_name: ``train``/``dev``/``test`` (mapped through the checkpoint's data config) or a
+            file-level split name such as ``testall``.
+        protocol: ``full``, ``1k5fold`` or ``5k``.
+        data_path: read the split from here instead of the checkpoint's ``data.path`` (same format).
+
+    Returns:
+        ``evaluate_model``'s dict (``n_images`` = images evaluated) plus ``split`` and
+        ``checkpoint`` (the checkpoint's content hash).
+
+    Raises:
+        CheckpointError / DataError: a broken checkpoint or dataset.
+    """
+    ckpt = load_checkpoint(ckpt_dir, resolve_device(device))
+    data_cfg = ckpt.config.data
+    if data_path is not None:
+        data_cfg = data_cfg.model_copy(update={"path": str(data_path)})
+    split = load_split(data_cfg, split_name)
+    result = evaluate_model(ckpt.model, ckpt.vocab, split, protocol, image_size=data_cfg.image_size,
+                            batch_size=batch_size)
+    return {"n_images": split.n_images, **result, "split": split_name, "checkpoint": ckpt.content_hash}
+
+
+def format_table(result: dict) -> str:
+    """A readable table of an evaluation result; the first line names split and protocol."""
+    lines = [
+        f"split {result.get('split', '?')} ({result.get('n_images', '?')} images), protocol {result['protocol']}",
+        f"{'direction':<22}{'R@1':>8}{'R@5':>8}{'R@10':>8}{'medr':>8}{'meanr':>9}",
+    ]
+    for key, label in (("i2t", "image->text (i2t)"), ("t2i", "text->image (t2i)")):
+        m = result[key]
+        lines.append(f"{label:<22}{m['r1']:>8.2f}{m['r5']:>8.2f}{m['r10']:>8.2f}{m['medr']:>8.1f}{m['meanr']:>9.2f}")
+    lines.append(f"rsum {result['rsum']:.2f}")
+    return "\n".join(lines)

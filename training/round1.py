@@ -1,0 +1,88 @@
+"""Round 1: train a matching model with an in-batch loss (the baseline of every AOQ experiment).
+
+A batch holds B positive pairs (image, caption), one item per training caption, so
+``scores = img_emb @ cap_emb.T`` has the positives on its diagonal and the loss is
+``train.loss`` (max_violation = VSE++, sum, smooth_ap, infonce) from :mod:`training.losses`.
+
+With 5 captions per image a batch may hold two captions of the same image; the off-diagonal
+entry between them is then a true match treated as a negative. VSE++ and the public AOQ code
+ignore this (with 113K COCO images and B=128 it is rare), and so does this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from training.config import ExperimentConfig, TrainConfig
+from training.data.load import load_split
+from training.data.loaders import PairDataset, collate_pairs
+from training.data.vocab import Vocabulary
+from training.device import resolve_device, seed_everything
+from training.evaluate import dev_validator
+from training.losses import round1_loss
+from training.models.joint import JointModel, build_model
+from training.trainer import StepFn, TrainResult, epoch_loader, fit
+
+
+def round1_step(train_cfg: TrainConfig) -> StepFn:
+    """The trainer's ``step``: encode a :func:`collate_pairs` batch, score it, apply ``train.loss``.
+
+    Stats: ``pos`` (mean positive score) and ``hardest_neg`` (mean over captions of the
+    highest negative-image score), to watch the margin open up.
+    """
+
+    def step(model: JointModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+        device = next(model.parameters()).device
+        img = model.encode_images(batch["images"].to(device, non_blocking=True))
+        cap = model.encode_texts(batch["tokens"].to(device, non_blocking=True), batch["lengths"])
+        scores = img @ cap.T
+        loss = round1_loss(train_cfg.loss, scores, margin=train_cfg.margin, tau=train_cfg.tau)
+        with torch.no_grad():
+            eye = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
+            stats = {
+                "pos": float(scores.diagonal().mean()),
+                "hardest_neg": float(scores.masked_fill(eye, -2.0).amax(dim=0).mean()),
+            }
+        return loss, stats
+
+    return step
+
+
+def train_round1(cfg: ExperimentConfig, run_dir: str | Path | None = None, *, progress_bar: bool = True) -> TrainResult:
+    """Read the data, build vocabulary and model, and :func:`training.trainer.fit` round 1.
+
+    Args:
+        cfg: the run configuration (``data``, ``model`` and ``train`` sections are used).
+        run_dir: default ``<cfg.run_dir>/round1``.
+
+    Returns:
+        The trainer's result; ``result.best_dir`` is the baseline checkpoint.
+    """
+    run_dir = Path(run_dir) if run_dir is not None else cfg.run_dir / "round1"
+    train = load_split(cfg.data, "train")
+    dev = load_split(cfg.data, "dev")
+    vocab = Vocabulary.build(train.captions, cfg.data.vocab_threshold)
+    device = resolve_device(cfg.train.device)
+    seed_everything(cfg.train.seed)
+    model = build_model(cfg.model, len(vocab), train.feature_dim).to(device)
+    dataset = PairDataset(train, vocab, image_mode=model.image_input, image_size=cfg.data.image_size)
+
+    def make_loader(epoch: int, generator: torch.Generator, skip: int):
+        return epoch_loader(dataset, cfg.train.batch_size, collate_pairs, generator, skip, cfg.train.num_workers)
+
+    return fit(
+        run_dir,
+        cfg,
+        cfg.train,
+        model,
+        vocab,
+        make_loader,
+        round1_step(cfg.train),
+        dev_validator(dev, vocab, image_size=cfg.data.image_size),
+        role="round1",
+        extra={"loss": cfg.train.loss},
+        progress_bar=progress_bar,
+    )

@@ -1,0 +1,464 @@
+"""The generic, resumable training loop shared by round 1 and round 2.
+
+A round plugs in three functions and :func:`fit` does the rest (Adam, step learning-rate decay,
+gradient clipping, validation and best-model selection every epoch, checkpoints, a metrics log,
+crash-safe resumption)::
+
+    result = fit(
+        run_dir, cfg, cfg.train, model, vocab,
+        make_loader=lambda epoch, generator, skip: epoch_loader(dataset, 128, collate, generator, skip),
+        step=lambda model, batch: (loss_tensor, {"stat": float}),
+        validate=lambda model: {"rsum": ..., "i2t": {...}, "t2i": {...}},
+    )
+
+Contract of the plugged functions:
+
+- ``make_loader(epoch, generator, skip_batches)`` returns the batches of epoch ``epoch`` (0-based)
+  with the first ``skip_batches`` left out. Every random choice of the epoch's data (order,
+  sampled negatives) must come from ``generator`` -- a ``torch.Generator`` the trainer seeds from
+  (``optim.seed``, epoch) and restores on resumption -- or be a pure function of the epoch and the
+  item index, so a resumed epoch yields exactly the batches it would have yielded.
+  :func:`epoch_loader` does this for a map-style dataset and skips without loading anything.
+- ``step(model, batch) -> (loss, stats)``: moves the batch to the model's device, runs the model
+  (in train mode) and returns a scalar loss tensor and a dict of floats to average over the epoch
+  (logged as ``train_<name>``). The trainer does ``zero_grad``, ``backward``, clipping and the
+  optimiser step. The global torch/numpy/python RNGs may be used; they are restored on resume.
+- ``validate(model) -> dict`` is called under ``torch.no_grad()`` with the model in eval mode and
+  must return ``"rsum"`` (higher is better; it selects the best epoch); nested dicts such as
+  ``{"i2t": {"r1": ..}}`` are logged flattened as ``dev_i2t_r1``.
+
+The caller seeds (``training.device.seed_everything``) *before* building the model, so the
+initial weights are reproducible; :func:`fit` never re-seeds the global RNGs.
+
+Files under ``run_dir``::
+
+    state/state.pt  resumable state (model, optimiser, scheduler, RNGs incl. the epoch's data
+                    generator, epoch, step in epoch, config fingerprint), replaced atomically
+                    every ``save_every_steps`` steps and at every epoch end
+    state/progress.json  epoch / step_in_epoch / global_step of the saved state
+    best/  last/    checkpoints (training.checkpoint) of the best-dev-rsum and the latest epoch
+    metrics.jsonl   one JSON line per finished epoch (rewritten whole from the saved state)
+    tensorboard/    scalar events, when torch.utils.tensorboard imports
+
+Running :func:`fit` again on the same ``run_dir`` continues from ``state/`` (after ``kill -9``
+too: the batches already trained in the interrupted epoch are skipped and the final weights equal
+an uninterrupted run's); on a finished run it trains nothing and returns the recorded result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Sized
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from training.checkpoint import save_checkpoint
+from training.config import ConfigError, ExperimentConfig, OptimConfig
+from training.data.vocab import Vocabulary
+from training.io import ArtefactError, atomic_open, atomic_write_json, atomic_write_text
+from training.models.joint import JointModel
+
+log = logging.getLogger(__name__)
+
+StepFn = Callable[[JointModel, Any], tuple[Tensor, dict[str, float]]]
+MakeLoader = Callable[[int, torch.Generator, int], Iterable[Any]]
+ValidateFn = Callable[[JointModel], dict]
+
+STATE_KIND = "trainer-state"
+STATE_FILE = "state.pt"
+#: config keys that do not change what is computed; a run may be resumed with them changed
+#: (``epochs`` too, so a finished run can be extended).
+_RUNTIME_KEYS = ("device", "num_workers", "save_every_steps", "epochs")
+
+
+@dataclass
+class TrainResult:
+    """What a :func:`fit` call ended with.
+
+    Attributes:
+        run_dir: the run folder.
+        best_dir / last_dir: checkpoints of the best-dev-rsum epoch and of the last epoch.
+        best_epoch: 1-based epoch of ``best_dir``; best_rsum: its dev rsum.
+        epochs_done: epochs finished so far.
+        history: the metrics.jsonl records, one per epoch.
+        resumed: this call continued from saved state.
+        already_finished: nothing was left to train (the call was a no-op).
+    """
+
+    run_dir: Path
+    best_dir: Path
+    last_dir: Path
+    best_epoch: int
+    best_rsum: float
+    epochs_done: int
+    history: list[dict] = field(default_factory=list)
+    resumed: bool = False
+    already_finished: bool = False
+
+
+# --------------------------------------------------------------------------- data order
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s data generator: a pure function of (seed, epoch)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def shuffled_batches(n_items: int, batch_size: int, generator: torch.Generator) -> list[list[int]]:
+    """A random permutation of ``range(n_items)`` cut into batches.
+
+    Only full batches are kept (a tiny last batch gives the in-batch losses almost no negatives),
+    except when there are fewer items than ``batch_size``: then all of them form one batch.
+    """
+    order = torch.randperm(n_items, generator=generator).tolist()
+    if n_items < batch_size:
+        return [order] if n_items else []
+    n_full = n_items // batch_size
+    return [order[k * batch_size : (k + 1) * batch_size] for k in range(n_full)]
+
+
+def epoch_loader(
+    dataset: Dataset,
+    batch_size: int,
+    collate_fn: Callable[[list], Any],
+    generator: torch.Generator,
+    skip_batches: int = 0,
+    num_workers: int = 0,
+) -> DataLoader:
+    """One epoch of shuffled batches of a map-style dataset, minus the first ``skip_batches``.
+
+    The order depends on ``generator`` alone; skipped batches are never loaded. The generator
+    is also handed to the DataLoader, which draws its worker base seed from it rather than from
+    the global RNG (a resumed run would otherwise see different global random numbers).
+    """
+    batches = shuffled_batches(len(dataset), batch_size, generator)[skip_batches:]
+    return DataLoader(
+        dataset,
+        batch_sampler=batches,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        generator=generator,
+        persistent_workers=False,
+    )
+
+
+# --------------------------------------------------------------------------- state
+
+
+def _fingerprint(cfg: ExperimentConfig) -> dict:
+    """The configuration minus keys that do not change the computation (name, paths, devices)."""
+    tree = cfg.model_dump(mode="json")
+    tree.pop("name", None)
+    tree.pop("out_dir", None)
+    for section in tree.values():
+        if isinstance(section, dict):
+            for key in _RUNTIME_KEYS:
+                section.pop(key, None)
+    return tree
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for key in sorted(set(a) | set(b)):
+            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return [] if a == b else [f"{prefix.rstrip('.')}: {a!r} -> {b!r}"]
+
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(state["python"])
+
+
+@dataclass
+class _Progress:
+    """Counters that must survive a crash together with the weights."""
+
+    epoch: int = 0  # epochs finished
+    step_in_epoch: int = 0
+    global_step: int = 0
+    best_rsum: float = -math.inf
+    best_epoch: int = 0
+    history: list[dict] = field(default_factory=list)
+    epoch_generator_state: Tensor | None = None  # the data generator at the start of `epoch`
+    # running sums of the unfinished epoch
+    loss_sum: float = 0.0
+    stat_sums: dict[str, float] = field(default_factory=dict)
+    batch_time_sum: float = 0.0
+    pairs: int = 0
+
+
+def _save_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler, progress: _Progress) -> None:
+    """Write ``state/state.pt`` in one atomic rename (a directory swap would leave a moment with
+    no state at all), then the human- and test-readable ``state/progress.json``."""
+    with atomic_open(state_dir / STATE_FILE) as fh:
+        torch.save(
+            {
+                "kind": STATE_KIND,
+                "config": fingerprint,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": _rng_state(),
+                "progress": progress.__dict__,
+            },
+            fh,
+        )
+    atomic_write_json(state_dir / "progress.json", {
+        "epoch": progress.epoch, "step_in_epoch": progress.step_in_epoch, "global_step": progress.global_step,
+    })
+
+
+def _load_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler) -> _Progress:
+    path = state_dir / STATE_FILE
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad file; all mean "unreadable"
+        raise ArtefactError(f"{path}: cannot read the trainer state ({exc}); delete {state_dir} to start over") from None
+    if not isinstance(saved, dict) or saved.get("kind") != STATE_KIND:
+        raise ArtefactError(f"{path}: not a trainer state file")
+    changed = _differences(saved["config"], fingerprint)
+    if changed:
+        raise ConfigError(
+            f"{path}: saved by a run with another configuration ({'; '.join(changed[:6])}); "
+            "use another output folder, or delete it to start over"
+        )
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    _set_rng_state(saved["rng"])
+    return _Progress(**saved["progress"])
+
+
+# --------------------------------------------------------------------------- logging
+
+
+def _flatten(metrics: dict, prefix: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}_"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _write_metrics_log(run_dir: Path, history: list[dict]) -> None:
+    atomic_write_text(run_dir / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in history))
+
+
+def _tensorboard(run_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional (pyproject extra "tensorboard")
+        return None
+    return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def fit(
+    run_dir: str | Path,
+    cfg: ExperimentConfig,
+    optim: OptimConfig,
+    model: JointModel,
+    vocab: Vocabulary,
+    make_loader: MakeLoader,
+    step: StepFn,
+    validate: ValidateFn,
+    *,
+    role: str = "round1",
+    extra: dict | None = None,
+    progress_bar: bool = True,
+) -> TrainResult:
+    """Train ``model`` for ``optim.epochs`` epochs, resuming from ``run_dir/state`` if present.
+
+    Args:
+        run_dir: the round's folder (e.g. ``runs/<name>/round1``).
+        cfg: the whole run configuration (saved in checkpoints; its fingerprint guards resumption).
+        optim: the section with the optimisation settings (``cfg.train`` or ``cfg.round2``).
+        model: the freshly built model, already on its device (seed before building it).
+        vocab: saved inside every checkpoint.
+        make_loader, step, validate: see the module docstring.
+        role: recorded in the checkpoints' extra.json and used in log lines.
+        extra: more fields for the checkpoints' extra.json (e.g. the mined-negatives hash).
+        progress_bar: show a tqdm bar (auto-hidden when stderr is not a terminal).
+
+    Returns:
+        A :class:`TrainResult`.
+
+    Raises:
+        ConfigError: ``run_dir/state`` belongs to a run with another configuration.
+        ArtefactError: ``run_dir/state`` is corrupted.
+    """
+    run_dir = Path(run_dir)
+    state_dir, best_dir, last_dir = run_dir / "state", run_dir / "best", run_dir / "last"
+    fingerprint = _fingerprint(cfg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=optim.lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, optim.lr_decay_epochs, optim.lr_decay_factor)
+
+    resumed = (state_dir / STATE_FILE).exists()
+    prog = _load_state(state_dir, fingerprint, model, optimizer, scheduler) if resumed else _Progress()
+    if resumed:
+        log.info("%s: resuming at epoch %d, step %d", run_dir, prog.epoch + 1, prog.step_in_epoch)
+        _write_metrics_log(run_dir, prog.history)  # a crash may have hit between state and log
+
+    def result(already_finished: bool) -> TrainResult:
+        return TrainResult(run_dir, best_dir, last_dir, prog.best_epoch, prog.best_rsum, prog.epoch,
+                           list(prog.history), resumed, already_finished)
+
+    if prog.epoch >= optim.epochs:
+        log.info("%s: already finished (%d epochs, best dev rsum %.2f at epoch %d)",
+                 run_dir, prog.epoch, prog.best_rsum, prog.best_epoch)
+        return result(already_finished=True)
+
+    writer = _tensorboard(run_dir)
+    try:
+        while prog.epoch < optim.epochs:
+            _train_epoch(run_dir, cfg, optim, model, vocab, make_loader, step, validate, optimizer,
+                         scheduler, prog, fingerprint, role, extra or {}, progress_bar, writer)
+    finally:
+        if writer is not None:
+            writer.close()
+    return result(already_finished=False)
+
+
+def _train_epoch(run_dir, cfg, optim, model, vocab, make_loader, step, validate, optimizer, scheduler,
+                 prog: _Progress, fingerprint, role, extra, progress_bar, writer) -> None:
+    """Finish epoch ``prog.epoch`` (from ``prog.step_in_epoch``), validate, checkpoint, log."""
+    state_dir = run_dir / "state"
+    generator = torch.Generator()
+    if prog.step_in_epoch == 0:
+        generator.manual_seed(epoch_seed(optim.seed, prog.epoch))
+        prog.epoch_generator_state = generator.get_state()
+    else:
+        generator.set_state(prog.epoch_generator_state)
+    loader = make_loader(prog.epoch, generator, prog.step_in_epoch)
+    total = prog.step_in_epoch + len(loader) if isinstance(loader, Sized) else None
+    if optim.max_steps_per_epoch is not None:
+        total = optim.max_steps_per_epoch if total is None else min(total, optim.max_steps_per_epoch)
+    lr = optimizer.param_groups[0]["lr"]
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    model.train()
+    epoch_start = time.perf_counter()
+    bar = tqdm(total=total, initial=prog.step_in_epoch, desc=f"{role} epoch {prog.epoch + 1}/{optim.epochs}",
+               unit="batch", disable=None if progress_bar else True, leave=False, dynamic_ncols=True)
+    try:
+        tick = time.perf_counter()
+        for batch in loader:
+            if total is not None and prog.step_in_epoch >= total:
+                break
+            loss, stats = step(model, batch)
+            loss_value = float(loss.detach())
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"{role}: loss became {loss_value} at epoch {prog.epoch + 1}, "
+                                         f"step {prog.step_in_epoch + 1}; lower the learning rate")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
+            optimizer.step()
+            prog.loss_sum += loss_value
+            for key, value in stats.items():
+                prog.stat_sums[key] = prog.stat_sums.get(key, 0.0) + float(value)
+            prog.pairs += _batch_size(batch)
+            prog.step_in_epoch += 1
+            prog.global_step += 1
+            now = time.perf_counter()
+            prog.batch_time_sum += now - tick
+            tick = now
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.3f}")
+            if prog.global_step % optim.save_every_steps == 0 and prog.step_in_epoch != total:
+                _save_state(state_dir, fingerprint, model, optimizer, scheduler, prog)
+                tick = time.perf_counter()  # saving is not training time
+    finally:
+        bar.close()
+    train_time = time.perf_counter() - epoch_start
+
+    steps = max(prog.step_in_epoch, 1)
+    model.eval()
+    val_start = time.perf_counter()
+    with torch.no_grad():
+        dev = validate(model)
+    val_time = time.perf_counter() - val_start
+    model.train()
+    if "rsum" not in dev:
+        raise ValueError(f"{role}: validate() must return 'rsum', got keys {sorted(dev)}")
+
+    rsum = float(dev["rsum"])
+    is_best = rsum > prog.best_rsum
+    record = {
+        "epoch": prog.epoch + 1,
+        "global_step": prog.global_step,
+        "steps": prog.step_in_epoch,
+        "lr": lr,
+        "train_loss": prog.loss_sum / steps,
+        **{f"train_{k}": v / steps for k, v in sorted(prog.stat_sums.items())},
+        **_flatten(dev, "dev_"),
+        "best": is_best,
+        "train_time_s": train_time,
+        "val_time_s": val_time,
+        "batch_time_s": prog.batch_time_sum / steps,
+        "pairs_per_s": prog.pairs / prog.batch_time_sum if prog.batch_time_sum > 0 else None,
+    }
+    prog.history.append(record)
+    if is_best:
+        prog.best_rsum, prog.best_epoch = rsum, prog.epoch + 1
+    ckpt_extra = {"role": role, "epoch": prog.epoch + 1, "selected_on": "dev rsum", **extra}
+    if is_best:
+        save_checkpoint(run_dir / "best", model, cfg, vocab, dev, ckpt_extra)
+    save_checkpoint(run_dir / "last", model, cfg, vocab, dev, ckpt_extra)
+
+    scheduler.step()
+    prog.epoch += 1
+    prog.step_in_epoch = 0
+    prog.epoch_generator_state = None
+    prog.loss_sum, prog.stat_sums, prog.batch_time_sum, prog.pairs = 0.0, {}, 0.0, 0
+    _save_state(state_dir, fingerprint, model, optimizer, scheduler, prog)
+    _write_metrics_log(run_dir, prog.history)
+    if writer is not None:
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch":
+                writer.add_scalar(f"{role}/{key}", value, record["epoch"])
+        writer.flush()
+    log.info("%s epoch %d/%d: loss %.4f, lr %.2g, dev rsum %.2f%s (%.1f s, %.1f ms/batch)", role,
+             record["epoch"], optim.epochs, record["train_loss"], lr, rsum, " *best*" if is_best else "",
+             train_time + val_time, 1000 * record["batch_time_s"])
+
+
+def _batch_size(batch: Any) -> int:
+    """Pairs in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    elif isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    return int(batch.shape[0]) if isinstance(batch, Tensor) else 0
