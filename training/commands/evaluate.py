@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 HELP = "Evaluate a checkpoint (R@K, medr, meanr, rsum) under the full, 1K 5-fold or 5K protocol."
 
@@ -22,6 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from training.evaluate import evaluate_checkpoint, format_table
 
-    result = evaluate_checkpoint(args.checkpoint, args.split, args.protocol, args.data, device=args.device)
+    try:
+        result = evaluate_checkpoint(args.checkpoint, args.split, args.protocol, args.data, device=args.device)
+    except ValueError as exc:  # e.g. 1k5fold on a split of fewer than 5,000 images
+        print(f"aoq evaluate: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_table(result))
     return 0
