@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from ui_fake_backend import BASE, FakeBackend
+from tests.ui_fake_backend import BASE, FakeBackend
 
 from ui.client import BackendClient, BackendError, BackendUnavailable, format_detail
 
@@ -32,8 +32,7 @@ def test_examples_sends_split_and_n():
     examples = fake.client().examples("train", 3)
     assert fake.requests[0].url.params == httpx.QueryParams({"split": "train", "n": "3"})
     assert [c.id for c in examples.captions] == [100, 101, 102]
-    assert [i.thumbnail_url for i in examples.images] == ["/images/100?size=64", "/images/101?size=64",
-                                                          "/images/102?size=64"]
+    assert [i.thumbnail_url for i in examples.images] == [f"{BASE}/images/{i}?size=64" for i in (100, 101, 102)]
 
 
 def test_compare_text_sends_the_contract_body_and_parses_both_sides():
@@ -93,7 +92,7 @@ def test_failures_and_negatives_send_their_parameters():
     assert fake.requests[0].url.params == httpx.QueryParams(
         {"direction": "i2t", "which": "both", "limit": "5", "models": "aoq,baseline"})
     assert (failures.left, failures.right, failures.total, failures.items[0].image_url) == (
-        "aoq", "baseline", 7, "/images/1")
+        "aoq", "baseline", 7, f"{BASE}/images/1")
     negatives = client.negatives("image", 4, "aoq", 2)
     assert fake.requests[1].url.params == httpx.QueryParams({"kind": "image", "id": "4", "model": "aoq", "n": "2"})
     assert [n.text for n in negatives.offline] == ["a blue <b>square</b>"]
@@ -193,6 +192,18 @@ def test_wrong_shape_names_the_field():
 )
 def test_format_detail(detail, expected):
     assert format_detail(detail) == expected
+
+
+def test_image_urls_are_rewritten_for_the_browser():
+    fake = FakeBackend()
+    examples = fake.client(public_url="http://public:9").examples("test", 1)
+    assert (examples.images[0].image_url, examples.images[0].thumbnail_url) == (
+        "http://public:9/images/0", "http://public:9/images/0?size=64")
+    client = BackendClient(BASE, public_url="http://public:9")
+    assert client.browser_url(f"{BASE}/images/3?size=9") == "http://public:9/images/3?size=9"
+    assert client.browser_url("http://elsewhere/x.png") == "http://elsewhere/x.png"
+    assert client.browser_url(f"{BASE}.evil/x.png") == f"{BASE}.evil/x.png"
+    assert fake.client().browser_url("/images/1") == f"{BASE}/images/1"
 
 
 def test_trailing_slash_and_public_url():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from ui_fake_backend import BASE, CAPTIONS, METRICS, MODELS, FakeBackend, image_answer, text_answer
+from tests.ui_fake_backend import BASE, CAPTIONS, METRICS, MODELS, FakeBackend, image_answer, text_answer
 
 from ui import handlers, plots
 from ui.client import BackendError, BackendUnavailable
@@ -64,7 +64,7 @@ def test_text_column_ticks_only_the_ground_truth():
     assert 'data-image-id="0"><a href="http://public:8000/images/0"' in html
     assert "ground-truth image at rank <b>1</b>" in html
     assert "#1</span> 0.900" in html and "#3</span> 0.700" in html
-    assert "<h4>Right: aoq</h4>" in html and "1.5 ms" in html
+    assert '<h4>Right: aoq</h4><div class="aoq-meta">1.5 ms \u00b7 ground-truth image at rank' in html
 
 
 def test_text_column_shows_a_ground_truth_outside_the_top_k():

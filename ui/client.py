@@ -14,7 +14,7 @@ import mimetypes
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urljoin
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
@@ -100,6 +100,13 @@ class BackendClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def browser_url(self, url: str) -> str:
+        """An image URL from an answer as the browser must load it: relative ones and ones on
+        ``base_url`` are moved to ``public_url``; any other absolute URL is kept."""
+        if url.startswith(self.base_url + "/"):
+            return self.public_url + url[len(self.base_url):]
+        return urljoin(self.public_url + "/", url)
 
     # -- endpoints ---------------------------------------------------------------------------
 
@@ -190,7 +197,7 @@ class BackendClient:
         except ValueError as exc:
             raise BackendError(f"The search service answered {where} with something that is not JSON.") from exc
         try:
-            return TypeAdapter(shape).validate_python(payload)
+            return TypeAdapter(shape).validate_python(payload, context={"to_browser": self.browser_url})
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "(root)"

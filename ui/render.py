@@ -37,7 +37,7 @@ DIRECTION_LABELS = {"t2i": "text \u2192 image", "i2t": "image \u2192 text"}
 CSS = """
 .aoq-col h4 { margin: 0 0 .3em 0; }
 .aoq-meta { font-size: .9em; opacity: .85; margin-bottom: .5em; }
-.aoq-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(130px, 1fr)); gap: .5em; }
+.aoq-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(100px, 1fr)); gap: .5em; }
 .aoq-card { border: 3px solid transparent; border-radius: 6px; padding: 2px; text-align: center; }
 .aoq-card img { width: 100%; height: auto; image-rendering: pixelated; border-radius: 4px; }
 .aoq-card.aoq-gt, li.aoq-gt { border-color: #2e9d4f; background: rgba(46,157,79,.12); }
@@ -50,7 +50,8 @@ CSS = """
              padding: .6em .8em; border-radius: 6px; }
 .aoq-notice { border: 1px solid #888; padding: .6em .8em; border-radius: 6px; }
 .aoq-query img { max-width: 192px; image-rendering: pixelated; border-radius: 4px; }
-.aoq-gtthumb { width: 48px; vertical-align: middle; image-rendering: pixelated; border: 2px solid #2e9d4f; }
+.aoq-meta img.aoq-gtthumb { display: inline-block; width: 40px; height: 40px; margin: 0 .2em;
+                           vertical-align: middle; image-rendering: pixelated; border: 2px solid #2e9d4f; }
 .aoq-table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 .aoq-table th, .aoq-table td { border: 1px solid #8884; padding: .2em .5em; text-align: right; }
 .aoq-table th:first-child, .aoq-table td:first-child { text-align: left; }
@@ -152,8 +153,8 @@ def _gt_line(public_url: str, rank: int | None, gt_ids: Sequence[int], results_g
 
 
 def _header(title: str, meta: str, latency_ms: float | None) -> str:
-    latency = f" \u00b7 {latency_ms:.1f} ms" if latency_ms is not None else ""
-    return f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{meta}{latency}</div>"
+    latency = f"{latency_ms:.1f} ms \u00b7 " if latency_ms is not None else ""
+    return f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{latency}{meta}</div>"
 
 
 def render_text_column(answer: TextSearch, title: str, public_url: str) -> str:

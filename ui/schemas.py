@@ -8,13 +8,30 @@ a clear ``BackendError`` in the client instead of a ``KeyError`` deep in a rende
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+
+#: fields holding an image URL the browser will load
+URL_FIELDS = frozenset({"image_url", "thumbnail_url"})
 
 
 class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _urls_for_the_browser(cls, data: Any, info: ValidationInfo) -> Any:
+        """Rewrite image URLs with the ``to_browser`` function of the validation context, if any.
+
+        The backend builds image URLs from the address the UI used to reach it, which need not
+        be the one the browser can reach (containers, proxies); the client passes the mapping.
+        """
+        to_browser: Callable[[str], str] | None = (info.context or {}).get("to_browser")
+        if to_browser is None or not isinstance(data, dict):
+            return data
+        return {k: to_browser(v) if k in URL_FIELDS and isinstance(v, str) else v for k, v in data.items()}
 
 
 class Health(_Answer):
