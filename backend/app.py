@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import faiss
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +17,7 @@ from backend.config import Settings
 from backend.db import create_schema, make_engine, session_factory
 from backend.deps import Service
 from backend.errors import ServiceError
+from backend.indexes import set_search_threads
 from backend.limits import BodyLimitMiddleware
 from backend.negatives import NegativesService
 from backend.querylog import QueryLogger
@@ -33,7 +33,7 @@ _FORM_OVERHEAD = 64 * 1024
 def start_service(settings: Settings) -> Service:
     """Open the catalogue, check and load every model, start the background threads."""
     torch.set_num_threads(settings.torch_threads)
-    faiss.omp_set_num_threads(settings.faiss_threads)
+    set_search_threads(settings.faiss_threads)
     engine = make_engine(settings.catalogue())
     create_schema(engine)
     sessions = session_factory(engine)

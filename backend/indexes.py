@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -230,8 +231,27 @@ def _maybe_gpu(index: faiss.Index, use_gpu: bool | None) -> faiss.Index:
         return index
 
 
+_threads = {"wanted": 0}
+_local = threading.local()
+
+
+def set_search_threads(n: int) -> None:
+    """OpenMP threads FAISS may use per query in :func:`search` (FIELD-NOTES 9: one is fastest for
+    single queries on a small machine). The OpenMP setting is per thread, and requests run on
+    the server's worker threads, so each of them applies it on its first search."""
+    _threads["wanted"] = n
+
+
+def _apply_threads() -> None:
+    wanted = _threads["wanted"]
+    if wanted and getattr(_local, "threads", None) != wanted:
+        faiss.omp_set_num_threads(wanted)
+        _local.threads = wanted
+
+
 def search(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` (scores, ids) of one query vector; ids of missing results (-1) are dropped."""
+    _apply_threads()
     k = min(k, index.ntotal)
     scores, ids = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), k)
     keep = ids[0] >= 0

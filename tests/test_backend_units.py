@@ -1,0 +1,270 @@
+"""Unit tests of the service's parts that need no server: FAISS index artefacts, failure cases,
+upload decoding, path confinement, catalogue registration and the query log."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+from PIL import Image
+from sqlalchemy import func, select
+
+from backend import catalogue, indexes
+from backend.catalogue import CatalogueError
+from backend.db import QueryLog, QueryRank, create_schema, make_engine, session_factory
+from backend.errors import ServiceError
+from backend.failures import failure_cases
+from backend.featurize import decode_upload, upload_refusal
+from backend.paths import safe_path
+from backend.querylog import QueryLogger
+from tests.backend_helpers import unit_vectors
+from training.data.dataset import SplitData
+from training.io import ArtefactError
+
+
+def clustered(n: int, d: int, clusters: int, seed: int = 0) -> np.ndarray:
+    """Unit vectors around ``clusters`` centres: structured like real embeddings, unlike pure noise."""
+    rng = np.random.default_rng(seed)
+    centres = unit_vectors(clusters, d, seed + 1)
+    x = centres[rng.integers(0, clusters, n)] + 0.35 * rng.standard_normal((n, d)).astype(np.float32) / np.sqrt(d)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture()
+def sessions(tmp_path: Path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'cat.sqlite'}")
+    create_schema(engine)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+# ----------------------------------------------------------------------------- indexes
+
+
+def test_flat_index_is_exact_and_keeps_catalogue_ids():
+    vectors, queries = unit_vectors(300, 16, 0), unit_vectors(20, 16, 1)
+    ids = np.arange(1000, 1300)
+    index, params = indexes.build_index(vectors, ids, queries, indexes.IndexSpec("flat"))
+    assert params == {"recall_at_10": 1.0}
+    scores, found = indexes.search(index, queries[0], 5)
+    brute = vectors @ queries[0]
+    expected = np.argsort(-brute)[:5]
+    assert found.tolist() == (expected + 1000).tolist()
+    np.testing.assert_allclose(scores, brute[expected], rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind, param", [("hnsw", "efSearch"), ("ivf", "nprobe")])
+def test_approximate_index_is_tuned_to_the_target_recall(kind: str, param: str):
+    vectors = clustered(4000, 32, 40, seed=2)
+    queries = clustered(500, 32, 40, seed=3)
+    index, params = indexes.build_index(vectors, np.arange(4000), queries, indexes.IndexSpec(kind, target_recall=0.95))
+    assert params["recall_at_10"] >= 0.95
+    assert param in params
+    exact, _ = indexes.build_index(vectors, np.arange(4000), queries, indexes.IndexSpec("flat"))
+    # the recorded value is what the tuned index really achieves on these queries
+    assert indexes.recall_at_k(index, exact, queries[:200]) >= 0.9
+
+
+def test_unreachable_recall_is_an_error_not_a_silent_index():
+    vectors = unit_vectors(500, 16, 4)
+    with pytest.raises(ArtefactError, match="below the target"):
+        indexes.build_index(vectors, np.arange(500), vectors[:50], indexes.IndexSpec("hnsw", target_recall=1.01))
+
+
+def test_search_threads_apply_in_every_worker_thread():
+    """OpenMP thread counts are per thread: setting it once in the main thread would not reach
+    the server's request threads."""
+    index, _ = indexes.build_index(unit_vectors(50, 8, 0), np.arange(50), unit_vectors(5, 8, 1), indexes.IndexSpec())
+    seen = []
+
+    def worker() -> None:
+        indexes.search(index, unit_vectors(1, 8, 2)[0], 3)
+        seen.append(faiss.omp_get_max_threads())
+
+    indexes.set_search_threads(1)
+    try:
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+    finally:
+        indexes.set_search_threads(0)
+    assert seen == [1]
+
+
+def test_full_rank_counts_strictly_higher_scores():
+    emb = np.array([[1, 0], [0.6, 0.8], [0, 1], [0.6, 0.8]], dtype=np.float32)
+    query = np.array([0.6, 0.8], dtype=np.float32)
+    # items 1 and 3 tie at the top: a tie does not push the ground truth down
+    assert indexes.full_rank(emb, query, np.array([3])) == 1
+    assert indexes.full_rank(emb, query, np.array([0])) == 4  # 0.6 < 0.8 (x2) and < 0.8 for item 2
+    assert indexes.full_rank(emb, query, np.array([0, 2])) == 3  # best of the two
+
+
+def _write(tmp_path: Path, spec=indexes.IndexSpec()) -> Path:
+    emb = {"images": unit_vectors(10, 8, 5), "captions": unit_vectors(50, 8, 6)}
+    ids = {"images": np.arange(1, 11), "captions": np.arange(1, 51)}
+    out = tmp_path / "idx" / "m"
+    indexes.write_model_index(out, emb, ids, spec, {"model": "m", "checkpoint_hash": "abc"})
+    return out
+
+
+def test_index_artefact_round_trip(tmp_path: Path):
+    out = _write(tmp_path)
+    loaded = indexes.load_model_index(out)
+    assert loaded.config["checkpoint_hash"] == "abc"
+    assert loaded.config["counts"] == {"images": 10, "captions": 50}
+    assert loaded.faiss["images"].ntotal == 10 and loaded.ids["captions"].tolist() == list(range(1, 51))
+    assert not list(out.parent.glob(".*tmp"))  # nothing half-written left behind
+
+
+def test_corrupted_index_file_is_refused(tmp_path: Path):
+    out = _write(tmp_path)
+    data = bytearray((out / "images.faiss").read_bytes())
+    data[-5] ^= 0xFF
+    (out / "images.faiss").write_bytes(bytes(data))
+    with pytest.raises(ArtefactError, match="images.faiss: content hash mismatch"):
+        indexes.load_model_index(out)
+
+
+def test_generation_file_counts_up(tmp_path: Path):
+    assert indexes.read_generation(tmp_path) is None
+    assert indexes.bump_generation(tmp_path, ["a"]) == {"generation": 1, "models": ["a"]}
+    assert indexes.bump_generation(tmp_path, ["b"]) == {"generation": 2, "models": ["a", "b"]}
+
+
+# ----------------------------------------------------------------------------- failure cases
+
+
+def test_failure_cases_match_a_brute_force_reference(sessions):
+    rng = np.random.default_rng(7)
+    n = 200
+    left, right = rng.integers(1, 4, n), rng.integers(1, 4, n)  # many rank-1 and many misses
+    with sessions() as s, s.begin():
+        ds = catalogue.get_or_create_dataset(s, "d", "precomp", False, 1, {"path": "p"})
+        for name in ("left", "right"):
+            catalogue.upsert_model(s, name, role=name, loss="x", image_encoder="vse", image_input="features",
+                                   dataset_id=ds.id, gallery_split="test", checkpoint_path="-", checkpoint_hash="-")
+    with sessions() as s, s.begin():
+        for model, ranks in ((1, left), (2, right)):
+            s.add_all(QueryRank(model_id=model, direction="t2i", query_id=q, rank=int(r)) for q, r in enumerate(ranks))
+        s.add(QueryRank(model_id=1, direction="i2t", query_id=0, rank=5))  # other direction: ignored
+    masks = {
+        "baseline_only": (left > 1) & (right == 1),
+        "aoq_only": (left == 1) & (right > 1),
+        "both": (left > 1) & (right > 1),
+    }
+    with sessions() as s:
+        for which, mask in masks.items():
+            total, rows = failure_cases(s, 1, 2, "t2i", which, limit=1000)
+            assert total == int(mask.sum())
+            assert sorted(q for q, _, _ in rows) == np.flatnonzero(mask).tolist()
+            assert all(left[q] == lr and right[q] == rr for q, lr, rr in rows)
+        _, first = failure_cases(s, 1, 2, "t2i", "baseline_only", limit=3)
+        _, second = failure_cases(s, 1, 2, "t2i", "baseline_only", limit=3, offset=3)
+        assert [r[1] for r in first] == sorted([r[1] for r in first], reverse=True)  # worst first
+        assert not {r[0] for r in first} & {r[0] for r in second}
+
+
+# ----------------------------------------------------------------------------- uploads
+
+
+def _encoded(image: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_png_and_jpeg_uploads_decode(fmt: str):
+    image = decode_upload(_encoded(Image.new("RGB", (40, 30), (200, 10, 10)), fmt), max_pixels=10_000)
+    assert image.size == (40, 30)
+
+
+@pytest.mark.parametrize(
+    "data, status, message",
+    [
+        (b"", 422, "empty"),
+        (b"definitely not an image", 422, "not an image"),
+        (_encoded(Image.new("RGB", (8, 8)), "GIF"), 415, "GIF"),
+        (_encoded(Image.new("RGB", (64, 64)), "PNG")[:60], 422, "corrupt or truncated"),
+    ],
+)
+def test_bad_uploads_are_refused_clearly(data: bytes, status: int, message: str):
+    with pytest.raises(ServiceError) as caught:
+        decode_upload(data, max_pixels=10_000)
+    assert caught.value.status_code == status and message in caught.value.detail
+
+
+def test_decompression_bomb_is_refused_before_decoding():
+    bomb = _encoded(Image.new("1", (12_000, 12_000)), "PNG")  # ~150 KB on disk, 144 M pixels decoded
+    assert len(bomb) < 10 * 1024 * 1024
+    with pytest.raises(ServiceError) as caught:
+        decode_upload(bomb, max_pixels=40_000_000)
+    assert caught.value.status_code == 422 and "decompression bomb" in caught.value.detail
+
+
+def test_uploads_to_detector_feature_models_are_refused_with_the_reason():
+    assert upload_refusal("pixels", False, "coco") is None
+    assert upload_refusal("features", True, "synth") is None
+    assert "external detector" in upload_refusal("features", False, "coco")
+
+
+# ----------------------------------------------------------------------------- paths
+
+
+def test_paths_are_confined_to_the_data_directory(tmp_path: Path):
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    (data / "a" / "x.png").write_bytes(b"x")
+    (tmp_path / "secret.txt").write_text("no")
+    os.symlink(tmp_path / "secret.txt", data / "link.png")
+    assert safe_path(data, "a/x.png") == (data / "a" / "x.png").resolve()
+    assert safe_path(data, "a/../a/x.png") == (data / "a" / "x.png").resolve()
+    for evil in ("../secret.txt", "a/../../secret.txt", str(tmp_path / "secret.txt"), "/etc/passwd", "link.png"):
+        with pytest.raises(ServiceError) as caught:
+            safe_path(data, evil)
+        assert caught.value.status_code == 404 and "outside the data directory" in caught.value.detail
+
+
+# ----------------------------------------------------------------------------- catalogue
+
+
+def _split(captions: list[str]) -> SplitData:
+    return SplitData(name="test", captions=captions, captions_per_image=2, image_ids=["a", "b"])
+
+
+def test_registration_is_idempotent_and_refuses_changed_content(sessions):
+    with sessions() as s, s.begin():
+        ds = catalogue.get_or_create_dataset(s, "d", "precomp", False, 2, {"path": "p"})
+        first = catalogue.register_split(s, ds, "test", _split(["a", "b", "c", "d"]), None, None)
+    assert first.image_ids.tolist() == [1, 2] and first.caption_image_ids.tolist() == [1, 1, 2, 2]
+    with sessions() as s, s.begin():
+        ds = catalogue.get_or_create_dataset(s, "d", "precomp", False, 2, {"path": "p"})
+        again = catalogue.register_split(s, ds, "test", _split(["a", "b", "c", "d"]), None, None)
+        train = catalogue.register_split(s, ds, "train", _split(["e", "f", "g", "h"]), None, None)
+    assert again.caption_ids.tolist() == first.caption_ids.tolist()
+    assert train.image_ids.tolist() == [3, 4] and train.caption_ids.tolist() == [5, 6, 7, 8]
+    with sessions() as s, s.begin(), pytest.raises(CatalogueError, match="changed on disk"):
+        ds = catalogue.get_or_create_dataset(s, "d", "precomp", False, 2, {"path": "p"})
+        catalogue.register_split(s, ds, "test", _split(["a", "b", "c", "CHANGED"]), None, None)
+
+
+def test_query_log_is_written_in_batches_off_the_request_path(sessions):
+    logger = QueryLogger(sessions, enabled=True, flush_every_s=3600)
+    for k in (1, 2, 3):
+        logger.record("/search/text", 1.5, "aoq", k)
+    with sessions() as s:
+        assert s.scalar(select(func.count()).select_from(QueryLog)) == 0  # nothing written yet
+    assert logger.flush() == 3
+    with sessions() as s:
+        rows = s.scalars(select(QueryLog).order_by(QueryLog.k)).all()
+    assert [(r.endpoint, r.model, r.k, r.status) for r in rows] == [("/search/text", "aoq", k, 200) for k in (1, 2, 3)]
+    off = QueryLogger(sessions, enabled=False)
+    off.record("/x", 1.0)
+    assert off.flush() == 0
+
