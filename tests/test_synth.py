@@ -1,0 +1,279 @@
+"""The synthetic benchmark: deterministic files in both layouts, pixel-derived region features,
+varied non-exhaustive captions, families of one-change near-duplicates, robust extractor."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from training.cli import main
+from training.data.synth import writer
+from training.data.synth.captions import caption_scene
+from training.data.synth.features import FEATURE_DIM, N_REGIONS, extract_regions
+from training.data.synth.render import render_scene
+from training.data.synth.scenes import (
+    COLOURS,
+    STREAM_CAPTIONS,
+    STREAM_RENDER,
+    SceneParams,
+    family_plan,
+    rng_for,
+    sample_family,
+)
+from training.io import file_hashes, read_manifest
+
+SIZES = {"train": 12, "dev": 4, "test": 4}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "data"
+    writer.write_dataset(out, SIZES, seed=3, workers=1, progress=False)
+    return out
+
+
+def _scenes(params: SceneParams, n: int, split: str = "train", seed: int = 0):
+    """The first ``n`` scenes of a split, in image order, without writing anything."""
+    out = []
+    for family, (start, size) in enumerate(family_plan(n, params, seed, split)):
+        out.extend(sample_family(params, seed, split, family, size))
+    return out
+
+
+def test_same_arguments_give_byte_identical_files_whatever_the_worker_count(dataset, tmp_path):
+    again = tmp_path / "again"
+    writer.write_dataset(again, SIZES, seed=3, workers=2, progress=False)
+    first, second = file_hashes(dataset), file_hashes(again)
+    assert len(first) == 20 + 6 + 2  # PNGs, precomp files, Karpathy JSON, scenes.jsonl
+    assert first == second
+    assert (dataset / "manifest.json").read_bytes() == (again / "manifest.json").read_bytes()
+    other = tmp_path / "other_seed"
+    writer.write_dataset(other, SIZES, seed=4, workers=1, progress=False)
+    assert file_hashes(other)["precomp/train_caps.txt"] != first["precomp/train_caps.txt"]
+
+
+def test_both_layouts_hold_the_same_images_and_captions(dataset):
+    manifest = read_manifest(dataset, kind="synthetic_dataset")
+    assert manifest["config"]["sizes"] == SIZES
+    assert manifest["n_regions"] == N_REGIONS and manifest["feature_dim"] == FEATURE_DIM
+    karpathy = json.loads((dataset / "dataset_synth.json").read_text())
+    assert karpathy["dataset"] == "synth"
+    images = karpathy["images"]
+    assert Counter(im["split"] for im in images) == {"train": 12, "val": 4, "test": 4}
+    assert [im["imgid"] for im in images] == list(range(20))
+    assert [s for im in images for s in im["sentids"]] == list(range(100))
+    scenes = [json.loads(line) for line in (dataset / "scenes.jsonl").read_text().splitlines()]
+    assert len(scenes) == 20
+    for split, kname in writer.SPLITS.items():
+        entries = [im for im in images if im["split"] == kname]
+        feats = np.load(dataset / "precomp" / f"{split}_ims.npy", mmap_mode="r")
+        assert feats.shape == (SIZES[split], N_REGIONS, FEATURE_DIM) and feats.dtype == np.float32
+        caps = (dataset / "precomp" / f"{split}_caps.txt").read_text().split("\n")
+        assert caps[-1] == "" and len(caps) - 1 == 5 * SIZES[split]
+        assert caps[:-1] == [s["raw"] for im in entries for s in im["sentences"]]
+        for im in entries:
+            assert im["filepath"] == f"images/{kname}"
+            assert (dataset / im["filepath"] / im["filename"]).is_file()
+            assert all(s["imgid"] == im["imgid"] and s["tokens"] for s in im["sentences"])
+        split_scenes = [s for s in scenes if s["split"] == split]
+        assert [s["filename"] for s in split_scenes] == [im["filename"] for im in entries]
+        assert [s["index"] for s in split_scenes] == list(range(SIZES[split]))
+
+
+def test_features_are_computed_from_the_png_pixels(dataset):
+    entries = json.loads((dataset / "dataset_synth.json").read_text())["images"]
+    feats = np.load(dataset / "precomp" / "train_ims.npy")
+    for k, im in enumerate(e for e in entries if e["split"] == "train"):
+        with Image.open(dataset / im["filepath"] / im["filename"]) as png:
+            np.testing.assert_array_equal(extract_regions(png), feats[k])
+
+
+def test_extractor_sees_an_objects_colour_and_box():
+    params = SceneParams(noise=0.0)
+    scene = next(s for s in _scenes(params, 60) if len(s.objects) == 1)
+    obj = scene.objects[0]
+    feats = extract_regions(render_scene(scene, params, rng_for(0, "train", STREAM_RENDER, 0)))
+    mean_rgb = feats[:, 10:13]
+    hits = np.flatnonzero(np.all(np.abs(mean_rgb - np.array(COLOURS[obj.colour]) / 255) < 1e-6, axis=1))
+    assert len(hits) == 1, "exactly one region has the flat object colour"
+    x1, y1, x2, y2 = feats[hits[0], :4]
+    assert abs((x1 + x2) / 2 - obj.x) < 2 / 64 and abs((y1 + y2) / 2 - obj.y) < 2 / 64
+
+
+def test_region_count_is_the_same_for_one_to_four_objects():
+    params = SceneParams()
+    by_count = {}
+    for k, scene in enumerate(_scenes(params, 80)):
+        by_count.setdefault(len(scene.objects), (k, scene))
+    assert sorted(by_count) == [1, 2, 3, 4]
+    for k, scene in by_count.values():
+        feats = extract_regions(render_scene(scene, params, rng_for(0, "train", STREAM_RENDER, k)))
+        assert feats.shape == (N_REGIONS, FEATURE_DIM) and feats.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        Image.new("RGB", (1, 1), (200, 10, 10)),
+        Image.new("RGB", (0, 0)),
+        Image.new("RGB", (64, 64)),
+        Image.new("RGB", (2400, 1600), (30, 90, 200)),
+        Image.new("RGB", (3000, 2)),
+        Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)),
+        Image.new("L", (40, 90), 77),
+        Image.new("RGBA", (64, 64), (0, 255, 0, 0)),
+        Image.new("LA", (20, 20), (9, 200)),
+        Image.new("P", (30, 30), 5),
+        Image.new("1", (30, 30), 1),
+        Image.new("CMYK", (30, 30), (0, 90, 0, 0)),
+        Image.fromarray(np.arange(900, dtype=np.uint16).reshape(30, 30)),
+        Image.fromarray(np.full((8, 8), np.nan, dtype=np.float32)),
+    ],
+    ids=[
+        "1x1", "0x0", "black", "huge", "strip", "noise", "gray", "rgba", "la", "palette", "bilevel", "cmyk", "i16",
+        "nan",
+    ],
+)
+def test_odd_images_give_fixed_shape_finite_features(image):
+    feats = extract_regions(image)
+    assert feats.shape == (N_REGIONS, FEATURE_DIM) and feats.dtype == np.float32
+    assert np.isfinite(feats).all()
+
+
+def test_extractor_rejects_what_is_not_an_image():
+    with pytest.raises(TypeError, match="PIL"):
+        extract_regions(np.zeros((64, 64, 3), dtype=np.uint8))
+
+
+def test_families_hold_one_change_variants():
+    params = SceneParams(family_share=1.0)
+    scenes = _scenes(params, 120)
+    kinds = Counter()
+    attrs = ("shape", "colour", "size")
+    for variant in (s for s in scenes if s.variant not in ("base", "single")):
+        base = next(b for b in scenes if b.family == variant.family and b.variant == "base")
+        kinds[variant.variant] += 1
+        assert variant.background == base.background and variant.signature() != base.signature()
+        if variant.variant in attrs:
+            assert len(variant.objects) == len(base.objects)
+            changed = [(a, b) for a, b in zip(base.objects, variant.objects) if a != b]
+            assert len(changed) == 1
+            a, b = changed[0]
+            assert [k for k in attrs if getattr(a, k) != getattr(b, k)] == [variant.variant]
+            assert (a.x, a.y) == (b.x, b.y)
+        elif variant.variant == "count":
+            assert abs(len(variant.objects) - len(base.objects)) == 1
+        elif variant.variant == "relation":
+            def look(s):
+                return sorted((o.shape, o.colour, o.size) for o in s.objects)
+
+            assert look(variant) == look(base)
+            assert sorted((o.x, o.y) for o in variant.objects) == sorted((o.x, o.y) for o in base.objects)
+    assert set(kinds) == {"colour", "shape", "size", "count", "relation", "position"}
+
+
+def test_family_share_knob_controls_near_duplicates():
+    none = _scenes(SceneParams(family_share=0.0), 200)
+    assert {s.variant for s in none} == {"single"}
+    share = np.mean([s.variant != "single" for s in _scenes(SceneParams(family_share=0.5), 2000)])
+    assert 0.4 < share < 0.6
+
+
+def test_a_small_test_split_is_the_prefix_of_a_large_one():
+    params = SceneParams()
+    small, large = family_plan(1000, params, 0, "test"), family_plan(5000, params, 0, "test")
+    assert small[:-1] == large[: len(small) - 1]
+    assert sum(size for _, size in small) == 1000 and sum(size for _, size in large) == 5000
+
+
+def test_captions_vary_and_mention_counts_attributes_and_relations():
+    params = SceneParams()
+    scenes = _scenes(params, 300)
+    captions = [caption_scene(s, rng_for(0, "train", STREAM_CAPTIONS, k)) for k, s in enumerate(scenes)]
+    assert all(len(c) == 5 for c in captions)
+    flat = [c.lower() for cs in captions for c in cs]
+    assert len(set(flat)) > 0.95 * len(flat)
+    assert len({" ".join(c.split()[:3]) for c in flat}) > 100, "many different openings"
+    joined = " ".join(flat)
+    for phrase in ("two", "three", "four", "left of", "right of", "above", "below", "small", "large", "corner"):
+        assert phrase in joined, phrase
+    # Not exhaustive: in multi-object scenes some captions name fewer colours than there are.
+    colour_words = re.compile("|".join(COLOURS))
+    partial = sum(
+        len(set(colour_words.findall(c.lower()))) < len({o.colour for o in s.objects})
+        for s, cs in zip(scenes, captions)
+        if len({o.colour for o in s.objects}) > 1
+        for c in cs
+    )
+    assert partial > 0.3 * sum(5 for s in scenes if len({o.colour for o in s.objects}) > 1)
+
+
+def test_colour_variant_changes_the_features():
+    params = SceneParams(family_share=1.0)
+    scenes = _scenes(params, 100)
+    k = next(i for i, s in enumerate(scenes) if s.variant == "colour")
+    base = next(s for s in scenes if s.family == scenes[k].family and s.variant == "base")
+    rng = rng_for(0, "train", STREAM_RENDER, 0)
+    f_base = extract_regions(render_scene(base, replace(params, noise=0.0), rng))
+    f_var = extract_regions(render_scene(scenes[k], replace(params, noise=0.0), rng))
+    assert not np.array_equal(f_base, f_var)
+
+
+def test_failed_generation_leaves_nothing_behind(tmp_path, monkeypatch):
+    calls = []
+
+    def flaky(chunk):
+        calls.append(chunk)
+        if len(calls) == 2:
+            raise RuntimeError("disk full")
+        return real(chunk)
+
+    real = writer._render_chunk
+    monkeypatch.setattr(writer, "_render_chunk", flaky)
+    monkeypatch.setattr(writer, "_CHUNK_IMAGES", 4)
+    with pytest.raises(RuntimeError, match="disk full"):
+        writer.write_dataset(tmp_path / "data", {"train": 12, "dev": 1, "test": 1}, workers=1, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_writes_a_dataset_and_refuses_to_replace_foreign_folders(tmp_path, capsys):
+    out = tmp_path / "synth"
+    sizes = ["--train", "3", "--dev", "1", "--test", "1"]
+    args = ["synth", "--out", str(out), *sizes, "--workers", "1", "--no-progress"]
+    assert main(args) == 0
+    assert "wrote 5 images" in capsys.readouterr().out
+    assert main(args) == 0, "an earlier synthetic dataset is replaced"
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    assert main(["synth", "--out", str(foreign), *sizes, "--no-progress"]) == 2
+    assert "refusing to replace" in capsys.readouterr().err
+    assert (foreign / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--train", "-3"], "argument --train: must be >= 1, got -3"),
+        (["--test", "0"], "argument --test: must be >= 1, got 0"),
+        (["--dev", "many"], "argument --dev: expected an integer, got 'many'"),
+        (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    ],
+)
+def test_cli_rejects_bad_sizes_with_a_clear_message(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["synth", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_rejects_bad_knobs_with_a_clear_message(tmp_path, capsys):
+    assert main(["synth", "--out", str(tmp_path / "x"), "--shapes", "12"]) == 2
+    assert "n_shapes must be in 2..8, got 12" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
