@@ -8,10 +8,13 @@ would find it: data is written to a temporary sibling, flushed, fsync'ed and ren
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +109,37 @@ def atomic_open(path: str | Path) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
 
 
+@functools.lru_cache(maxsize=1)
+def _syncfs() -> Any:
+    """libc ``syncfs`` on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    with contextlib.suppress(OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True).syncfs
+    return None
+
+
+def _sync_tree(root: Path) -> None:
+    """Make every file under ``root`` durable before the directory is renamed into place.
+
+    On Linux one ``syncfs`` flushes the whole filesystem for about the cost of one ``fsync``;
+    fsync'ing files one by one costs milliseconds each (minutes for the 100,000 PNGs of a
+    synthetic dataset). Elsewhere, or if ``syncfs`` fails, each file is fsync'ed.
+    """
+    syncfs = _syncfs()
+    if syncfs is not None:
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            if syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    for f in root.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
 @contextlib.contextmanager
 def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Build a directory in a temporary sibling and move it to ``final`` only on success.
@@ -118,10 +152,7 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
+        _sync_tree(tmp)
         old = None
         if final.exists():
             old = final.parent / f".{final.name}.old-{os.getpid()}"
