@@ -351,6 +351,27 @@ def fit(
     return result(already_finished=False)
 
 
+def optimise_step(step: StepFn, model: JointModel, batch: Any, optimizer: torch.optim.Optimizer,
+                  params: list[Tensor], grad_clip: float) -> tuple[float, dict[str, float]]:
+    """One optimisation step: loss, backward, gradient-norm clipping, optimiser update.
+
+    Returns:
+        The loss value and the step's stats.
+
+    Raises:
+        FloatingPointError: the loss is NaN or infinite (checked before the weights change).
+    """
+    loss, stats = step(model, batch)
+    loss_value = float(loss.detach())
+    if not math.isfinite(loss_value):
+        raise FloatingPointError(f"loss became {loss_value}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    return loss_value, stats
+
+
 def _train_epoch(run_dir, cfg, optim, model, vocab, make_loader, step, validate, optimizer, scheduler,
                  prog: _Progress, fingerprint, role, extra, progress_bar, writer) -> None:
     """Finish epoch ``prog.epoch`` (from ``prog.step_in_epoch``), validate, checkpoint, log."""
@@ -377,15 +398,11 @@ def _train_epoch(run_dir, cfg, optim, model, vocab, make_loader, step, validate,
         for batch in loader:
             if total is not None and prog.step_in_epoch >= total:
                 break
-            loss, stats = step(model, batch)
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"{role}: loss became {loss_value} at epoch {prog.epoch + 1}, "
-                                         f"step {prog.step_in_epoch + 1}; lower the learning rate")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, optim.grad_clip)
-            optimizer.step()
+            try:
+                loss_value, stats = optimise_step(step, model, batch, optimizer, params, optim.grad_clip)
+            except FloatingPointError as exc:
+                raise FloatingPointError(f"{role}: {exc} at epoch {prog.epoch + 1}, step {prog.step_in_epoch + 1}; "
+                                         "lower the learning rate") from None
             prog.loss_sum += loss_value
             for key, value in stats.items():
                 prog.stat_sums[key] = prog.stat_sums.get(key, 0.0) + float(value)

@@ -1,0 +1,120 @@
+"""Round-1 training speed: time per batch and throughput (pairs/s) of vse and vsrn.
+
+Each measured step is the trainer's own ``optimise_step`` with the round-1 ``step``: forward
+of both encoders, the configured loss (default max_violation), backward, gradient clipping at
+2.0 and an Adam update, on synthetic-shaped batches (``N_REGIONS`` x ``FEATURE_DIM`` region
+features from ``training.data.synth.features``, captions of 8-18 tokens, the model sizes of
+``--config``). Data loading is not included (the benchmark isolates the model; the trainer's
+``metrics.jsonl`` records the per-batch time with loading). Timings are the median over
+``--steps`` steps after ``--warmup`` steps, for each torch intra-op thread count in
+``--threads``; the demo estimate is one epoch of the demo-size synthetic train split
+(4,000 images x 5 captions) at the fastest thread count.
+
+Last line: ``RESULT device=<d> batch=<B> vse_ms_per_batch=<t> vse_pairs_per_s=<p>
+vsrn_ms_per_batch=<t> vsrn_pairs_per_s=<p> vse_threads=<n> vsrn_threads=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.config import load_config  # noqa: E402
+from training.data.synth.features import FEATURE_DIM, N_REGIONS  # noqa: E402
+from training.device import resolve_device, seed_everything  # noqa: E402
+from training.models.joint import build_model  # noqa: E402
+from training.round1 import round1_step  # noqa: E402
+from training.trainer import optimise_step  # noqa: E402
+
+DEMO_PAIRS = 4000 * 5
+
+
+def make_batch(batch: int, vocab_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random features of the synthetic shape and random token ids of caption-like lengths."""
+    lengths = torch.randint(8, 19, (batch,), generator=generator)
+    return {
+        "images": torch.rand(batch, N_REGIONS, FEATURE_DIM, generator=generator),
+        "tokens": torch.randint(4, vocab_size, (batch, int(lengths.max())), generator=generator),
+        "lengths": lengths,
+    }
+
+
+def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device: torch.device,
+                 vocab_size: int) -> float:
+    """Median seconds per optimisation step."""
+    seed_everything(0)
+    model_cfg = cfg.model.model_copy(update={"image_encoder": encoder})
+    model = build_model(model_cfg, vocab_size, FEATURE_DIM).to(device).train()
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=cfg.train.lr)
+    step = round1_step(cfg.train)
+    generator = torch.Generator().manual_seed(0)
+    batches = [make_batch(batch, vocab_size, generator) for _ in range(4)]
+    times = []
+    for k in range(warmup + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        optimise_step(step, model, batches[k % len(batches)], optimizer, params, cfg.train.grad_clip)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if k >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/synthetic.yaml", help="model sizes and loss from here")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", default="1,2", help="comma-separated intra-op thread counts (CPU only)")
+    parser.add_argument("--encoders", default="vse,vsrn")
+    parser.add_argument("--vocab-size", type=int, default=200, help="about the synthetic vocabulary's size")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--quick", action="store_true", help="5 steps after 1 warm-up, one thread count")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.warmup = 5, 1
+        args.threads = str(torch.get_num_threads())
+
+    cfg = load_config(args.config)
+    device = resolve_device(args.device)
+    thread_counts = [int(t) for t in args.threads.split(",")] if device.type == "cpu" else [torch.get_num_threads()]
+    encoders = args.encoders.split(",")
+    print(f"device {device}; batch {args.batch_size}; embed_dim {cfg.model.embed_dim}, word_dim "
+          f"{cfg.model.word_dim}, gcn_layers {cfg.model.gcn_layers}; loss {cfg.train.loss}; "
+          f"features {N_REGIONS} x {FEATURE_DIM}; median of {args.steps} steps after {args.warmup}")
+    best: dict[str, tuple[float, int]] = {}
+    original = torch.get_num_threads()
+    try:
+        for threads in thread_counts:
+            torch.set_num_threads(threads)
+            for encoder in encoders:
+                seconds = time_encoder(cfg, encoder, args.batch_size, args.steps, args.warmup, device,
+                                       args.vocab_size)
+                print(f"{encoder:5s} threads={threads}: {1000 * seconds:8.1f} ms/batch, "
+                      f"{args.batch_size / seconds:8.0f} pairs/s, demo epoch "
+                      f"({DEMO_PAIRS // args.batch_size} batches) {DEMO_PAIRS // args.batch_size * seconds:6.1f} s")
+                if encoder not in best or seconds < best[encoder][0]:
+                    best[encoder] = (seconds, threads)
+    finally:
+        torch.set_num_threads(original)
+    fields = [f"device={device.type}", f"batch={args.batch_size}"]
+    for encoder, (seconds, _) in best.items():
+        fields += [f"{encoder}_ms_per_batch={1000 * seconds:.1f}", f"{encoder}_pairs_per_s={args.batch_size / seconds:.0f}"]
+    fields += [f"{encoder}_threads={threads}" for encoder, (_, threads) in best.items()]
+    print("RESULT " + " ".join(fields))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

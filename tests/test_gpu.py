@@ -1,0 +1,68 @@
+"""The CUDA path: encoders, the round-1 step, training, checkpoints and embedding on a GPU.
+
+Every test is skipped, with the reason, on a machine without CUDA (CI has none); run this file
+on a GPU machine to check the device handling (no ``.cuda()`` anywhere: devices come from
+``training.device.resolve_device``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.fixtures import write_precomp_fixture
+from training.checkpoint import load_checkpoint
+from training.config import ModelConfig, TrainConfig, config_from_dict
+from training.data.load import load_split
+from training.device import resolve_device
+from training.embed import encode_split
+from training.models.joint import build_model
+from training.round1 import round1_step, train_round1
+from training.trainer import optimise_step
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
+
+
+@pytest.fixture
+def cuda() -> torch.device:
+    return resolve_device("cuda")
+
+
+@pytest.mark.parametrize("kind", ["vse", "vsrn", "cnn"])
+def test_forward_backward_on_cuda(cuda, kind):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(image_encoder=kind, embed_dim=32, word_dim=16, cnn_width=4), 40, 24).to(cuda)
+    images = torch.randn(6, 5, 24) if kind != "cnn" else torch.rand(6, 3, 64, 64)
+    batch = {"images": images, "tokens": torch.randint(4, 40, (6, 9)), "lengths": torch.tensor([9, 4, 6, 2, 7, 5])}
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-3)
+    loss, stats = optimise_step(round1_step(TrainConfig()), model, batch, optimizer, params, 2.0)
+    assert np.isfinite(loss) and set(stats) == {"pos", "hardest_neg"}
+    assert all(p.device.type == "cuda" for p in params)
+    assert all(p.grad is not None and p.grad.device.type == "cuda" for p in params)
+    with torch.no_grad():
+        img = model.encode_images(images.to(cuda))
+        cap = model.encode_texts(batch["tokens"].to(cuda), batch["lengths"])
+    torch.testing.assert_close(img.norm(dim=-1), torch.ones(6, device=cuda), atol=1e-4, rtol=0)
+    torch.testing.assert_close(cap.norm(dim=-1), torch.ones(6, device=cuda), atol=1e-4, rtol=0)
+
+
+def test_train_on_cuda_then_load_and_embed_on_cpu(cuda, tmp_path):
+    data = write_precomp_fixture(tmp_path / "data", {"train": 30, "dev": 8, "test": 8}, regions=3, dim=10)
+    cfg = config_from_dict({
+        "name": "gpu", "out_dir": str(tmp_path / "run"),
+        "data": {"path": str(data), "vocab_threshold": 1},
+        "model": {"embed_dim": 16, "word_dim": 8},
+        "train": {"epochs": 1, "batch_size": 30, "device": "cuda"},
+    })
+    result = train_round1(cfg, progress_bar=False)
+    assert result.epochs_done == 1
+    on_gpu = load_checkpoint(result.best_dir, device=cuda)
+    on_cpu = load_checkpoint(result.best_dir, device="cpu")
+    assert next(on_gpu.model.parameters()).device.type == "cuda"
+    split = load_split(cfg.data, "test")
+    gpu_img, gpu_cap = encode_split(on_gpu.model, on_gpu.vocab, split)
+    cpu_img, cpu_cap = encode_split(on_cpu.model, on_cpu.vocab, split)
+    np.testing.assert_allclose(gpu_img, cpu_img, atol=1e-4)
+    np.testing.assert_allclose(gpu_cap, cpu_cap, atol=1e-4)
