@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
+from PIL import Image
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -162,7 +163,7 @@ def test_text_query_shows_images_in_both_columns(driver, ui_url, backend_url):
     assert _requested_hosts(driver) <= {"127.0.0.1"}
 
 
-def test_gallery_image_shows_captions_in_both_columns(driver, ui_url):
+def test_gallery_image_and_upload_show_captions_in_both_columns(driver, ui_url, tmp_path):
     _open(driver, ui_url)
     _tab(driver, "Image to text")
     thumbs = WebDriverWait(driver, WAIT_S).until(
@@ -174,6 +175,18 @@ def test_gallery_image_shows_captions_in_both_columns(driver, ui_url):
     assert left.startswith("Left: baseline\n") and "ground-truth caption at rank " in left
     assert all(_loaded_widths(driver, ".aoq-query img"))
     driver.save_screenshot(str(_artifacts() / "image-to-text.png"))
+
+    # An uploaded picture goes through Gradio (saved as PNG) to the backend's featuriser.
+    picture = tmp_path / "upload.jpg"
+    Image.new("RGB", (48, 48), (200, 30, 30)).save(picture)
+    driver.find_element(By.CSS_SELECTOR, "#i2t-upload input[type=file]").send_keys(str(picture))
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#i2t-upload img"))
+    driver.find_element(By.ID, "i2t-upload-search").click()
+    WebDriverWait(driver, WAIT_S).until(lambda d: "Query: uploaded image" in d.page_source)
+    for side in ("left", "right"):
+        column = driver.find_element(By.ID, f"i2t-{side}")
+        assert len(column.find_elements(By.TAG_NAME, "li")) == 5
+        assert "no ground truth (free query)" in column.text
 
 
 def test_backend_down_is_a_message_in_the_page(driver):

@@ -3,13 +3,15 @@ answers parsed, and every failure mapped to a BackendError with a message fit fo
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import httpx
 import pytest
 from tests.ui_fake_backend import BASE, FakeBackend
 
-from ui.client import BackendClient, BackendError, BackendUnavailable, format_detail
+from training.commands import ui as ui_command
+from ui.client import DEFAULT_BACKEND_URL, BackendClient, BackendError, BackendUnavailable, format_detail
 
 
 def _client(handler) -> BackendClient:
@@ -96,6 +98,8 @@ def test_failures_and_negatives_send_their_parameters():
     negatives = client.negatives("image", 4, "aoq", 2)
     assert fake.requests[1].url.params == httpx.QueryParams({"kind": "image", "id": "4", "model": "aoq", "n": "2"})
     assert [n.text for n in negatives.offline] == ["a blue <b>square</b>"]
+    client.negatives("caption", 4, "aoq", 2, seed=7)
+    assert fake.requests[2].url.params["seed"] == "7"
 
 
 def test_metrics_quotes_the_model_name():
@@ -210,3 +214,24 @@ def test_trailing_slash_and_public_url():
     client = BackendClient("http://host:9/", public_url="http://public:9/")
     assert (client.base_url, client.public_url) == ("http://host:9", "http://public:9")
     assert BackendClient("http://host:9").public_url == "http://host:9"
+
+
+def _parse_ui(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    ui_command.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_aoq_ui_options_and_environment(monkeypatch):
+    monkeypatch.delenv("AOQ_BACKEND_URL", raising=False)
+    monkeypatch.delenv("AOQ_PUBLIC_BACKEND_URL", raising=False)
+    args = _parse_ui([])
+    assert (args.backend, args.public_backend_url, args.host, args.port, args.concurrency) == (
+        DEFAULT_BACKEND_URL, None, "127.0.0.1", 7860, 4)
+    monkeypatch.setenv("AOQ_BACKEND_URL", "http://service:8000")
+    monkeypatch.setenv("AOQ_PUBLIC_BACKEND_URL", "http://localhost:8000")
+    args = _parse_ui(["--port", "7999"])
+    assert (args.backend, args.public_backend_url, args.port) == ("http://service:8000", "http://localhost:8000", 7999)
+    assert _parse_ui(["--backend", "http://other:1"]).backend == "http://other:1"
+    with pytest.raises(SystemExit):
+        _parse_ui(["--concurrency", "0"])

@@ -66,7 +66,7 @@ def build_app(
                                      allow_preview=False, buttons=[], elem_id="i2t-gallery", scale=3)
                 with gr.Column(scale=1):
                     upload = gr.Image(label="...or upload a PNG/JPEG", type="filepath", format="png",
-                                      sources=["upload"], height=180)
+                                      sources=["upload"], height=180, elem_id="i2t-upload")
                     upload_search = gr.Button("Search with the upload", elem_id="i2t-upload-search")
             i2t_query = gr.HTML()
             with gr.Row(equal_height=False):
@@ -97,6 +97,7 @@ def build_app(
                 kind = gr.Radio([("caption", "caption"), ("image", "image")], value="caption", label="Anchor kind")
                 item_id = gr.Number(label="Training item id", value=None, precision=0, minimum=0)
                 n_negatives = gr.Slider(1, 10, value=5, step=1, label="negatives")
+                batch_seed = gr.Number(label="online batch seed", value=0, precision=0, minimum=0)
                 show_negs = gr.Button("Show", variant="primary", elem_id="negatives-show")
             anchor = gr.HTML()
             with gr.Row(equal_height=False):
@@ -176,19 +177,20 @@ def build_app(
         cases.input(on_case, [cases, failures_state, left_model, right_model, top_k],
                     [fail_query, fail_left, fail_right])
 
-        def on_negatives(k_, identifier, model, n):
-            return handlers.show_negatives(api, k_, identifier, model, n)
+        def on_negatives(anchor_kind, identifier, model, n, seed):
+            return handlers.show_negatives(api, anchor_kind, identifier, model, n, seed)
 
         negatives_outputs = [anchor, offline, online]
-        show_negs.click(on_negatives, [kind, item_id, neg_model, n_negatives], negatives_outputs)
+        show_negs.click(on_negatives, [kind, item_id, neg_model, n_negatives, batch_seed], negatives_outputs)
 
-        def on_pick(pick, model, n):
+        def on_pick(pick, model, n, seed):
             parsed = handlers.parse_train_pick(pick)
             if parsed is None:
                 return gr.update(), gr.update(), "", "", ""
-            return parsed[0], parsed[1], *handlers.show_negatives(api, parsed[0], parsed[1], model, n)
+            return parsed[0], parsed[1], *handlers.show_negatives(api, parsed[0], parsed[1], model, n, seed)
 
-        train_pick.input(on_pick, [train_pick, neg_model, n_negatives], [kind, item_id, *negatives_outputs])
+        train_pick.input(on_pick, [train_pick, neg_model, n_negatives, batch_seed],
+                         [kind, item_id, *negatives_outputs])
 
         def on_metrics(models):
             return handlers.show_metrics(api, models or [])

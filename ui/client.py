@@ -168,8 +168,12 @@ class BackendClient:
     def metrics(self, model: str) -> Metrics:
         return self._get(f"/metrics/{quote(model, safe='')}", Metrics)
 
-    def negatives(self, kind: str, item_id: int, model: str, n: int = 5) -> Negatives:
-        params = {"kind": kind, "id": item_id, "model": model, "n": n}
+    def negatives(self, kind: str, item_id: int, model: str, n: int = 5, seed: int | None = None) -> Negatives:
+        """Offline (mined) and online (in-batch) hard negatives of a training item; ``seed``
+        picks the random batch the online ones come from."""
+        params: dict[str, Any] = {"kind": kind, "id": item_id, "model": model, "n": n}
+        if seed is not None:
+            params["seed"] = seed
         return self._get("/negatives", Negatives, params=params)
 
     # -- plumbing ----------------------------------------------------------------------------

@@ -182,14 +182,16 @@ def parse_train_pick(pick: str | None) -> tuple[str, int] | None:
     return kind, int(number)
 
 
-def show_negatives(client: BackendClient, kind: str, item_id: float | None, model: str | None, n: int) -> Columns:
+def show_negatives(
+    client: BackendClient, kind: str, item_id: float | None, model: str | None, n: int, seed: float | None = None
+) -> Columns:
     """(anchor or error, offline negatives, online negatives) of a training item (paper Fig. 3)."""
     if item_id is None or int(item_id) < 0:
         return render_notice("Enter a training caption or image id, or pick one from the list."), "", ""
     if not model:
         return render_error("Pick the model whose mined negatives to show."), "", ""
     try:
-        answer = client.negatives(kind, int(item_id), model, int(n))
+        answer = client.negatives(kind, int(item_id), model, int(n), None if seed is None else int(seed))
     except BackendError as exc:
         return render_error(exc), "", ""
     return render_negatives(answer, client.public_url)

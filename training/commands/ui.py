@@ -13,6 +13,13 @@ HELP = "Start the comparison web UI (Gradio), talking to the service over HTTP."
 log = logging.getLogger(__name__)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
@@ -28,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on (default %(default)s)")
     parser.add_argument(
-        "--concurrency", type=int, default=4, help="events handled at once (default %(default)s)"
+        "--concurrency", type=_positive_int, default=4, help="events handled at once (default %(default)s)"
     )
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the service per request (default %(default)s)"
@@ -40,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from ui.app import build_app, launch
     from ui.client import BackendClient
 
+    if not log.isEnabledFor(logging.DEBUG):
+        # One INFO line per backend call drowns the log; `aoq -v ui` shows them.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     client = BackendClient(args.backend, public_url=args.public_backend_url, timeout=args.timeout)
     demo = build_app(args.backend, client=client, concurrency=args.concurrency)
     log.info("comparison UI on http://%s:%d (search service %s)", args.host, args.port, args.backend)
