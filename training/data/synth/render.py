@@ -19,7 +19,7 @@ from training.data.synth.scenes import BACKGROUNDS, Scene, SceneObject, ScenePar
 #: texture amplitude in grey levels at ``noise=1``.
 TEXTURE_AMPLITUDE = 8.0
 #: fixed PNG options: identical inputs give byte-identical files.
-PNG_OPTIONS = {"format": "PNG", "compress_level": 6, "optimize": False}
+PNG_OPTIONS = {"format": "PNG", "compress_level": 1, "optimize": False}
 
 
 def render_scene(scene: Scene, params: SceneParams, rng: random.Random) -> Image.Image:
