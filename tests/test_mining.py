@@ -1,0 +1,289 @@
+"""Offline mining: identical ids to a brute-force reference (ties included), both backends,
+the safety valves of the streamed selection, the artefact, and resumption after kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training import mining
+from training.io import ArtefactError
+from training.mining import (
+    decode_ids,
+    decode_scores,
+    encode_keys,
+    load_mined,
+    mine_offline_negatives,
+    save_mined,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def reference(img: np.ndarray, cap: np.ndarray, cpi: int, ht: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Brute force: the full matrix, own positives at -inf, stable argsort of -score."""
+    s = img @ cap.T
+    for i in range(len(img)):
+        s[i, i * cpi : (i + 1) * cpi] = -np.inf
+    st = cap @ img.T
+    st[np.arange(len(cap)), np.arange(len(cap)) // cpi] = -np.inf
+    return (
+        np.argsort(-s, axis=1, kind="stable")[:, :ht].astype(np.int32),
+        np.argsort(-st, axis=1, kind="stable")[:, :hi].astype(np.int32),
+    )
+
+
+def exact_embeddings(rng: np.random.Generator, n: int, d: int, levels: int) -> np.ndarray:
+    """Vectors whose entries are multiples of 1/levels: every dot product is exact in float32,
+    so any summation order (BLAS blocking, FAISS, numpy) gives bit-identical scores, and a
+    small ``levels`` makes exact ties frequent."""
+    return (rng.integers(-levels, levels + 1, (n, d)) / levels).astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", ["torch", "faiss"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_identical_to_brute_force_with_exact_ties(backend: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_img, cpi = 23, [1, 3, 5][seed]
+    img = exact_embeddings(rng, n_img, 4, 2)  # 5 values per coordinate, d=4: massive ties
+    cap = exact_embeddings(rng, n_img * cpi, 4, 2)
+    ht, hi = n_img * cpi - cpi, 7
+    ref = reference(img, cap, cpi, ht, hi)
+    s = img @ cap.T
+    assert (np.sort(s, axis=1)[:, 1:] == np.sort(s, axis=1)[:, :-1]).any()  # there are ties
+    for block, chunk in ((5, 4), (4, 1000), (1000, 9)):
+        got = mine_offline_negatives(img, cap, cpi, ht, hi, block_size=block, backend=backend,
+                                     gallery_chunk=chunk, progress=False)
+        np.testing.assert_array_equal(got[0], ref[0])
+        np.testing.assert_array_equal(got[1], ref[1])
+        assert got[0].dtype == np.int32 and got[1].dtype == np.int32
+
+
+@pytest.mark.parametrize("backend", ["torch", "faiss"])
+def test_identical_to_brute_force_many_chunks(backend: str) -> None:
+    """Big enough for the sampled first chunk, the estimated threshold and several chunks."""
+    rng = np.random.default_rng(7)
+    n_img, cpi = 300, 5
+    img = exact_embeddings(rng, n_img, 24, 32)
+    cap = exact_embeddings(rng, n_img * cpi, 24, 32)
+    ref = reference(img, cap, cpi, 60, 20)
+    got = mine_offline_negatives(img, cap, cpi, 60, 20, block_size=64, backend=backend,
+                                 gallery_chunk=256, progress=False)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+def test_random_unit_vectors_exclude_own_and_are_sorted() -> None:
+    rng = np.random.default_rng(3)
+    img = rng.standard_normal((50, 16)).astype(np.float32)
+    cap = rng.standard_normal((250, 16)).astype(np.float32)
+    img /= np.linalg.norm(img, axis=1, keepdims=True)
+    cap /= np.linalg.norm(cap, axis=1, keepdims=True)
+    caps, imgs = mine_offline_negatives(img, cap, 5, 40, 10, block_size=16, gallery_chunk=64, progress=False)
+    s = img.astype(np.float64) @ cap.T.astype(np.float64)
+    for i in range(50):
+        assert not set(caps[i]) & set(range(5 * i, 5 * i + 5))
+        assert len(set(caps[i])) == 40
+        assert np.all(np.diff(s[i, caps[i]]) <= 1e-6)  # best first
+        others = np.setdiff1d(np.arange(250), np.r_[caps[i], 5 * i : 5 * i + 5])
+        assert s[i, caps[i]].min() >= s[i, others].max() - 1e-6
+    assert all(c // 5 not in imgs[c] for c in range(250))
+
+
+def _direction(img, cap, cpi, ht):
+    return mining._directions(img, cap, cpi, ht, 1)[0]
+
+
+def test_threshold_guessed_too_high_redoes_rows_exactly() -> None:
+    rng = np.random.default_rng(4)
+    img, cap = exact_embeddings(rng, 30, 8, 4), exact_embeddings(rng, 90, 8, 4)
+    ref = reference(img, cap, 3, 20, 1)[0]
+    direction = _direction(img, cap, 3, 20)
+    too_high = np.full(30, 1e9, dtype=np.float32)  # no score passes: every row ends short
+    got = mining._block_topk_torch(direction, torch.from_numpy(img), np.arange(30),
+                                   torch.from_numpy(cap), 16, threshold=too_high)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_candidate_cap_compacts_rows_exactly() -> None:
+    rng = np.random.default_rng(5)
+    img, cap = exact_embeddings(rng, 30, 8, 4), exact_embeddings(rng, 90, 8, 4)
+    ref = reference(img, cap, 3, 20, 1)[0]
+    direction = _direction(img, cap, 3, 20)
+    compactions = []
+    original = mining._Candidates.compact
+
+    def counting(self, k):
+        compactions.append(k)
+        return original(self, k)
+
+    mining._Candidates.compact = counting
+    try:
+        lowest = np.full(30, mining._LOWEST, dtype=np.float32)  # everything is a candidate
+        got = mining._block_topk_torch(direction, torch.from_numpy(img), np.arange(30),
+                                       torch.from_numpy(cap), 16, threshold=lowest, cap=20)
+    finally:
+        mining._Candidates.compact = original
+    assert len(compactions) >= 3
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_keys_order_scores_then_lower_id() -> None:
+    scores = np.array([0.5, 0.5, -0.0, 0.0, -1.5, 2.0, -np.inf], dtype=np.float32)
+    ids = np.array([9, 3, 4, 2, 0, 7, 1])
+    keys = encode_keys(scores, ids)
+    np.testing.assert_array_equal(decode_ids(keys), ids)
+    np.testing.assert_array_equal(decode_scores(keys), scores + np.float32(0.0))
+    order = np.argsort(-keys, kind="stable")
+    np.testing.assert_array_equal(ids[order], [7, 3, 9, 2, 4, 0, 1])  # -0.0 ties +0.0: lower id first
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    img, cap = np.zeros((4, 3), np.float32), np.zeros((8, 3), np.float32)
+    with pytest.raises(ValueError, match="top_captions=7"):
+        mine_offline_negatives(img, cap, 2, 7, 1, progress=False)
+    with pytest.raises(ValueError, match="top_images=4"):
+        mine_offline_negatives(img, cap, 2, 1, 4, progress=False)
+    with pytest.raises(ValueError, match="8 captions for 4 images x 3"):
+        mine_offline_negatives(img, cap, 3, 1, 1, progress=False)
+    cap[1, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        mine_offline_negatives(img, cap, 2, 1, 1, progress=False)
+
+
+# --------------------------------------------------------------------------- the artefact
+
+
+def test_save_and_load_roundtrip_memory_mapped(tmp_path: Path) -> None:
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    b = np.arange(18, dtype=np.int32).reshape(9, 2)
+    manifest = save_mined(tmp_path / "mined", a, b, {"checkpoint_hash": "abc"}, config={"x": 1})
+    assert manifest["kind"] == "mined_negatives" and manifest["top_captions"] == 4 and manifest["top_images"] == 2
+    mined = load_mined(tmp_path / "mined")
+    assert isinstance(mined.img_top_caps, np.memmap) and not mined.img_top_caps.flags.writeable
+    np.testing.assert_array_equal(mined.img_top_caps, a)
+    np.testing.assert_array_equal(mined.cap_top_imgs, b)
+    assert (mined.checkpoint_hash, mined.captions_per_image) == ("abc", 3)
+    assert json.loads((tmp_path / "mined" / "manifest.json").read_text())["shapes"] == {
+        "img_top_caps.npy": [3, 4], "cap_top_imgs.npy": [9, 2]}
+    assert sorted(p.name for p in (tmp_path / "mined").iterdir()) == [
+        "cap_top_imgs.npy", "img_top_caps.npy", "manifest.json"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_damaged_artefact_names_the_file(tmp_path: Path, damage: str) -> None:
+    save_mined(tmp_path / "m", np.zeros((3, 4), np.int32), np.zeros((9, 2), np.int32))
+    victim = tmp_path / "m" / "cap_top_imgs.npy"
+    data = victim.read_bytes()
+    if damage == "truncate":
+        victim.write_bytes(data[:-8])
+    elif damage == "flip":
+        victim.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    else:
+        victim.unlink()
+    with pytest.raises(ArtefactError, match="cap_top_imgs.npy"):
+        load_mined(tmp_path / "m")
+
+
+def test_foreign_directory_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ArtefactError, match="manifest"):
+        load_mined(tmp_path)
+
+
+# --------------------------------------------------------------------------- resumption
+
+
+def _data(seed: int = 11):
+    rng = np.random.default_rng(seed)
+    return exact_embeddings(rng, 40, 8, 8), exact_embeddings(rng, 120, 8, 8)
+
+
+def test_interrupted_run_resumes_skipping_finished_blocks(tmp_path: Path, monkeypatch) -> None:
+    img, cap = _data()
+    expected = mine_offline_negatives(img, cap, 3, 30, 9, block_size=8, progress=False)
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop_after_seven(direction, first):
+        seen.append((direction, first))
+        if len(seen) == 7:  # 5 image blocks, then 2 of the 15 caption blocks
+            raise Stop
+
+    with pytest.raises(Stop):
+        mine_offline_negatives(img, cap, 3, 30, 9, block_size=8, work_dir=tmp_path, progress=False,
+                               on_block=stop_after_seven)
+    assert len(list((tmp_path / "parts").glob("*.npy"))) == 7
+
+    computed = []
+    original = mining._block_topk_torch
+
+    def counting(direction, queries, query_ids, *args, **kwargs):
+        computed.append((direction.name, int(query_ids[0])))
+        return original(direction, queries, query_ids, *args, **kwargs)
+
+    monkeypatch.setattr(mining, "_block_topk_torch", counting)
+    got = mine_offline_negatives(img, cap, 3, 30, 9, block_size=8, work_dir=tmp_path, progress=False)
+    assert computed == [("cap_top_imgs", first) for first in range(16, 120, 8)]
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+
+
+def test_parts_of_another_job_are_discarded(tmp_path: Path) -> None:
+    img, cap = _data()
+    mine_offline_negatives(img, cap, 3, 30, 9, block_size=8, work_dir=tmp_path, progress=False)
+    stale = tmp_path / "parts" / "img_top_caps_0000000000.npy"
+    np.save(stale, np.zeros((8, 30), np.int32))  # would be reused by the same job
+    got = mine_offline_negatives(img, cap, 3, 31, 9, block_size=8, work_dir=tmp_path, progress=False)
+    np.testing.assert_array_equal(got[0], reference(img, cap, 3, 31, 9)[0])
+    assert json.loads((tmp_path / "job.json").read_text())["top_captions"] == 31
+
+
+_KILLED_CHILD = """
+import os, signal, sys
+import numpy as np
+sys.path.insert(0, {repo!r})
+from training.mining import mine_offline_negatives
+data = np.load({data!r})
+def die(direction, first):
+    if direction == "cap_top_imgs" and first == 24:
+        os.kill(os.getpid(), signal.SIGKILL)
+mine_offline_negatives(data["img"], data["cap"], 3, 30, 9, block_size=8, work_dir={work!r},
+                       progress=False, on_block=die)
+"""
+
+
+def test_resumes_after_sigkill(tmp_path: Path) -> None:
+    img, cap = _data(12)
+    np.savez(tmp_path / "data.npz", img=img, cap=cap)
+    work = tmp_path / "work"
+    code = _KILLED_CHILD.format(repo=str(REPO), data=str(tmp_path / "data.npz"), work=str(work))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    names = sorted(p.name for p in (work / "parts").iterdir() if not p.name.startswith("."))
+    assert len(names) == 5 + 4  # the image blocks and the caption blocks up to row 24
+    got = mine_offline_negatives(img, cap, 3, 30, 9, block_size=8, work_dir=work, progress=False)
+    ref = reference(img, cap, 3, 30, 9)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_half_precision_matches_on_exact_data() -> None:
+    rng = np.random.default_rng(9)
+    img, cap = exact_embeddings(rng, 200, 16, 8), exact_embeddings(rng, 1000, 16, 8)
+    ref = reference(img, cap, 5, 50, 20)
+    got = mine_offline_negatives(img, cap, 5, 50, 20, block_size=64, device="cuda", gallery_chunk=128,
+                                 progress=False)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
