@@ -110,9 +110,16 @@ class Round2Config(OptimConfig):
     #: adaptive weight from S(i,t) instead of the offline score.
     variant: Literal["none", "only_offline", "online_quin", "no_offline_adapt"] = "none"
     init: Literal["scratch", "finetune"] = "scratch"
+    #: init="finetune": the checkpoint whose weights round 2 starts from (the round-1 model).
+    init_from: str | None = None
     h_t: int = Field(300, ge=1)
     h_i: int = Field(60, ge=1)
     sampling: Literal["uniform", "normal"] = "uniform"
+    #: sampling="normal": rank n = floor(|x|), x ~ Normal(normal_center * h_t, normal_scale * h_t),
+    #: redrawn until n < h_t; the defaults are a half-normal, hardest ranks most likely
+    #: (training/sampling.py; normal_center=0.5 makes the top ranks rarer, as the paper tried).
+    normal_center: float = Field(0.0, ge=0, le=1)
+    normal_scale: float = Field(0.5, gt=0)
     margin_online: float = 0.2
     margin_offline: float = 0.0
     alpha: float = Field(0.3, gt=0)

@@ -1,0 +1,165 @@
+"""Round-2 offline negative sampling (DESIGN section 1, the public AOQ data loader, vectorised).
+
+For a training caption ``c`` of image ``i = c // cpi`` (cpi captions per image):
+
+1. draw a rank ``n`` in ``{0, ..., h_t - 1}`` (``sampling="uniform"``, the paper's choice; or
+   ``"normal"``, see below);
+2. ``t_off = img_top_caps[i][n]``: an offline hard negative caption of the positive image;
+3. ``i_off = cap_top_imgs[c][n * h_i // h_t]``: an offline hard negative image of the positive
+   caption, at the same relative depth of its (shorter) list. The public code writes ``n // 5``
+   with ``h_i = h_t / 5``; ``n * h_i // h_t`` is the same there and stays inside ``[0, h_i)``
+   for any ``h_i``;
+4. ``t~_off = i_off * cpi + u``, ``u`` uniform in ``{0, ..., cpi - 1}``: a caption of ``i_off``;
+5. ``i~_off = t_off // cpi``: the image ``t_off`` belongs to.
+
+Collisions: when ``t_off`` belongs to ``i_off`` the derived pair ``(i_off, t_off)`` would be a
+positive pair (and ``i~_off == i_off``), so ``n`` is drawn again for those captions, up to
+``max_tries`` draws in all. Fallback for captions still colliding after that (only possible
+when nearly every candidate collides): keep ``t_off`` and take as ``i_off`` the best-ranked
+image among the first ``h_i`` of ``cap_top_imgs[c]`` that is not ``t_off``'s image. The list
+holds distinct images, so one exists whenever ``h_i >= 2``; with ``h_i = 1`` the collision is
+kept and counted in :attr:`OfflineNegatives.collisions`.
+
+``sampling="normal"``: ``n = floor(|x|)``, ``x ~ Normal(center * h_t, scale * h_t)``, redrawn
+until ``0 <= n < h_t`` (bounded; the rare leftovers are clipped). The defaults ``center=0``,
+``scale=0.5`` give a half-normal over the rank: rank 0 (the hardest) is the most likely and
+about 95% of draws fall in the top list. The paper (supplement) tried a normal distribution to
+make the very top ranks, which may be false negatives, *less* likely; ``center=0.5`` does that.
+
+Everything comes from one seeded ``np.random.Generator``, so an epoch's negatives are a pure
+function of the seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Sampling = Literal["uniform", "normal"]
+
+
+@dataclass(frozen=True)
+class OfflineNegatives:
+    """The four offline items of each positive pair, aligned with the captions asked for.
+
+    Attributes:
+        t_off: caption ids, offline hard negatives of the positive image.
+        i_off: image ids, offline hard negatives of the positive caption.
+        t_off_tilde: a caption id of ``i_off``.
+        i_off_tilde: the image id of ``t_off``.
+        rank: the rank ``n`` drawn in the image's caption list.
+        collisions: captions whose ``(i_off, t_off)`` still belong together (h_i = 1 only).
+    """
+
+    t_off: np.ndarray
+    i_off: np.ndarray
+    t_off_tilde: np.ndarray
+    i_off_tilde: np.ndarray
+    rank: np.ndarray
+    collisions: int = 0
+
+
+def draw_ranks(
+    rng: np.random.Generator,
+    size: int,
+    h_t: int,
+    sampling: Sampling = "uniform",
+    center: float = 0.0,
+    scale: float = 0.5,
+    max_rounds: int = 64,
+) -> np.ndarray:
+    """``size`` ranks in ``[0, h_t)``: uniform, or the folded normal described in the module doc."""
+    if sampling == "uniform":
+        return rng.integers(0, h_t, size=size)
+    if sampling != "normal":
+        raise ValueError(f"sampling must be 'uniform' or 'normal', got {sampling!r}")
+    if not scale > 0:
+        raise ValueError(f"normal sampling needs scale > 0, got {scale}")
+    ranks = np.full(size, -1, dtype=np.int64)
+    todo = np.arange(size)
+    for _ in range(max_rounds):
+        if not todo.size:
+            break
+        ranks[todo] = np.floor(np.abs(rng.normal(center * h_t, scale * h_t, size=todo.size)))
+        todo = todo[(ranks[todo] < 0) | (ranks[todo] >= h_t)]
+    return np.clip(ranks, 0, h_t - 1)
+
+
+def check_lists(img_top_caps: np.ndarray, cap_top_imgs: np.ndarray, h_t: int, h_i: int) -> int:
+    """Check the mined lists against ``h_t``/``h_i``; returns the captions per image.
+
+    Raises:
+        ValueError: ``h_t``/``h_i`` exceed what was mined, or the two lists do not fit together.
+    """
+    if img_top_caps.ndim != 2 or cap_top_imgs.ndim != 2:
+        raise ValueError("mined lists must be 2-D (rows x top-H ids)")
+    n_img, n_cap = img_top_caps.shape[0], cap_top_imgs.shape[0]
+    if n_img == 0 or n_cap % n_img:
+        raise ValueError(f"{n_cap} caption rows do not divide into {n_img} image rows")
+    if not 1 <= h_t <= img_top_caps.shape[1]:
+        raise ValueError(
+            f"h_t={h_t} exceeds the mined top_captions={img_top_caps.shape[1]}: mine deeper "
+            f"(aoq mine --top-captions {h_t}) or lower round2.h_t"
+        )
+    if not 1 <= h_i <= cap_top_imgs.shape[1]:
+        raise ValueError(
+            f"h_i={h_i} exceeds the mined top_images={cap_top_imgs.shape[1]}: mine deeper "
+            f"(aoq mine --top-images {h_i}) or lower round2.h_i"
+        )
+    return n_cap // n_img
+
+
+def sample_offline_negatives(
+    captions: np.ndarray,
+    img_top_caps: np.ndarray,
+    cap_top_imgs: np.ndarray,
+    h_t: int,
+    h_i: int,
+    rng: np.random.Generator,
+    sampling: Sampling = "uniform",
+    *,
+    center: float = 0.0,
+    scale: float = 0.5,
+    max_tries: int = 10,
+) -> OfflineNegatives:
+    """Sample ``(t_off, i_off, t~_off, i~_off)`` for each caption id in ``captions``.
+
+    Args:
+        captions: training caption ids (any shape is flattened; order is kept).
+        img_top_caps: (N_i, >= h_t) mined caption ids per image, best first.
+        cap_top_imgs: (N_c, >= h_i) mined image ids per caption, best first.
+        h_t, h_i: depths of the lists sampled from (paper: 300 and 60).
+        rng: the only source of randomness.
+        sampling, center, scale: rank distribution (module docstring).
+        max_tries: draws of ``n`` per caption before the collision fallback.
+
+    Raises:
+        ValueError: bad depths (see :func:`check_lists`), caption ids out of range.
+    """
+    cpi = check_lists(img_top_caps, cap_top_imgs, h_t, h_i)
+    c = np.asarray(captions, dtype=np.int64).reshape(-1)
+    if c.size and (c.min() < 0 or c.max() >= cap_top_imgs.shape[0]):
+        raise ValueError(f"caption ids must lie in [0, {cap_top_imgs.shape[0]})")
+    image = c // cpi
+    n = np.empty(c.size, dtype=np.int64)
+    t_off = np.empty(c.size, dtype=np.int64)
+    i_off = np.empty(c.size, dtype=np.int64)
+    todo = np.arange(c.size)
+    for _ in range(max_tries):
+        if not todo.size:
+            break
+        n[todo] = draw_ranks(rng, todo.size, h_t, sampling, center, scale)
+        t_off[todo] = img_top_caps[image[todo], n[todo]]
+        i_off[todo] = cap_top_imgs[c[todo], n[todo] * h_i // h_t]
+        todo = todo[t_off[todo] // cpi == i_off[todo]]
+    collisions = 0
+    if todo.size:
+        top = np.asarray(cap_top_imgs[c[todo], :h_i], dtype=np.int64)  # (m, h_i)
+        free = top != (t_off[todo] // cpi)[:, None]
+        has_free = free.any(axis=1)
+        i_off[todo[has_free]] = top[has_free, free[has_free].argmax(axis=1)]
+        collisions = int((~has_free).sum())
+    t_off_tilde = i_off * cpi + rng.integers(0, cpi, size=c.size)
+    return OfflineNegatives(t_off, i_off, t_off_tilde, t_off // cpi, n, collisions)
