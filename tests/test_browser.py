@@ -99,8 +99,11 @@ def driver() -> Iterator[webdriver.Chrome]:
 
 
 def _open(driver, url: str) -> None:
+    """Load the page and wait for the status line the page-load event renders (not for any text:
+    Gradio shows a progress timer in the element while the event runs)."""
     driver.get(url)
-    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_element(By.ID, "status").text.strip())
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#status .aoq-meta, #status .aoq-error"))
 
 
 def _tab(driver, name: str) -> None:
@@ -182,11 +185,14 @@ def test_gallery_image_and_upload_show_captions_in_both_columns(driver, ui_url, 
     driver.find_element(By.CSS_SELECTOR, "#i2t-upload input[type=file]").send_keys(str(picture))
     WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#i2t-upload img"))
     driver.find_element(By.ID, "i2t-upload-search").click()
-    WebDriverWait(driver, WAIT_S).until(lambda d: "Query: uploaded image" in d.page_source)
-    for side in ("left", "right"):
-        column = driver.find_element(By.ID, f"i2t-{side}")
-        assert len(column.find_elements(By.TAG_NAME, "li")) == 5
-        assert "no ground truth (free query)" in column.text
+
+    def upload_answered(d) -> bool:
+        columns = [d.find_element(By.ID, f"i2t-{side}") for side in ("left", "right")]
+        return "Query: uploaded image" in d.page_source and all(
+            "no ground truth (free query)" in c.text and len(c.find_elements(By.TAG_NAME, "li")) == 5
+            for c in columns)
+
+    WebDriverWait(driver, WAIT_S).until(upload_answered)
 
 
 def test_backend_down_is_a_message_in_the_page(driver):
