@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from ui import plots
 from ui.client import BackendClient, BackendError
 from ui.render import (
+    failure_choices,
     model_label,
     pick_default_models,
     render_error,
@@ -28,7 +29,6 @@ from ui.render import (
     render_query_text,
     render_status,
     render_text_column,
-    failure_choices,
 )
 from ui.schemas import ExampleCaption, ExampleImage, FailureItem, ImageComparison, TextComparison
 
