@@ -196,29 +196,33 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
     report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path))
     loss = ckpt.extra.get("loss") or (cfg.round2.loss if role == "aoq" else cfg.train.loss)
     with sessions() as session, session.begin():
-        _record(session, name, role, str(loss), ckpt, ids, job, manifest, ranks, report, mined_dir)
+        record_model(session, name, role, str(loss), ckpt, ids, manifest, ranks, report, mined_dir)
     full = report["tables"]["full"]
     log.info("%s (%s): indexed %d images, %d captions; full-gallery rsum %.1f", name, role,
              len(img_emb), len(cap_emb), full["rsum"])
     return {"model": name, "role": role, "rsum": full["rsum"], "params": manifest["params"]}
 
 
-def _record(session: Session, name: str, role: str, loss: str, ckpt: Checkpoint, ids: SplitIds, job: IndexJob,
-            manifest: dict, ranks: dict, report: dict, mined_dir: Path | None) -> None:
+def record_model(session: Session, name: str, role: str, loss: str, ckpt: Checkpoint, ids: SplitIds,
+                 manifest: dict, ranks: dict[str, Any], report: dict, mined_dir: Path | None) -> None:
+    """Catalogue a model indexed over the gallery ``ids``: its row, its two index records (from the
+    index ``manifest``) and its ground-truth ranks (``{"t2i": per caption, "i2t": per image}``,
+    either may be missing)."""
     model = catalogue.upsert_model(
         session, name, role=role, loss=loss, image_encoder=ckpt.config.model.image_encoder,
-        image_input=ckpt.model.image_input, dataset_id=ids.dataset_id, gallery_split=job.split,
+        image_input=ckpt.model.image_input, dataset_id=ids.dataset_id, gallery_split=ids.split,
         checkpoint_path=str(ckpt.path.resolve()), checkpoint_hash=ckpt.content_hash,
         metrics=ckpt.metrics, report=report, mined_dir=None if mined_dir is None else str(mined_dir),
     )
-    built_at = utcnow()
+    built_at, config = utcnow(), manifest["config"]
     for modality in ("images", "captions"):
         catalogue.add_index_record(
-            session, model, modality, job.spec.type, manifest["config"]["counts"][modality],
-            manifest["config"]["dim"], manifest["files"][f"{modality}.faiss"], manifest["params"][modality], built_at,
+            session, model, modality, config["index_type"], config["counts"][modality], config["dim"],
+            manifest["files"][f"{modality}.faiss"], manifest["params"][modality], built_at,
         )
-    catalogue.store_ranks(session, model, "t2i", ids.caption_ids, ranks["t2i"])
-    catalogue.store_ranks(session, model, "i2t", ids.image_ids, ranks["i2t"])
+    for direction, query_ids in (("t2i", ids.caption_ids), ("i2t", ids.image_ids)):
+        if direction in ranks:
+            catalogue.store_ranks(session, model, direction, query_ids, ranks[direction])
 
 
 def index_models(job: IndexJob) -> list[dict[str, Any]]:
