@@ -287,3 +287,50 @@ def test_cuda_half_precision_matches_on_exact_data() -> None:
                                  progress=False)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
+
+
+# --------------------------------------------------------------------------- aoq mine
+
+
+def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Path, capsys) -> None:
+    from tests.fixtures import write_precomp_fixture
+    from training.checkpoint import save_checkpoint
+    from training.cli import main as cli_main
+    from training.config import config_from_dict
+    from training.data.load import load_split
+    from training.data.vocab import Vocabulary
+    from training.embed import encode_split
+    from training.models.joint import build_model
+
+    data = write_precomp_fixture(tmp_path / "data", {"train": 12, "dev": 3, "test": 3}, regions=2, dim=6)
+    cfg = config_from_dict({
+        "name": "m", "out_dir": str(tmp_path / "run"), "data": {"path": str(data), "vocab_threshold": 1},
+        "model": {"embed_dim": 8, "word_dim": 8}, "mining": {"top_captions": 20, "top_images": 5},
+        "round2": {"h_t": 10, "h_i": 2},
+    })
+    split = load_split(cfg.data, "train")
+    vocab = Vocabulary.build(split.captions, 1)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(vocab), 6)
+    save_checkpoint(tmp_path / "ckpt", model, cfg, vocab, {"rsum": 0.0})
+
+    assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress"]) == 0
+    assert "mined in" in capsys.readouterr().out
+    mined = load_mined(tmp_path / "run" / "mined")
+    img, cap = encode_split(model, vocab, split)  # the teacher's embeddings of the train split
+    ref = mine_offline_negatives(img, cap, 5, 20, 5, progress=False)
+    np.testing.assert_array_equal(mined.img_top_caps, ref[0])
+    np.testing.assert_array_equal(mined.cap_top_imgs, ref[1])
+
+    before = (tmp_path / "run" / "mined" / "manifest.json").stat().st_mtime_ns
+    assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress"]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert (tmp_path / "run" / "mined" / "manifest.json").stat().st_mtime_ns == before
+
+    assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress", "--top-images", "3",
+                     "--backend", "faiss", "--set", "round2.h_i=3"]) == 0
+    assert "mined in" in capsys.readouterr().out
+    assert load_mined(tmp_path / "run" / "mined").cap_top_imgs.shape == (60, 3)
+
+    assert cli_main(["mine", "--checkpoint", str(tmp_path / "nope")]) == 2
+    assert "nope/config.json" in capsys.readouterr().err
