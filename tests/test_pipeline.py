@@ -1,0 +1,127 @@
+"""`aoq pipeline`: round 1 -> mine -> round 2 -> publish -> compare, resumable stage by stage."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures import write_precomp_fixture
+from training.checkpoint import load_checkpoint
+from training.cli import main as aoq
+from training.config import load_config
+from training.pipeline import run_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "model": {"image_encoder": "vse", "embed_dim": 16, "word_dim": 8},
+    "train": {"epochs": 2, "batch_size": 16, "lr": 0.002, "lr_decay_epochs": 1, "save_every_steps": 1},
+    "mining": {"top_captions": 20, "top_images": 5},
+    "round2": {"epochs": 2, "batch_size": 16, "lr": 0.002, "lr_decay_epochs": 1, "h_t": 10, "h_i": 2,
+               "save_every_steps": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "synth"
+    assert aoq(["synth", "--out", str(out), "--train", "40", "--dev", "8", "--test", "8", "--seed", "5",
+                "--workers", "1"]) == 0
+    return out
+
+
+def _config(tmp_path, synth, **sections):
+    tree = {"name": "tiny", "out_dir": str(tmp_path / "runs" / "{name}"),
+            "data": {"format": "precomp", "path": str(synth / "precomp"), "name": "synth", "vocab_threshold": 1},
+            **{k: dict(v) for k, v in TINY.items()}}
+    for section, values in sections.items():
+        tree[section].update(values)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def test_end_to_end_then_skips_then_reruns_only_round2(tmp_path, synth, capsys):
+    cfg_path = _config(tmp_path, synth)
+    result = run_pipeline(load_config(cfg_path), progress_bar=False)
+    assert set(result.status.values()) == {"ran"}
+    assert list(result.status) == ["round1", "mine", "publish:baseline", "round2:aoq", "publish:aoq", "compare"]
+    base, aoq_model = load_checkpoint(result.models["baseline"]), load_checkpoint(result.models["aoq"])
+    assert (base.extra["role"], aoq_model.extra["role"]) == ("baseline", "aoq")
+    assert aoq_model.extra["loss"] == "adaptive_offline_quintuplet"
+    assert base.extra["source_checkpoint"] == load_checkpoint(result.run_dir / "round1" / "best").content_hash
+    assert (result.run_dir / aoq_model.extra["mined_dir"] / "manifest.json").is_file()
+    assert set(result.comparison) == {"baseline", "aoq"}
+    assert result.comparison["aoq"]["full"]["n_images"] == 8
+
+    again = run_pipeline(load_config(cfg_path), progress_bar=False)
+    assert set(again.status.values()) == {"skipped"}
+
+    changed = run_pipeline(load_config(cfg_path, ["round2.margin_online=0.1"]), progress_bar=False)
+    assert changed.status == {"round1": "skipped", "mine": "skipped", "publish:baseline": "skipped",
+                              "round2:aoq": "ran", "publish:aoq": "ran", "compare": "ran"}
+
+
+def test_cli_arms_and_table(tmp_path, synth, capsys):
+    cfg_path = _config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1})
+    assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "aoq,offtri", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "round2:offtri" in out and "| offtri | full (8 images) |" in out and "| baseline |" in out
+    offtri = load_checkpoint(tmp_path / "runs" / "tiny" / "models" / "offtri")
+    assert offtri.extra["loss"] == "offline_triplet"
+    assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "nope"]) == 2
+    assert "unknown arm(s) nope" in capsys.readouterr().err
+
+
+def test_resumes_after_kill_9(tmp_path, synth):
+    """kill -9 in the middle of round 2, run the same command again: round 1 and mining are
+    skipped, round 2 resumes from its saved state, and the pipeline finishes."""
+    cfg_path = _config(tmp_path, synth, round2={"epochs": 3})
+    cmd = [sys.executable, "-m", "training.cli", "pipeline", "--config", str(cfg_path), "--no-progress"]
+    run_dir = tmp_path / "runs" / "tiny"
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        progress = run_dir / "round2" / "state" / "progress.json"
+        while not progress.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the pipeline ended before round 2 saved any state"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not (run_dir / "models" / "aoq").exists()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "round1                 skipped" in done.stdout
+    assert "mine                   skipped" in done.stdout
+    assert "round2:aoq             ran" in done.stdout
+    history = [json.loads(line) for line in (run_dir / "round2" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["epoch"] for h in history] == [1, 2, 3]
+    assert load_checkpoint(run_dir / "models" / "aoq").extra["role"] == "aoq"
+
+
+@pytest.mark.parametrize("config", ["coco_precomp.yaml", "f30k_precomp.yaml"])
+def test_paper_configs_run_on_fixture_of_the_same_shapes(tmp_path, config, capsys):
+    """The paper configs, unchanged but for data path, epochs and list depths, on tiny SCAN-layout
+    data with 36 regions x 2048-d features (testall for COCO)."""
+    splits = {"train": 24, "dev": 6, "test": 6, "testall": 6}
+    data = write_precomp_fixture(tmp_path, splits=splits, regions=36, dim=2048, name="precomp")
+    overrides = [f"data.path={data}", f"out_dir={tmp_path}/runs/{{name}}", "data.vocab_threshold=1",
+                 "data.max_dev_images=null", "model.embed_dim=64", "train.epochs=1", "round2.epochs=1",
+                 "train.batch_size=16", "round2.batch_size=16", "train.num_workers=0", "round2.num_workers=0",
+                 "mining.top_captions=20", "mining.top_images=5", "round2.h_t=10", "round2.h_i=2"]
+    args = ["pipeline", "--config", str(ROOT / "configs" / config), "--no-progress"]
+    assert aoq(args + [a for o in overrides for a in ("--set", o)]) == 0
+    out = capsys.readouterr().out
+    assert "| aoq | full (6 images) |" in out
+    ckpt = load_checkpoint(next((tmp_path / "runs").iterdir()) / "models" / "aoq")
+    assert ckpt.config.model.image_encoder == "vsrn"
+    assert (ckpt.config.round2.alpha, ckpt.config.round2.beta) == (0.3, 1.5)

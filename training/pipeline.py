@@ -1,0 +1,255 @@
+"""The two-round AOQ pipeline as hashed, resumable stages (``aoq pipeline``).
+
+Stages, each an artefact directory under the run folder::
+
+    round1/best      the baseline: round 1 with ``train.loss`` (max_violation = VSE++)
+    mined            offline hard negatives mined with round1/best (or ``mining.teacher``)
+    round2/best      the AOQ model: round 2 from scratch with ``round2.loss`` (one folder per arm)
+    models/<name>    published checkpoints with their role, for ``aoq index`` / ``aoq serve``
+    comparison       test-split evaluation of every published model, and its table
+
+Budget (paper section 4.2): the baseline is the round-1 model trained for its full schedule;
+AOQ is a fresh model trained in round 2 for its own schedule with negatives mined by that
+baseline. A stage runs again only when something it depends on changed (see
+:mod:`training.stages`); interrupted training and mining resume from their saved state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.config import ExperimentConfig, Round2Config
+from training.io import (
+    atomic_dir,
+    atomic_write_json,
+    atomic_write_text,
+    read_manifest,
+    sha256_json,
+    write_manifest,
+)
+from training.stages import Stage, StageLedger, run_stages
+
+log = logging.getLogger(__name__)
+
+#: keys that change where or how fast a stage runs, not what it computes.
+RUNTIME_KEYS = {"device", "num_workers", "save_every_steps", "block_size"}
+#: round-2 arm name -> overrides of the ``round2`` section; "aoq" is the configured method, the
+#: others are the paper's comparisons (Table 2) and ablations (Table 3).
+KNOWN_ARMS: dict[str, dict[str, Any]] = {
+    "aoq": {},
+    "offtri": {"loss": "offline_triplet"},
+    "offquin": {"loss": "offline_quintuplet"},
+    "only_offline": {"loss": "adaptive_offline_quintuplet", "variant": "only_offline"},
+    "online_quin": {"loss": "offline_quintuplet", "variant": "online_quin"},
+    "no_offline_adapt": {"loss": "adaptive_offline_quintuplet", "variant": "no_offline_adapt"},
+    "finetune": {"loss": "adaptive_offline_quintuplet", "init": "finetune"},
+}
+DEFAULT_ARMS: dict[str, dict[str, Any]] = {"aoq": {}}
+COMPARISON_KIND = "comparison"
+
+
+@dataclass
+class PipelineResult:
+    """Where everything went and what ran."""
+
+    run_dir: Path
+    status: dict[str, str]
+    models: dict[str, Path]
+    comparison: dict[str, Any] = field(default_factory=dict)
+
+
+def _section(model: Any) -> dict[str, Any]:
+    return {k: v for k, v in model.model_dump(mode="json").items() if k not in RUNTIME_KEYS}
+
+
+def dataset_identity(cfg: ExperimentConfig) -> dict[str, Any]:
+    """What identifies the dataset a run reads, cheaply.
+
+    A generated dataset (``aoq synth``) carries a manifest with a content hash; for user data
+    (e.g. 33 GB of COCO features) hashing every byte on each run would be too slow, so the
+    identity is the path, size and modification time of every file in the data folder.
+    """
+    root = Path(cfg.data.path)
+    for candidate in (root, root.parent):
+        try:
+            return {"content_hash": read_manifest(candidate, verify=False)["content_hash"]}
+        except Exception:  # noqa: BLE001 - no manifest here: fall back to file stats
+            continue
+    folder = root if root.is_dir() else root.parent
+    files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    return {
+        "path": str(root.resolve()),
+        "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files],
+    }
+
+
+def arm_config(cfg: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
+    """The run config with one arm's ``round2`` overrides applied (validated)."""
+    r2 = Round2Config.model_validate({**cfg.round2.model_dump(), **overrides})
+    return cfg.model_copy(update={"round2": r2})
+
+
+def _checkpoint_hash(path: Path) -> str:
+    return read_manifest(path, kind=None, verify=False)["content_hash"]
+
+
+def _fresh(stage_dir: Path, ledger: StageLedger, name: str, inputs: dict[str, Any]) -> None:
+    """Remove a stage's work folder when it was built from other inputs, so the trainer or
+    miner starts over instead of refusing (or resuming) state that belongs to another config.
+    A folder without a ledger entry is an interrupted first run: it is kept and resumed."""
+    entry = ledger.entries.get(name)
+    if entry and entry.get("input_hash") != sha256_json(inputs) and stage_dir.exists():
+        log.info("stage %s: inputs changed, discarding %s", name, stage_dir)
+        shutil.rmtree(stage_dir)
+
+
+def publish(source: Path, target: Path, role: str, extra: dict[str, Any]) -> None:
+    """Copy a checkpoint to ``models/<name>`` with its role and the paths the service reads
+    (metrics log, mined negatives), as a new complete artefact."""
+    with atomic_dir(target) as tmp:
+        for f in source.iterdir():
+            if f.is_file() and f.name != "manifest.json":
+                shutil.copy2(f, tmp / f.name)
+        ckpt_extra = json.loads((tmp / "extra.json").read_text()) if (tmp / "extra.json").is_file() else {}
+        ckpt_extra.update(role=role, source_checkpoint=_checkpoint_hash(source), **extra)
+        atomic_write_json(tmp / "extra.json", ckpt_extra)
+        source_manifest = read_manifest(source, verify=False)
+        write_manifest(tmp, source_manifest["kind"], source_manifest.get("config"),
+                       **{k: v for k, v in source_manifest.items()
+                          if k not in {"kind", "config", "files", "content_hash"}})
+
+
+def comparison_table(results: dict[str, dict[str, Any]]) -> str:
+    """A markdown table of R@K per model and protocol (the protocol is always named)."""
+    lines = [
+        "| model | protocol | i2t R@1 | R@5 | R@10 | t2i R@1 | R@5 | R@10 | rsum |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, by_protocol in results.items():
+        for protocol, r in by_protocol.items():
+            i, t = r["i2t"], r["t2i"]
+            lines.append(
+                f"| {name} | {protocol} ({r.get('n_images', '?')} images) | {i['r1']:.1f} | {i['r5']:.1f} | "
+                f"{i['r10']:.1f} | {t['r1']:.1f} | {t['r5']:.1f} | {t['r10']:.1f} | {r['rsum']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def compare_models(models: dict[str, Path], split: str, out: Path) -> dict[str, Any]:
+    """Evaluate every model on ``split`` (full protocol; 1K 5-fold and 5K when there are 5,000
+    images or more) and write ``comparison.json`` and ``comparison.md`` atomically."""
+    from training.evaluate import evaluate_checkpoint
+
+    results: dict[str, dict[str, Any]] = {}
+    for name, path in models.items():
+        full = evaluate_checkpoint(path, split, "full")
+        results[name] = {"full": full}
+        if full["n_images"] >= 5000:
+            for protocol in ("1k5fold", "5k"):
+                results[name][protocol] = evaluate_checkpoint(path, split, protocol)
+    table = comparison_table(results)
+    with atomic_dir(out) as tmp:
+        atomic_write_json(tmp / "comparison.json", results)
+        atomic_write_text(tmp / "comparison.md", f"Split: {split}\n\n{table}\n")
+        write_manifest(tmp, COMPARISON_KIND, {"split": split, "models": {k: str(v) for k, v in models.items()}})
+    return results
+
+
+def run_pipeline(
+    cfg: ExperimentConfig,
+    arms: dict[str, dict[str, Any]] | None = None,
+    *,
+    progress_bar: bool = True,
+) -> PipelineResult:
+    """Round 1 -> mining -> round 2 (one run per arm) -> publish -> compare; resumable.
+
+    Args:
+        cfg: the run configuration.
+        arms: round-2 variants to train, name -> ``round2`` overrides; default one arm "aoq"
+            with the configured method. Arms share round 1 and the mined negatives.
+
+    Returns:
+        Stage status (ran/skipped), the published model folders and the comparison results.
+    """
+    from training.mining import mine_with_checkpoint
+    from training.round1 import train_round1
+    from training.round2 import train_round2
+
+    arms = DEFAULT_ARMS if arms is None else arms
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger = StageLedger(run_dir / "pipeline.json")
+    data_id = dataset_identity(cfg)
+    round1_dir = run_dir / "round1"
+    mined_dir = run_dir / "mined"
+    models_dir = run_dir / "models"
+
+    def round1_inputs() -> dict[str, Any]:
+        return {"data": data_id, "model": _section(cfg.model), "train": _section(cfg.train)}
+
+    def run_round1() -> None:
+        _fresh(round1_dir, ledger, "round1", round1_inputs())
+        train_round1(cfg, round1_dir, progress_bar=progress_bar)
+
+    teacher = Path(cfg.mining.teacher) if cfg.mining.teacher else round1_dir / "best"
+
+    def mine_inputs() -> dict[str, Any]:
+        return {"checkpoint": _checkpoint_hash(teacher), "data": data_id, "mining": _section(cfg.mining)}
+
+    stages = [
+        Stage("round1", round1_dir / "best", round1_inputs, run_round1),
+        Stage("mine", mined_dir, mine_inputs,
+              lambda: mine_with_checkpoint(teacher, cfg, mined_dir, progress=progress_bar)),
+        Stage("publish:baseline", models_dir / "baseline",
+              lambda: {"source": _checkpoint_hash(round1_dir / "best"), "role": "baseline"},
+              lambda: publish(round1_dir / "best", models_dir / "baseline", "baseline",
+                              {"metrics_log": "round1/metrics.jsonl", "mined_dir": "mined"})),
+    ]
+    models = {"baseline": models_dir / "baseline"}
+    for arm, overrides in arms.items():
+        arm_cfg = arm_config(cfg, overrides)
+        arm_dir = run_dir / ("round2" if arm == "aoq" else f"round2-{arm}")
+        stages += _arm_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, data_id, ledger,
+                              train_round2, progress_bar)
+        models[arm] = models_dir / arm
+
+    comparison_dir = run_dir / "comparison"
+    stages.append(Stage(
+        "compare", comparison_dir,
+        lambda: {"models": {k: _checkpoint_hash(v) for k, v in models.items()}, "split": cfg.data.test_split},
+        lambda: compare_models(models, "test", comparison_dir),
+    ))
+    status = run_stages(stages, ledger)
+    comparison = json.loads((comparison_dir / "comparison.json").read_text())
+    return PipelineResult(run_dir, status, models, comparison)
+
+
+def _arm_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, data_id, ledger, train_round2,
+                progress_bar) -> list[Stage]:
+    """The round-2 and publish stages of one arm."""
+    r2 = arm_cfg.round2
+    if r2.init == "finetune" and not r2.init_from:
+        arm_cfg = arm_config(arm_cfg, {"init_from": str(round1_dir / "best")})
+
+    def inputs() -> dict[str, Any]:
+        init = _checkpoint_hash(round1_dir / "best") if arm_cfg.round2.init == "finetune" else None
+        return {"data": data_id, "model": _section(arm_cfg.model), "round2": _section(arm_cfg.round2),
+                "mined": _checkpoint_hash(mined_dir), "init": init}
+
+    def run() -> None:
+        _fresh(arm_dir, ledger, f"round2:{arm}", inputs())
+        train_round2(arm_cfg, mined_dir, arm_dir, progress_bar=progress_bar)
+
+    rel = arm_dir.name
+    return [
+        Stage(f"round2:{arm}", arm_dir / "best", inputs, run),
+        Stage(f"publish:{arm}", models_dir / arm,
+              lambda: {"source": _checkpoint_hash(arm_dir / "best"), "role": arm},
+              lambda: publish(arm_dir / "best", models_dir / arm, arm,
+                              {"metrics_log": f"{rel}/metrics.jsonl", "mined_dir": "mined"})),
+    ]
