@@ -92,7 +92,9 @@ class NegativesService:
 
     def _load(self, served: ServingModel) -> _Training:
         try:
-            mined = load_mined(served.mined_dir, verify=False)
+            # Hashes checked once per model (the result is cached): a corrupted list of the same
+            # length would otherwise index out of the training split (a 500) or show wrong items.
+            mined = load_mined(served.mined_dir)
         except ArtefactError as exc:
             raise ServiceError(404, f"the mined negatives of model {served.name!r} cannot be read: {exc}") from None
         with self.sessions() as session:
