@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 QUICK  ?=
+BACKEND_PORT ?= 8000
+UI_PORT ?= 7860
 PYTEST_ARGS ?=
 
 .PHONY: setup system-deps test demo demo-stop lint bench clean
@@ -27,7 +29,7 @@ test: setup system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m training.demo $(if $(QUICK),--quick,)
+	$(PY) -m training.demo $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
 
 bench: setup
 	$(PY) benchmarks/mining.py --quick

@@ -1,0 +1,236 @@
+"""``make demo``: synthetic data -> baseline and AOQ models -> indexes -> service and UI.
+
+Every step is skipped when its result is already there (the dataset by its manifest, the
+models by the pipeline's stage hashes, the indexes by the model hashes they were built from),
+so a second ``make demo`` starts the servers within seconds. ``--quick`` is a tiny variant for
+tests; ``--prepare-only`` stops before starting servers (the ``init`` service of
+docker-compose). Paths follow ``AOQ_DATA_DIR`` / ``AOQ_RUNS_DIR`` when set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from training.config import ExperimentConfig, load_config
+from training.io import ArtefactError, atomic_write_json, read_manifest
+
+log = logging.getLogger("training.demo")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """Dataset sizes and schedule overrides of one demo variant."""
+
+    name: str
+    train: int
+    dev: int
+    test: int
+    overrides: tuple[str, ...] = ()
+
+
+#: The default: configs/synthetic.yaml as calibrated (docs/synthetic.md).
+FULL = DemoSize("demo", 4000, 500, 1000)
+#: Tiny: every stage runs, in well under two minutes; numbers are meaningless at this size.
+QUICK = DemoSize(
+    "demo-quick", 160, 40, 100,
+    (
+        "model.embed_dim=64", "train.epochs=2", "train.lr_decay_epochs=1", "train.batch_size=32",
+        "round2.epochs=2", "round2.lr_decay_epochs=1", "round2.batch_size=32",
+        "mining.top_captions=100", "mining.top_images=20", "round2.h_t=50", "round2.h_i=10",
+    ),
+)
+
+
+class DemoError(RuntimeError):
+    """A demo step cannot go on; the message says what to do."""
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on ``host:port`` (checked by binding, as the servers will)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def ensure_dataset(out: Path, size: DemoSize, seed: int = 0) -> None:
+    """Generate the synthetic dataset unless ``out`` already holds one of these sizes and seed."""
+    from training.cli import main as aoq
+
+    want = {"train": size.train, "dev": size.dev, "test": size.test}
+    try:
+        config = read_manifest(out, kind="synthetic_dataset", verify=False)["config"]
+        if config.get("sizes") == want and config.get("seed") == seed:
+            log.info("dataset %s: up to date, skipped", out)
+            return
+    except ArtefactError:
+        pass
+    args = ["synth", "--out", str(out), "--train", str(size.train), "--dev", str(size.dev),
+            "--test", str(size.test), "--seed", str(seed)]
+    if aoq(args) != 0:
+        raise DemoError(f"aoq {' '.join(args)} failed")
+
+
+def demo_config(size: DemoSize, data_root: Path, runs_root: Path) -> ExperimentConfig:
+    """configs/synthetic.yaml pointed at the demo's folders, with the variant's overrides."""
+    cfg = load_config(ROOT / "configs" / "synthetic.yaml", list(size.overrides))
+    cfg.name = size.name
+    cfg.out_dir = str(runs_root / "{name}")
+    cfg.data = cfg.data.model_copy(update={"path": str(data_root / size.name / "precomp")})
+    return cfg
+
+
+def ensure_indexes(models_dir: Path, data_root: Path, index_dir: Path, catalogue_url: str | None) -> None:
+    """Build the FAISS indexes and the catalogue unless they were built from these very models."""
+    from backend.build import IndexJob, index_models
+    from backend.config import CATALOGUE_FILE
+
+    hashes = {p.name: read_manifest(p, verify=False)["content_hash"]
+              for p in sorted(models_dir.iterdir()) if (p / "manifest.json").is_file()}
+    stamp = index_dir / "demo-built-from.json"
+    url = catalogue_url or f"sqlite:///{(index_dir / CATALOGUE_FILE).resolve()}"
+    key = {"models": hashes, "catalogue": url}
+    try:
+        if json.loads(stamp.read_text()) == key:
+            log.info("indexes %s: up to date, skipped", index_dir)
+            return
+    except (OSError, ValueError):
+        pass
+    index_dir.mkdir(parents=True, exist_ok=True)
+    index_models(IndexJob(models_dir=models_dir, data_dir=data_root, out=index_dir, catalogue_url=url))
+    atomic_write_json(stamp, key)
+
+
+def prepare(size: DemoSize) -> tuple[ExperimentConfig, Path, Path]:
+    """Dataset, pipeline and indexes; returns the config, the models dir and the index dir."""
+    from training.pipeline import comparison_table, run_pipeline
+
+    data_root = Path(os.environ.get("AOQ_DATA_DIR", "data"))
+    runs_root = Path(os.environ.get("AOQ_RUNS_DIR", "runs"))
+    ensure_dataset(data_root / size.name, size)
+    cfg = demo_config(size, data_root, runs_root)
+    result = run_pipeline(cfg)
+    print("\n" + comparison_table(result.comparison) + "\n", flush=True)
+    models_dir, index_dir = cfg.run_dir / "models", cfg.run_dir / "index"
+    ensure_indexes(models_dir, data_root, index_dir, os.environ.get("AOQ_CATALOGUE_URL"))
+    return cfg, models_dir, index_dir
+
+
+def wait_http(url: str, proc: subprocess.Popen, what: str, timeout: float = 180.0) -> None:
+    """Poll ``url`` until it answers 200; fail early when the process has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoError(f"{what} exited with code {proc.returncode} before it was ready (see its log above)")
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise DemoError(f"{what} did not answer {url} within {timeout:.0f} s")
+
+
+def start_servers(args: argparse.Namespace, models_dir: Path, index_dir: Path) -> list[subprocess.Popen]:
+    """Start ``aoq serve`` and ``aoq ui``, wait until both answer, and run a first query."""
+    data_root = os.environ.get("AOQ_DATA_DIR", "data")
+    backend_url = f"http://{args.host}:{args.backend_port}"
+    ui_url = f"http://{args.host}:{args.ui_port}"
+    aoq = [sys.executable, "-m", "training.cli"]
+    backend = subprocess.Popen(aoq + ["serve", "--models-dir", str(models_dir), "--index-dir", str(index_dir),
+                                      "--data-dir", data_root, "--host", args.host, "--port", str(args.backend_port)])
+    procs = [backend]
+    try:
+        wait_http(f"{backend_url}/health", backend, "the search service")
+        ui = subprocess.Popen(aoq + ["ui", "--backend", backend_url, "--host", args.host, "--port", str(args.ui_port)])
+        procs.append(ui)
+        wait_http(ui_url, ui, "the UI")
+        example = httpx.get(f"{backend_url}/examples", params={"split": "test", "n": 1}, timeout=30).json()
+        query = example["captions"][0]["text"]
+        answer = httpx.post(f"{backend_url}/compare/text", json={"query": query, "k": 5}, timeout=60)
+        answer.raise_for_status()
+        ranks = {side: answer.json()[side]["ground_truth_rank"] for side in ("left", "right")}
+        print(f"first query {query!r}: ground truth at rank {ranks['left']} (baseline) / "
+              f"{ranks['right']} (AOQ)", flush=True)
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate the servers, politely first."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny variant (tests): every step, minutes less")
+    parser.add_argument("--prepare-only", action="store_true", help="data, models and indexes; no servers")
+    parser.add_argument("--exit-when-ready", action="store_true", help="stop the servers after the first query")
+    parser.add_argument("--host", default=os.environ.get("AOQ_DEMO_HOST", "127.0.0.1"))
+    parser.add_argument("--backend-port", type=int, default=int(os.environ.get("BACKEND_PORT", 8000)))
+    parser.add_argument("--ui-port", type=int, default=int(os.environ.get("UI_PORT", 7860)))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    start = time.monotonic()
+    try:
+        if not args.prepare_only:
+            # Checked first, so a second demo fails at once instead of after minutes of work.
+            busy = [p for p in (args.backend_port, args.ui_port) if not port_free(args.host, p)]
+            if busy:
+                raise DemoError(
+                    f"port(s) {', '.join(map(str, busy))} on {args.host} already in use: is the demo already "
+                    "running? Stop it, or choose others: make demo BACKEND_PORT=8001 UI_PORT=7861"
+                )
+        _, models_dir, index_dir = prepare(QUICK if args.quick else FULL)
+        if args.prepare_only:
+            print(f"prepared in {time.monotonic() - start:.0f} s: models {models_dir}, indexes {index_dir}")
+            return 0
+        procs = start_servers(args, models_dir, index_dir)
+    except (DemoError, ArtefactError, ValueError) as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"\nready in {time.monotonic() - start:.0f} s\n"
+          f"  comparison UI:  http://{args.host}:{args.ui_port}\n"
+          f"  search API:     http://{args.host}:{args.backend_port}/docs\n"
+          "Ctrl-C stops both.", flush=True)
+    if args.exit_when_ready:
+        stop(procs)
+        return 0
+    try:
+        while all(p.poll() is None for p in procs):
+            time.sleep(1)
+        print("demo: a server exited; stopping the other", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(procs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
