@@ -70,6 +70,21 @@ def test_approximate_index_is_tuned_to_the_target_recall(kind: str, param: str):
     assert indexes.recall_at_k(index, exact, queries[:200]) >= 0.9
 
 
+def test_recall_counts_tied_answers_as_found():
+    """Duplicated vectors: any of the tied ids is a correct answer, not only the one exact search picked."""
+    base = unit_vectors(50, 16, 8)
+    vectors = np.repeat(base, 20, axis=0)  # every vector 20 times
+    exact, _ = indexes.build_index(vectors, np.arange(1000), base, indexes.IndexSpec("flat"))
+    shuffled, _ = indexes.build_index(vectors[::-1].copy(), np.arange(1000)[::-1].copy(), base, indexes.IndexSpec("flat"))
+    _, a = exact.search(base, 10)
+    _, b = shuffled.search(base, 10)
+    assert (a != b).any()  # the two exact searches pick different ids among the ties...
+    assert indexes.recall_at_k(shuffled, exact, base) == 1.0  # ...and both answers are perfect
+    worse = faiss.IndexIDMap(faiss.IndexFlatIP(16))
+    worse.add_with_ids(unit_vectors(1000, 16, 9), np.arange(1000))
+    assert indexes.recall_at_k(worse, exact, base) < 0.2
+
+
 def test_unreachable_recall_is_an_error_not_a_silent_index():
     vectors = unit_vectors(500, 16, 4)
     with pytest.raises(ArtefactError, match="below the target"):
