@@ -150,22 +150,24 @@ class _Catalogue:
 
 
 def _resolve(value: str | None, checkpoint_dir: Path) -> Path | None:
-    """A path recorded in a checkpoint's extra.json: absolute, relative to the working directory,
-    or relative to the checkpoint folder or its run folder (the first that exists)."""
+    """A path recorded in a checkpoint's extra.json: absolute, or relative to the run folder
+    (``runs/<name>``, where the pipeline publishes ``models/<model>``), the checkpoint folder or
+    the working directory, the first that exists."""
     if not value:
         return None
     path = Path(value)
-    candidates = [path] if path.is_absolute() else [path, checkpoint_dir / path, checkpoint_dir.parent.parent / path]
+    candidates = [path] if path.is_absolute() else [checkpoint_dir.parent.parent / path, checkpoint_dir / path, path]
     return next((c.resolve() for c in candidates if c.exists()), None)
 
 
 def _metrics_logs(extra: dict[str, Any], role: str, checkpoint_dir: Path) -> list[tuple[Path, int]]:
-    """``(metrics.jsonl, round)`` pairs: one path (the role's round) or a list (rounds 1, 2...)."""
+    """``(metrics.jsonl, round)`` pairs: one path (round 1 for the baseline, 2 for every model
+    trained on mined negatives) or a list (rounds 1, 2...)."""
     value = extra.get("metrics_log")
     if isinstance(value, list):
         pairs = [(_resolve(v, checkpoint_dir), r) for r, v in enumerate(value, start=1)]
     else:
-        pairs = [(_resolve(value, checkpoint_dir), 2 if role == "aoq" else 1)]
+        pairs = [(_resolve(value, checkpoint_dir), 1 if role == "baseline" else 2)]
     return [(p, r) for p, r in pairs if p is not None]
 
 
