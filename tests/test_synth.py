@@ -195,7 +195,9 @@ def test_a_small_test_split_is_the_prefix_of_a_large_one():
 def test_captions_vary_and_mention_counts_attributes_and_relations():
     params = SceneParams()
     scenes = _scenes(params, 300)
-    captions = [caption_scene(s, rng_for(0, "train", STREAM_CAPTIONS, k)) for k, s in enumerate(scenes)]
+    captions = [
+        caption_scene(s, rng_for(0, "train", STREAM_CAPTIONS, k), params.caption_detail) for k, s in enumerate(scenes)
+    ]
     assert all(len(c) == 5 for c in captions)
     flat = [c.lower() for cs in captions for c in cs]
     assert len(set(flat)) > 0.95 * len(flat)
@@ -212,6 +214,24 @@ def test_captions_vary_and_mention_counts_attributes_and_relations():
         for c in cs
     )
     assert partial > 0.3 * sum(5 for s in scenes if len({o.colour for o in s.objects}) > 1)
+
+
+def test_caption_detail_knob_makes_captions_more_specific():
+    scenes = _scenes(SceneParams(), 300)
+    colour_words = re.compile(r"\b(" + "|".join(COLOURS) + r")\b")
+
+    def stats(detail):
+        caps = [
+            c.lower()
+            for k, s in enumerate(scenes)
+            for c in caption_scene(s, rng_for(0, "train", STREAM_CAPTIONS, k), detail)
+        ]
+        background = np.mean([bool(re.search(r"background|backdrop|surface", c)) for c in caps])
+        return background, np.mean([len(colour_words.findall(c)) for c in caps])
+
+    (bg_low, colours_low), (bg_high, colours_high) = stats(0.0), stats(1.0)
+    assert bg_high > bg_low + 0.4
+    assert colours_high > colours_low + 0.15
 
 
 def test_colour_variant_changes_the_features():
@@ -276,4 +296,6 @@ def test_cli_rejects_bad_sizes_with_a_clear_message(argv, message, capsys):
 def test_cli_rejects_bad_knobs_with_a_clear_message(tmp_path, capsys):
     assert main(["synth", "--out", str(tmp_path / "x"), "--shapes", "12"]) == 2
     assert "n_shapes must be in 2..8, got 12" in capsys.readouterr().err
+    assert main(["synth", "--out", str(tmp_path / "x"), "--caption-detail", "1.5"]) == 2
+    assert "caption_detail must be in [0, 1], got 1.5" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

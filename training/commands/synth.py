@@ -60,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="number of colours, 2..9 (default: %(default)s)")
     knobs.add_argument("--noise", type=_float, default=defaults.noise,
                        help="texture / colour / size jitter scale, 0..2 (default: %(default)s)")
+    knobs.add_argument("--caption-detail", type=_float, default=defaults.caption_detail,
+                       help="probability of each optional extra fact in a caption, 0..1 (default: %(default)s)")
     knobs.add_argument("--min-objects", type=_int_at_least(1), default=defaults.min_objects,
                        help="objects per scene, at least (default: %(default)s)")
     knobs.add_argument("--max-objects", type=_int_at_least(1), default=defaults.max_objects,
@@ -81,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             min_objects=args.min_objects,
             max_objects=args.max_objects,
             max_variants=args.max_variants,
+            caption_detail=args.caption_detail,
         )
     except ValueError as exc:
         raise ConfigError(f"aoq synth arguments: {exc}") from exc

@@ -94,11 +94,17 @@ def _chance(rng: random.Random, p: float) -> bool:
 
 
 def _article(phrase: str) -> str:
-    return ("an " if phrase[0] in "aeiou" else "a ") + phrase
+    vowel_sound = phrase[0] in "aeiou" and not phrase.startswith("uni")  # "a uniform ..."
+    return ("an " if vowel_sound else "a ") + phrase
 
 
 def _number(rng: random.Random, n: int) -> str:
     return _pick(rng, _NUMBERS[n])
+
+
+def _cardinal(rng: random.Random, n: int) -> str:
+    """A number that reads well before "other" or "more" (never "a pair of")."""
+    return _pick(rng, [w for w in _NUMBERS[n] if not w.startswith("a ")])
 
 
 def _shape_word(rng: random.Random, shape: str, plural: bool = False) -> str:
@@ -149,7 +155,7 @@ def _relation(a: SceneObject, b: SceneObject) -> str:
 _INVERSE = {"left": "right", "right": "left", "above": "below", "below": "above"}
 
 
-def _count(rng: random.Random, scene: Scene) -> str:
+def _count(rng: random.Random, scene: Scene, detail: float) -> str:
     n = len(scene.objects)
     if n == 1:
         return _pick(
@@ -162,7 +168,7 @@ def _count(rng: random.Random, scene: Scene) -> str:
             ),
         )
     num, nouns = _number(rng, n), _noun(rng, True)
-    return _pick(
+    text = _pick(
         rng,
         (
             f"{num} {nouns} on {_background(rng, scene)}",
@@ -172,28 +178,34 @@ def _count(rng: random.Random, scene: Scene) -> str:
             f"a {_pick(rng, ('picture', 'scene', 'drawing'))} showing {num} different {nouns}",
         ),
     )
+    if _chance(rng, detail):
+        named = rng.sample(scene.objects, 2 if _chance(rng, detail) else 1)
+        text += _pick(rng, (", including ", ", among them ")) + _join([_np(rng, o) for o in named])
+    return text
 
 
-def _single(rng: random.Random, scene: Scene) -> str:
+def _single(rng: random.Random, scene: Scene, detail: float) -> str:
     obj = rng.choice(scene.objects)
     text = _pick(rng, _PREFIXES) + _np(rng, obj)
     if _chance(rng, 0.6):
         text += " " + _pick(rng, _ZONE_WORDS[obj.zone()])
-    if len(scene.objects) > 1 and _chance(rng, 0.3):
+    n = len(scene.objects)
+    if n > 1 and _chance(rng, detail):
+        others = _pick(rng, ("another", "one other")) if n == 2 else f"{_cardinal(rng, n - 1)} other"
+        text += _pick(rng, (" among ", " and ", " with ")) + f"{others} {_noun(rng, n > 2)}"
+    elif n > 1 and _chance(rng, 0.3):
         text += _pick(rng, (" among other shapes", " and some other shapes", " with a few other objects"))
-    elif _chance(rng, 0.35):
-        text += " on " + _background(rng, scene)
     return text
 
 
-def _relational(rng: random.Random, scene: Scene) -> str:
+def _relational(rng: random.Random, scene: Scene, detail: float) -> str:
     a, b = rng.sample(scene.objects, 2)
     rel = _relation(a, b)
     words = _pick(rng, _RELATION_WORDS[rel])
     inverse = _pick(rng, _RELATION_WORDS[_INVERSE[rel]])
-    na, nb = _np(rng, a, p_size=0.35), _np(rng, b, p_size=0.35)
+    na, nb = _np(rng, a, p_size=0.3 + 0.3 * detail), _np(rng, b, p_size=0.3 + 0.3 * detail)
     verb = _pick(rng, ("is", "sits", "is placed", "appears"))
-    return _pick(
+    text = _pick(
         rng,
         (
             f"{na} {words} {nb}",
@@ -203,21 +215,22 @@ def _relational(rng: random.Random, scene: Scene) -> str:
             f"{nb} with {na} {words} it",
         ),
     )
-
-
-def _enumeration(rng: random.Random, scene: Scene) -> str:
-    p_size = 0.0 if _chance(rng, 0.5) else 0.6
-    parts = [_np(rng, obj, p_size=p_size, p_colour=0.95) for obj in rng.sample(scene.objects, len(scene.objects))]
-    text = _join(parts)
-    style = rng.randrange(4)
-    if style == 1:
-        text = _pick(rng, ("a picture with ", "an image containing ", "this scene shows ")) + text
-    elif style == 2:
-        text += " on " + _background(rng, scene)
+    rest = len(scene.objects) - 2
+    if rest and _chance(rng, detail):
+        text += _pick(rng, (", and ", ", plus ")) + ("one more shape" if rest == 1 else f"{_cardinal(rng, rest)} more shapes")
     return text
 
 
-def _grouped(rng: random.Random, scene: Scene) -> str:
+def _enumeration(rng: random.Random, scene: Scene, detail: float) -> str:
+    p_size = 0.7 if _chance(rng, detail) else 0.0
+    parts = [_np(rng, obj, p_size=p_size, p_colour=0.95) for obj in rng.sample(scene.objects, len(scene.objects))]
+    text = _join(parts)
+    if _chance(rng, 0.3):
+        text = _pick(rng, ("a picture with ", "an image containing ", "this scene shows ")) + text
+    return text
+
+
+def _grouped(rng: random.Random, scene: Scene, detail: float) -> str:
     """Counts per colour or per shape: "two red shapes and a blue one", "two circles and a star"."""
     n = len(scene.objects)
     by_colour = _chance(rng, 0.5)
@@ -252,12 +265,12 @@ def _grouped(rng: random.Random, scene: Scene) -> str:
     return _join(parts)
 
 
-def _partial(rng: random.Random, scene: Scene) -> str:
+def _partial(rng: random.Random, scene: Scene, detail: float) -> str:
     """One object named, the others only counted."""
     n = len(scene.objects)
     obj = rng.choice(scene.objects)
     rest = n - 1
-    others = "another shape" if rest == 1 else f"{_number(rng, rest)} other {_noun(rng, True)}"
+    others = "another shape" if rest == 1 else f"{_cardinal(rng, rest)} other {_noun(rng, True)}"
     return _pick(
         rng,
         (
@@ -269,7 +282,7 @@ def _partial(rng: random.Random, scene: Scene) -> str:
     )
 
 
-def _sizes(rng: random.Random, scene: Scene) -> str:
+def _sizes(rng: random.Random, scene: Scene, detail: float) -> str:
     """A size comparison between two objects of different size classes."""
     order = {"small": 0, "medium": 1, "large": 2}
     pairs = [
@@ -288,7 +301,7 @@ def _sizes(rng: random.Random, scene: Scene) -> str:
     return _pick(rng, options)
 
 
-def _lone(rng: random.Random, scene: Scene) -> str:
+def _lone(rng: random.Random, scene: Scene, detail: float) -> str:
     """The only object of a one-object scene, placed and on its background."""
     obj = scene.objects[0]
     np_ = _np(rng, obj, p_size=0.8)
@@ -302,25 +315,30 @@ def _lone(rng: random.Random, scene: Scene) -> str:
     )
 
 
-_Template = Callable[[random.Random, Scene], str]
+_Template = Callable[[random.Random, Scene, float], str]
 
 
-def _templates(scene: Scene) -> list[tuple[_Template, float]]:
-    """The caption kinds that make sense for this scene, with their weights."""
+#: kinds that name one object or only a count ("vague") lose weight as ``detail`` grows; kinds
+#: that name several objects and how they relate ("specific") gain weight.
+_VAGUE = ("_count", "_single", "_partial")
+
+
+def _templates(scene: Scene, detail: float) -> list[tuple[_Template, float]]:
+    """The caption kinds that make sense for this scene, with their weights at this ``detail``."""
     n = len(scene.objects)
     if n == 1:
         return [(_count, 1.0), (_single, 1.5), (_lone, 1.2), (_enumeration, 0.6)]
     kinds: list[tuple[_Template, float]] = [
-        (_count, 0.9),
-        (_single, 1.2),
+        (_count, 0.6),
+        (_single, 1.0),
         (_relational, 1.3),
-        (_enumeration, 1.0),
-        (_grouped, 0.8),
+        (_enumeration, 1.2),
+        (_grouped, 0.9),
         (_partial, 0.8),
     ]
     if len({o.size for o in scene.objects}) > 1:
         kinds.append((_sizes, 0.6))
-    return kinds
+    return [(t, w * (1 - 0.7 * detail if t.__name__ in _VAGUE else 1 + detail)) for t, w in kinds]
 
 
 def _style(rng: random.Random, text: str) -> str:
@@ -332,8 +350,9 @@ def _style(rng: random.Random, text: str) -> str:
 
 
 def _weighted_sample(rng: random.Random, kinds: list[tuple[_Template, float]], k: int) -> list[_Template]:
-    """``k`` distinct templates, drawn one by one with probability proportional to weight."""
-    pool = list(kinds)
+    """``k`` templates, each used at most twice, drawn one by one with probability proportional
+    to weight."""
+    pool = list(kinds) * 2
     chosen = []
     for _ in range(k):
         i = rng.choices(range(len(pool)), [w for _, w in pool])[0]
@@ -341,20 +360,38 @@ def _weighted_sample(rng: random.Random, kinds: list[tuple[_Template, float]], k
     return chosen
 
 
-def caption_scene(scene: Scene, rng: random.Random, n: int = CAPTIONS_PER_IMAGE) -> list[str]:
-    """``n`` captions of ``scene``: different caption kinds first (weighted draw without
-    replacement), then repeats of kinds with new wording; duplicates are redrawn when possible."""
-    kinds = _templates(scene)
-    order = _weighted_sample(rng, kinds, min(n, len(kinds)))
+def _mentions_background(text: str) -> bool:
+    return any(word in text for word in (" background", " backdrop", " surface"))
+
+
+def _caption(rng: random.Random, scene: Scene, template: _Template, detail: float) -> str:
+    """One caption of ``template``, with the background added with probability ``detail``."""
+    text = template(rng, scene, detail)
+    if not _mentions_background(text) and _chance(rng, detail):
+        text += " on " + _background(rng, scene)
+    return text
+
+
+def caption_scene(scene: Scene, rng: random.Random, detail: float, n: int = CAPTIONS_PER_IMAGE) -> list[str]:
+    """``n`` captions of ``scene``.
+
+    Caption kinds are drawn by weight, each at most twice (then with replacement if a scene
+    has too few kinds); a duplicate sentence is redrawn when possible. ``detail`` (0..1) is the
+    probability of each optional extra fact (the background, the number of other objects, one
+    more object, sizes) and shifts the mix from one-object and count captions to captions
+    that name several objects: it sets how specific, hence how easy to retrieve, captions are.
+    """
+    kinds = _templates(scene, detail)
+    order = _weighted_sample(rng, kinds, min(n, 2 * len(kinds)))
     order += rng.choices([t for t, _ in kinds], [w for _, w in kinds], k=n - len(order))
     seen: set[str] = set()
     captions: list[str] = []
     for template in order:
-        text = template(rng, scene)
+        text = _caption(rng, scene, template, detail)
         for _ in range(10):
             if text not in seen:
                 break
-            text = template(rng, scene)
+            text = _caption(rng, scene, template, detail)
         seen.add(text)
         captions.append(_style(rng, text))
     return captions

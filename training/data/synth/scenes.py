@@ -90,6 +90,9 @@ class SceneParams:
             (0 = flat colours and exact sizes).
         min_objects, max_objects: objects per scene (1..4).
         max_variants: each family has 1..max_variants variants besides its base.
+        caption_detail: probability of each optional extra fact in a caption (the background,
+            the number of other objects, one more object): higher = more specific captions =
+            easier retrieval.
     """
 
     image_size: int = 64
@@ -100,6 +103,7 @@ class SceneParams:
     min_objects: int = 1
     max_objects: int = 4
     max_variants: int = 3
+    caption_detail: float = 0.8
 
     def __post_init__(self) -> None:
         checks = [
@@ -116,6 +120,10 @@ class SceneParams:
                 f"need 1 <= min_objects <= max_objects <= 4, got {self.min_objects}..{self.max_objects}",
             ),
             (1 <= self.max_variants <= 5, f"max_variants must be in 1..5, got {self.max_variants}"),
+            (
+                0.0 <= self.caption_detail <= 1.0,
+                f"caption_detail must be in [0, 1], got {self.caption_detail}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

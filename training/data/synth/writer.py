@@ -234,7 +234,9 @@ def _render_chunk(chunk: _Chunk) -> list[_Rendered]:
             data = png_bytes(image)
             with open(os.path.join(chunk.image_dir, filename), "wb") as fh:
                 fh.write(data)
-            captions = caption_scene(scene, rng_for(chunk.seed, chunk.split, STREAM_CAPTIONS, index))
+            captions = caption_scene(
+                scene, rng_for(chunk.seed, chunk.split, STREAM_CAPTIONS, index), chunk.params.caption_detail
+            )
             out.append(_Rendered(index, filename, captions, extract_regions(image), scene.to_dict()))
     return out
 
