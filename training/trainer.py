@@ -319,35 +319,36 @@ def fit(
         ArtefactError: ``run_dir/state`` is corrupted.
     """
     run_dir = Path(run_dir)
-    state_dir, best_dir, last_dir = run_dir / "state", run_dir / "best", run_dir / "last"
     fingerprint = _fingerprint(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=optim.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, optim.lr_decay_epochs, optim.lr_decay_factor)
+    loop = _Loop(run_dir, cfg, optim, model, vocab, make_loader, step, validate, role, extra or {},
+                 progress_bar, fingerprint, params, optimizer, scheduler)
 
-    resumed = (state_dir / STATE_FILE).exists()
-    prog = _load_state(state_dir, fingerprint, model, optimizer, scheduler) if resumed else _Progress()
+    resumed = (run_dir / "state" / STATE_FILE).exists()
+    prog = _load_state(run_dir / "state", fingerprint, model, optimizer, scheduler) if resumed else _Progress()
     if resumed:
-        log.info("%s: resuming at epoch %d, step %d", run_dir, prog.epoch + 1, prog.step_in_epoch)
         _write_metrics_log(run_dir, prog.history)  # a crash may have hit between state and log
 
     def result(already_finished: bool) -> TrainResult:
-        return TrainResult(run_dir, best_dir, last_dir, prog.best_epoch, prog.best_rsum, prog.epoch,
-                           list(prog.history), resumed, already_finished)
+        return TrainResult(run_dir, run_dir / "best", run_dir / "last", prog.best_epoch, prog.best_rsum,
+                           prog.epoch, list(prog.history), resumed, already_finished)
 
     if prog.epoch >= optim.epochs:
         log.info("%s: already finished (%d epochs, best dev rsum %.2f at epoch %d)",
                  run_dir, prog.epoch, prog.best_rsum, prog.best_epoch)
         return result(already_finished=True)
+    if resumed:
+        log.info("%s: resuming at epoch %d, step %d", run_dir, prog.epoch + 1, prog.step_in_epoch)
 
-    writer = _tensorboard(run_dir)
+    loop.writer = _tensorboard(run_dir)
     try:
         while prog.epoch < optim.epochs:
-            _train_epoch(run_dir, cfg, optim, model, vocab, make_loader, step, validate, optimizer,
-                         scheduler, prog, fingerprint, role, extra or {}, progress_bar, writer)
+            loop.train_epoch(prog)
     finally:
-        if writer is not None:
-            writer.close()
+        if loop.writer is not None:
+            loop.writer.close()
     return result(already_finished=False)
 
 
@@ -372,104 +373,132 @@ def optimise_step(step: StepFn, model: JointModel, batch: Any, optimizer: torch.
     return loss_value, stats
 
 
-def _train_epoch(run_dir, cfg, optim, model, vocab, make_loader, step, validate, optimizer, scheduler,
-                 prog: _Progress, fingerprint, role, extra, progress_bar, writer) -> None:
-    """Finish epoch ``prog.epoch`` (from ``prog.step_in_epoch``), validate, checkpoint, log."""
-    state_dir = run_dir / "state"
-    generator = torch.Generator()
-    if prog.step_in_epoch == 0:
-        generator.manual_seed(epoch_seed(optim.seed, prog.epoch))
-        prog.epoch_generator_state = generator.get_state()
-    else:
-        generator.set_state(prog.epoch_generator_state)
-    loader = make_loader(prog.epoch, generator, prog.step_in_epoch)
-    total = prog.step_in_epoch + len(loader) if isinstance(loader, Sized) else None
-    if optim.max_steps_per_epoch is not None:
-        total = optim.max_steps_per_epoch if total is None else min(total, optim.max_steps_per_epoch)
-    lr = optimizer.param_groups[0]["lr"]
-    params = [p for p in model.parameters() if p.requires_grad]
+@dataclass
+class _Loop:
+    """Everything one :func:`fit` call trains with; the mutable position lives in ``_Progress``."""
 
-    model.train()
-    epoch_start = time.perf_counter()
-    bar = tqdm(total=total, initial=prog.step_in_epoch, desc=f"{role} epoch {prog.epoch + 1}/{optim.epochs}",
-               unit="batch", disable=None if progress_bar else True, leave=False, dynamic_ncols=True)
-    try:
-        tick = time.perf_counter()
-        for batch in loader:
-            if total is not None and prog.step_in_epoch >= total:
-                break
-            try:
-                loss_value, stats = optimise_step(step, model, batch, optimizer, params, optim.grad_clip)
-            except FloatingPointError as exc:
-                raise FloatingPointError(f"{role}: {exc} at epoch {prog.epoch + 1}, step {prog.step_in_epoch + 1}; "
-                                         "lower the learning rate") from None
-            prog.loss_sum += loss_value
-            for key, value in stats.items():
-                prog.stat_sums[key] = prog.stat_sums.get(key, 0.0) + float(value)
-            prog.pairs += _batch_size(batch)
-            prog.step_in_epoch += 1
-            prog.global_step += 1
-            now = time.perf_counter()
-            prog.batch_time_sum += now - tick
-            tick = now
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}")
-            if prog.global_step % optim.save_every_steps == 0 and prog.step_in_epoch != total:
-                _save_state(state_dir, fingerprint, model, optimizer, scheduler, prog)
+    run_dir: Path
+    cfg: ExperimentConfig
+    optim: OptimConfig
+    model: JointModel
+    vocab: Vocabulary
+    make_loader: MakeLoader
+    step: StepFn
+    validate: ValidateFn
+    role: str
+    extra: dict
+    progress_bar: bool
+    fingerprint: dict
+    params: list[Tensor]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    writer: Any = None
+
+    def save(self, prog: _Progress) -> None:
+        _save_state(self.run_dir / "state", self.fingerprint, self.model, self.optimizer, self.scheduler, prog)
+
+    def _loader(self, prog: _Progress) -> tuple[Iterable[Any], int | None]:
+        """The rest of epoch ``prog.epoch`` and its total number of steps (None if unknown)."""
+        generator = torch.Generator()
+        if prog.step_in_epoch == 0:
+            generator.manual_seed(epoch_seed(self.optim.seed, prog.epoch))
+            prog.epoch_generator_state = generator.get_state()
+        else:
+            generator.set_state(prog.epoch_generator_state)
+        loader = self.make_loader(prog.epoch, generator, prog.step_in_epoch)
+        total = prog.step_in_epoch + len(loader) if isinstance(loader, Sized) else None
+        cap = self.optim.max_steps_per_epoch
+        if cap is not None:
+            total = cap if total is None else min(total, cap)
+        return loader, total
+
+    def train_epoch(self, prog: _Progress) -> None:
+        """Finish epoch ``prog.epoch`` (from ``prog.step_in_epoch``), validate, checkpoint, log."""
+        loader, total = self._loader(prog)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.model.train()
+        epoch_start = time.perf_counter()
+        bar = tqdm(total=total, initial=prog.step_in_epoch, unit="batch", leave=False, dynamic_ncols=True,
+                   desc=f"{self.role} epoch {prog.epoch + 1}/{self.optim.epochs}",
+                   disable=None if self.progress_bar else True)
+        try:
+            tick = time.perf_counter()
+            for batch in loader:
+                if total is not None and prog.step_in_epoch >= total:
+                    break
+                try:
+                    loss, stats = optimise_step(self.step, self.model, batch, self.optimizer, self.params,
+                                                self.optim.grad_clip)
+                except FloatingPointError as exc:
+                    raise FloatingPointError(f"{self.role}: {exc} at epoch {prog.epoch + 1}, step "
+                                             f"{prog.step_in_epoch + 1}; lower the learning rate") from None
+                prog.loss_sum += loss
+                for key, value in stats.items():
+                    prog.stat_sums[key] = prog.stat_sums.get(key, 0.0) + float(value)
+                prog.pairs += _batch_size(batch)
+                prog.step_in_epoch += 1
+                prog.global_step += 1
+                now = time.perf_counter()
+                prog.batch_time_sum += now - tick
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+                if prog.global_step % self.optim.save_every_steps == 0 and prog.step_in_epoch != total:
+                    self.save(prog)
                 tick = time.perf_counter()  # saving is not training time
-    finally:
-        bar.close()
-    train_time = time.perf_counter() - epoch_start
+        finally:
+            bar.close()
+        self._finish_epoch(prog, lr, time.perf_counter() - epoch_start)
 
-    steps = max(prog.step_in_epoch, 1)
-    model.eval()
-    val_start = time.perf_counter()
-    with torch.no_grad():
-        dev = validate(model)
-    val_time = time.perf_counter() - val_start
-    model.train()
-    if "rsum" not in dev:
-        raise ValueError(f"{role}: validate() must return 'rsum', got keys {sorted(dev)}")
+    def _finish_epoch(self, prog: _Progress, lr: float, train_time: float) -> None:
+        """Validate, select, checkpoint, advance the schedule, save the state, log."""
+        self.model.eval()
+        val_start = time.perf_counter()
+        with torch.no_grad():
+            dev = self.validate(self.model)
+        val_time = time.perf_counter() - val_start
+        self.model.train()
+        if "rsum" not in dev:
+            raise ValueError(f"{self.role}: validate() must return 'rsum', got keys {sorted(dev)}")
 
-    rsum = float(dev["rsum"])
-    is_best = rsum > prog.best_rsum
-    record = {
-        "epoch": prog.epoch + 1,
-        "global_step": prog.global_step,
-        "steps": prog.step_in_epoch,
-        "lr": lr,
-        "train_loss": prog.loss_sum / steps,
-        **{f"train_{k}": v / steps for k, v in sorted(prog.stat_sums.items())},
-        **_flatten(dev, "dev_"),
-        "best": is_best,
-        "train_time_s": train_time,
-        "val_time_s": val_time,
-        "batch_time_s": prog.batch_time_sum / steps,
-        "pairs_per_s": prog.pairs / prog.batch_time_sum if prog.batch_time_sum > 0 else None,
-    }
-    prog.history.append(record)
-    if is_best:
-        prog.best_rsum, prog.best_epoch = rsum, prog.epoch + 1
-    ckpt_extra = {"role": role, "epoch": prog.epoch + 1, "selected_on": "dev rsum", **extra}
-    if is_best:
-        save_checkpoint(run_dir / "best", model, cfg, vocab, dev, ckpt_extra)
-    save_checkpoint(run_dir / "last", model, cfg, vocab, dev, ckpt_extra)
+        steps = max(prog.step_in_epoch, 1)
+        rsum = float(dev["rsum"])
+        is_best = rsum > prog.best_rsum
+        record = {
+            "epoch": prog.epoch + 1,
+            "global_step": prog.global_step,
+            "steps": prog.step_in_epoch,
+            "lr": lr,
+            "train_loss": prog.loss_sum / steps,
+            **{f"train_{k}": v / steps for k, v in sorted(prog.stat_sums.items())},
+            **_flatten(dev, "dev_"),
+            "best": is_best,
+            "train_time_s": train_time,
+            "val_time_s": val_time,
+            "batch_time_s": prog.batch_time_sum / steps,
+            "pairs_per_s": prog.pairs / prog.batch_time_sum if prog.batch_time_sum > 0 else None,
+        }
+        prog.history.append(record)
+        ckpt_extra = {"role": self.role, "epoch": prog.epoch + 1, "selected_on": "dev rsum", **self.extra}
+        if is_best:
+            prog.best_rsum, prog.best_epoch = rsum, prog.epoch + 1
+            save_checkpoint(self.run_dir / "best", self.model, self.cfg, self.vocab, dev, ckpt_extra)
+        save_checkpoint(self.run_dir / "last", self.model, self.cfg, self.vocab, dev, ckpt_extra)
 
-    scheduler.step()
-    prog.epoch += 1
-    prog.step_in_epoch = 0
-    prog.epoch_generator_state = None
-    prog.loss_sum, prog.stat_sums, prog.batch_time_sum, prog.pairs = 0.0, {}, 0.0, 0
-    _save_state(state_dir, fingerprint, model, optimizer, scheduler, prog)
-    _write_metrics_log(run_dir, prog.history)
-    if writer is not None:
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch":
-                writer.add_scalar(f"{role}/{key}", value, record["epoch"])
-        writer.flush()
-    log.info("%s epoch %d/%d: loss %.4f, lr %.2g, dev rsum %.2f%s (%.1f s, %.1f ms/batch)", role,
-             record["epoch"], optim.epochs, record["train_loss"], lr, rsum, " *best*" if is_best else "",
-             train_time + val_time, 1000 * record["batch_time_s"])
+        self.scheduler.step()
+        prog.epoch += 1
+        prog.step_in_epoch = 0
+        prog.epoch_generator_state = None
+        prog.loss_sum, prog.stat_sums, prog.batch_time_sum, prog.pairs = 0.0, {}, 0.0, 0
+        self.save(prog)
+        _write_metrics_log(self.run_dir, prog.history)
+        if self.writer is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch":
+                    self.writer.add_scalar(f"{self.role}/{key}", value, record["epoch"])
+            self.writer.flush()
+        log.info("%s epoch %d/%d: loss %.4f, lr %.2g, dev rsum %.2f%s (%.1f s, %.1f ms/batch)", self.role,
+                 record["epoch"], self.optim.epochs, record["train_loss"], lr, rsum, " *best*" if is_best else "",
+                 train_time + val_time, 1000 * record["batch_time_s"])
 
 
 def _batch_size(batch: Any) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from training.config import load_config
+from training.config import ConfigError, load_config
 
 HELP = "Round-1 training with an in-batch loss (max_violation, sum, smooth_ap, infonce)."
 LOSSES = ("max_violation", "sum", "smooth_ap", "infonce")
@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, help="train.epochs")
     parser.add_argument("--seed", type=int, help="train.seed")
     parser.add_argument("--device", help="train.device: auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--threads", type=int,
+                        help="torch CPU threads (default: torch's choice; 1 is often faster for small "
+                             "models on a busy machine, see docs/training.md)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -34,7 +37,14 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from training.round1 import train_round1
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
 
     cfg = load_config(args.config, overrides_from_args(args))
     if args.out is not None:
