@@ -123,9 +123,13 @@ class NegativesService:
             return torch.from_numpy(np.array(training.split.features[positions], dtype=np.float32))
         if training.split.image_paths is None:
             raise ServiceError(404, "the training split has no image files for this model")
-        return torch.stack([
-            load_pixels(safe_path(self.data_dir, training.split.image_paths[p]), training.image_size) for p in positions
-        ])
+        try:
+            return torch.stack([
+                load_pixels(safe_path(self.data_dir, training.split.image_paths[p]), training.image_size)
+                for p in positions
+            ])
+        except DataError as exc:
+            raise ServiceError(404, f"a training image cannot be read: {exc}") from None
 
     def negatives(self, served: ServingModel, kind: Kind, item_id: int, n: int, seed: int = 0) -> NegativesResult:
         """Offline and online hard negatives of a training caption or image (catalogue id).
