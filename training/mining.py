@@ -43,6 +43,7 @@ Resuming
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -176,28 +177,27 @@ class _Candidates:
         return kth
 
 
-_POOL: ThreadPoolExecutor | None = None
+@functools.lru_cache(maxsize=None)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mining")
 
 
 def _map_row_slices(fn: Callable[[slice], Any], n_rows: int) -> list[Any]:
     """Run ``fn`` over row slices on torch's thread count (numpy releases the GIL in these
     kernels, and a single numpy thread would leave the other cores idle after the product)."""
-    global _POOL
     parts = max(1, min(torch.get_num_threads(), n_rows // 64))
     bounds = np.linspace(0, n_rows, parts + 1).astype(int)
     slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     if parts == 1:
         return [fn(slices[0])]
-    if _POOL is None or _POOL._max_workers < parts:
-        _POOL = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="mining")
-    return list(_POOL.map(fn, slices))
+    return list(_pool(parts).map(fn, slices))
 
 
 def _kth_largest(scores: torch.Tensor, r: int) -> np.ndarray:
     """Each row's r-th largest value (r >= 1). numpy's introselect is several times faster than
     ``torch.topk`` on the CPU; on CUDA ``torch.topk`` is the fast one."""
     if scores.is_cuda:
-        return torch.topk(scores, r, dim=1, sorted=False).values.min(dim=1).values.float().cpu().numpy()
+        return torch.topk(scores, r, dim=1, sorted=False).values.min(dim=1).values.cpu().numpy()
     values, n = scores.numpy(), scores.shape[1]  # partition copies each row slice contiguously
     return np.concatenate(_map_row_slices(lambda s: np.partition(values[s], n - r, axis=1)[:, n - r], len(values)))
 
@@ -282,10 +282,23 @@ def _block_topk_torch(
         ids[done] = decode_ids(cands.sorted()[done, :k])
     short = np.flatnonzero(~done)
     if short.size:  # the guessed threshold was too high for these rows: redo them exactly
-        lowest = np.full(short.size, _LOWEST, dtype=np.float32)
-        idx = torch.from_numpy(short).to(device)
-        ids[short] = _block_topk_torch(direction, queries[idx], query_ids[short], gallery, gallery_chunk, lowest, cap)
+        ids[short] = _exact_rows(direction, queries[torch.from_numpy(short).to(device)], query_ids[short],
+                                 gallery, gallery_chunk, cap)
     return ids
+
+
+def _exact_rows(
+    direction: _Direction, queries: torch.Tensor, query_ids: np.ndarray, gallery: torch.Tensor,
+    gallery_chunk: int, cap: int | None = None, rows_at_once: int = 256,
+) -> np.ndarray:
+    """Top-k with every score a candidate (no threshold guess), in small row groups because
+    each chunk then adds ``rows x gallery_chunk`` candidates before they are cut to k."""
+    parts = []
+    for s in range(0, queries.shape[0], rows_at_once):
+        lowest = np.full(min(rows_at_once, queries.shape[0] - s), _LOWEST, dtype=np.float32)
+        parts.append(_block_topk_torch(direction, queries[s : s + rows_at_once], query_ids[s : s + rows_at_once],
+                                       gallery, gallery_chunk, lowest, cap))
+    return np.concatenate(parts)
 
 
 def _estimate_threshold(sample: torch.Tensor, k: int, n_gallery: int, rank: int = 100) -> np.ndarray:
@@ -320,10 +333,8 @@ def _block_topk_faiss(
     top_ids = decode_ids(top).astype(np.int32)
     straddling = np.flatnonzero(scores.min(axis=1) >= decode_scores(top[:, -1]))
     if straddling.size:
-        top_ids[straddling] = _block_topk_torch(
-            direction, torch.from_numpy(queries[straddling]), q_ids[straddling], gallery, gallery_chunk,
-            np.full(straddling.size, _LOWEST, dtype=np.float32),
-        )
+        top_ids[straddling] = _exact_rows(direction, torch.from_numpy(queries[straddling]), q_ids[straddling],
+                                          gallery, gallery_chunk)
     return top_ids
 
 
