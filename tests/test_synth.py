@@ -94,6 +94,15 @@ def test_features_are_computed_from_the_png_pixels(dataset):
             np.testing.assert_array_equal(extract_regions(png), feats[k])
 
 
+def test_other_image_sizes_are_featurised_at_the_extractor_size(tmp_path):
+    out = tmp_path / "big"
+    writer.write_dataset(out, {"train": 2, "dev": 1, "test": 1}, params=SceneParams(image_size=96), progress=False)
+    feats = np.load(out / "precomp" / "test_ims.npy")
+    with Image.open(out / "images" / "test" / writer.image_filename("test", 0)) as png:
+        assert png.size == (96, 96)
+        np.testing.assert_array_equal(extract_regions(png), feats[0])
+
+
 def test_extractor_sees_an_objects_colour_and_box():
     params = SceneParams(noise=0.0)
     scene = next(s for s in _scenes(params, 60) if len(s.objects) == 1)
