@@ -72,7 +72,8 @@ def discover_checkpoints(models_dir: Path) -> list[Path]:
     """
     if not models_dir.is_dir():
         raise ArtefactError(f"{models_dir}: models directory not found")
-    found = sorted(p.parent for p in models_dir.glob("*/manifest.json"))
+    # ".<name>.*" folders are atomic writes that a kill interrupted (training.io.atomic_dir), not models
+    found = sorted(p.parent for p in models_dir.glob("*/manifest.json") if not p.parent.name.startswith("."))
     if not found:
         raise ArtefactError(f"{models_dir}: no checkpoint folders (subfolders with a manifest.json)")
     return found

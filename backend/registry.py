@@ -255,7 +255,8 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
     catalogued = {r.name for r in rows}
     for path in sorted(settings.models_dir.glob("*/manifest.json")) if settings.models_dir.is_dir() else []:
         name = path.parent.name
-        if name not in catalogued:
+        # ".<name>.*" folders are atomic writes that a kill interrupted (training.io.atomic_dir), not models
+        if name not in catalogued and not name.startswith("."):
             reason = "checkpoint is not in the catalogue; run aoq index"
             log.warning("model %r disabled: %s", name, reason)
             infos.append(ModelInfo(name=name, enabled=False, disabled_reason=reason))
