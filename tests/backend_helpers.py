@@ -30,7 +30,6 @@ import pytest
 
 from backend.build import IndexJob, index_models
 from backend.config import Settings
-from backend.indexes import IndexSpec
 from training.checkpoint import save_checkpoint
 from training.config import DataConfig, ExperimentConfig, ModelConfig
 from training.data.load import load_split
