@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from backend.db import IndexRecord, Model, make_engine
+from backend.db import Dataset, IndexRecord, Model, make_engine
 from backend.indexes import load_model_index
 from tests.backend_helpers import build_service_fixture, free_socket, run_server, write_checkpoint
 from training.checkpoint import load_checkpoint
@@ -126,7 +126,7 @@ def test_rebuilding_indexes_swaps_atomically_while_serving(tmp_path: Path):
     assert all(a == new for a in answers[switch:][len(answers[switch:]) // 2:])
 
 
-def test_admin_reload_and_hnsw_indexes_end_to_end(tmp_path: Path):
+def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Path):
     fx = build_service_fixture(tmp_path, index=False)
     out = subprocess.run(
         [sys.executable, "-m", "training.cli", "index", "--models-dir", str(fx.models_dir), "--data-dir",
@@ -148,6 +148,16 @@ def test_admin_reload_and_hnsw_indexes_end_to_end(tmp_path: Path):
         assert found["ground_truth_rank"] == truth[0]  # computed exactly, outside the HNSW list
         reloaded = client.post("/admin/reload").json()
         assert reloaded == {"generation": 1, "models": ["aoq", "baseline", "pixels"], "disabled": {}}
+        # The same features, now said to come from an external detector (as COCO precomp):
+        engine = make_engine(fx.catalogue_url)
+        with engine.begin() as conn:
+            conn.execute(update(Dataset).where(Dataset.name == "synth").values(synthetic=False))
+        engine.dispose()
+        client.post("/admin/reload")
+        upload = {"file": ("q.png", (fx.data_dir / "synth/images/test/synth_test_000000.png").read_bytes(), "image/png")}
+        refused = client.post("/search/image", data={"model": "aoq", "k": 3}, files=upload)
+        assert refused.status_code == 422 and "external detector" in refused.json()["detail"]
+        assert client.post("/search/image", data={"model": "pixels", "k": 3}, files=upload).status_code == 200
 
 
 def _aoq(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
