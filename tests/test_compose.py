@@ -20,12 +20,12 @@ import shutil
 import subprocess
 import sys
 import threading
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from setuptools.config.pyprojecttoml import read_configuration
 from sqlalchemy.engine import make_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,6 +89,9 @@ def test_the_four_services_and_their_volumes(compose):
     for name in ("init", "backend", "ui"):
         build = services[name]["build"]
         assert Path(build["context"]).resolve() == REPO and build.get("dockerfile", "Dockerfile") == "Dockerfile"
+    # a service that dies comes back (the kill -9 restart of tests/test_reliability.py); init runs once
+    assert {n: str(services[n].get("restart", "no")) for n in SERVICES} == {
+        "db": "unless-stopped", "init": "no", "backend": "unless-stopped", "ui": "unless-stopped"}
     # one image for the three, so it is built once
     assert len({services[n]["image"] for n in ("init", "backend", "ui")}) == 1
 
@@ -291,7 +294,7 @@ def _copied() -> set[str]:
 
 def test_the_image_copies_everything_make_setup_needs():
     copied = _copied()
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = read_configuration(REPO / "pyproject.toml", expand=False)  # tomllib is 3.11+ only
     assert {"pyproject.toml", "Makefile", project["project"]["readme"]} <= copied
     # every package setuptools will find, with its package data
     patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
