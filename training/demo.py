@@ -97,11 +97,10 @@ def demo_config(size: DemoSize, data_root: Path, runs_root: Path) -> ExperimentC
 
 def ensure_indexes(models_dir: Path, data_root: Path, index_dir: Path, catalogue_url: str | None) -> None:
     """Build the FAISS indexes and the catalogue unless they were built from these very models."""
-    from backend.build import IndexJob, index_models
+    from backend.build import IndexJob, discover_checkpoints, index_models
     from backend.config import CATALOGUE_FILE
 
-    hashes = {p.name: read_manifest(p, verify=False)["content_hash"]
-              for p in sorted(models_dir.iterdir()) if (p / "manifest.json").is_file()}
+    hashes = {p.name: read_manifest(p, verify=False)["content_hash"] for p in discover_checkpoints(models_dir)}
     stamp = index_dir / "demo-built-from.json"
     url = catalogue_url or f"sqlite:///{(index_dir / CATALOGUE_FILE).resolve()}"
     key = {"models": hashes, "catalogue": url}
