@@ -15,7 +15,7 @@ split is the prefix of a 5,000-image one).
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 #: shapes in the order the ``n_shapes`` knob takes them (the last two are the hardest to tell
 #: apart from the first ones at 64 px, so they are off by default).
@@ -169,11 +169,18 @@ class Scene:
 
     def to_dict(self) -> dict:
         """JSON-ready description (``scenes.jsonl``); floats rounded so the file is readable."""
-        objects = []
-        for o in self.objects:
-            d = asdict(o)
-            d.update(x=round(o.x, 4), y=round(o.y, 4), r=round(o.r, 4), rgb=list(o.rgb))
-            objects.append(d)
+        objects = [
+            {
+                "shape": o.shape,
+                "colour": o.colour,
+                "size": o.size,
+                "x": round(o.x, 4),
+                "y": round(o.y, 4),
+                "r": round(o.r, 4),
+                "rgb": list(o.rgb),
+            }
+            for o in self.objects
+        ]
         return {
             "background": self.background,
             "texture": self.texture,
