@@ -194,3 +194,27 @@ def test_resume_after_kill_9_mid_epoch_matches_an_uninterrupted_run(data, tmp_pa
     # Running the finished command once more trains nothing.
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already finished: 3 epochs" in again.stdout
+
+
+def test_vsrn_on_features_and_cnn_on_pixels_train_and_evaluate(data, tmp_path):
+    from tests.fixtures import write_karpathy_fixture
+    from training.evaluate import evaluate_checkpoint
+
+    vsrn = _tree(data, tmp_path / "vsrn", epochs=1)
+    vsrn["model"].update(image_encoder="vsrn", gcn_layers=2)
+    result = train_round1(config_from_dict(vsrn), progress_bar=False)
+    assert result.epochs_done == 1 and result.history[0]["steps"] == 8
+
+    json_path = write_karpathy_fixture(tmp_path / "karpathy", "flickr30k", {"train": 10, "val": 3, "test": 3},
+                                       image_size=16)
+    cnn = {
+        "name": "cnn", "out_dir": str(tmp_path / "cnn"),
+        "data": {"format": "karpathy", "path": str(json_path), "vocab_threshold": 1, "image_size": 16},
+        "model": {"image_encoder": "cnn", "embed_dim": 8, "word_dim": 8, "cnn_width": 4},
+        "train": {"epochs": 1, "batch_size": 10},
+    }
+    result = train_round1(config_from_dict(cnn), progress_bar=False)
+    assert result.history[0]["steps"] == 5
+    out = evaluate_checkpoint(result.best_dir, "test", "full", device="cpu")
+    assert out["n_images"] == 3 and out["protocol"] == "full"
+    assert json.loads((result.best_dir / "extra.json").read_text())["image_input"] == "pixels"
