@@ -195,5 +195,6 @@ def test_serve_command_starts_answers_and_refuses_a_busy_port(tmp_path: Path):
     finally:
         server.send_signal(signal.SIGINT)
         _, err = server.communicate(timeout=30)
-    # Ctrl+C: uvicorn shuts the app down (lifespan end: query log flushed), then aoq exits 130
-    assert server.returncode == 130 and "Application shutdown complete" in err
+    # Ctrl+C: uvicorn shuts the app down (lifespan end: query log flushed), then aoq exits 130 when
+    # uvicorn re-raises the signal, 0 when it arrived while uvicorn was already stopping
+    assert server.returncode in (0, 130) and "Application shutdown complete" in err
