@@ -4,7 +4,6 @@ the safety valves of the streamed selection, the artefact, and resumption after 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from training.config import ConfigError, load_config
+from training.commands import set_threads, shortcut_overrides
+from training.config import load_config
 
 HELP = "Round-1 training with an in-batch loss (max_violation, sum, smooth_ap, infonce)."
 LOSSES = ("max_violation", "sum", "smooth_ap", "infonce")
+
+
+SHORTCUTS = {"loss": "train.loss", "epochs": "train.epochs", "seed": "train.seed", "device": "train.device"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,28 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def overrides_from_args(args: argparse.Namespace) -> list[str]:
-    """``--set`` values followed by the shortcut flags (which therefore win)."""
-    out = list(args.overrides)
-    for flag, key in (("loss", "train.loss"), ("epochs", "train.epochs"), ("seed", "train.seed"),
-                      ("device", "train.device")):
-        value = getattr(args, flag)
-        if value is not None:
-            out.append(f"{key}={value}")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from training.round1 import train_round1
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
 
-    cfg = load_config(args.config, overrides_from_args(args))
+    cfg = load_config(args.config, shortcut_overrides(args, SHORTCUTS))
     if args.out is not None:
         # Assigned, not parsed as YAML: a folder called "null" or "2024" stays a string.
         cfg.out_dir = args.out

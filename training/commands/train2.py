@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.config import ConfigError, load_config
+from training.commands import set_threads, shortcut_overrides
+from training.config import load_config
 
 HELP = "Round-2 training with offline hard negatives (OffTri, OffQuin, AdapOffQuin, ablations)."
 LOSSES = ("offline_triplet", "offline_quintuplet", "adaptive_offline_quintuplet")
 VARIANTS = ("none", "only_offline", "online_quin", "no_offline_adapt")
+
+
+SHORTCUTS = {"loss": "round2.loss", "variant": "round2.variant", "init": "round2.init",
+             "epochs": "round2.epochs", "seed": "round2.seed", "device": "round2.device"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,27 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def overrides_from_args(args: argparse.Namespace) -> list[str]:
-    """``--set`` values followed by the shortcut flags (which therefore win)."""
-    out = list(args.overrides)
-    for flag, key in (("loss", "round2.loss"), ("variant", "round2.variant"), ("init", "round2.init"),
-                      ("epochs", "round2.epochs"), ("seed", "round2.seed"), ("device", "round2.device")):
-        value = getattr(args, flag)
-        if value is not None:
-            out.append(f"{key}={value}")
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from training.round2 import train_round2
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, overrides_from_args(args))
+    set_threads(args.threads)
+    cfg = load_config(args.config, shortcut_overrides(args, SHORTCUTS))
     if args.out is not None:
         cfg.out_dir = args.out  # assigned, not parsed as YAML (a folder called "null" stays a string)
     if args.init_from is not None:
