@@ -236,22 +236,34 @@ def mining_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, flo
 
     * ``family_top1``: share of training images whose hardest mined caption describes a scene of
       the same family (a one-change near-duplicate): the negatives AOQ is meant to find.
-    * ``duplicate_text``: share of the (image, mined caption) pairs within the sampled depth
-      ``h_t`` whose text equals one of the image's own captions: certain false negatives.
+    * ``same_objects_top1`` / ``same_objects``: share of images whose hardest mined caption (and
+      of all mined pairs within the sampled depth ``h_t``) comes from a scene with exactly the
+      same objects by shape and colour. Captions that leave out sizes and positions, which many
+      do, are then true descriptions of the anchor: likely false negatives.
+    * ``duplicate_text``: share of the mined pairs within ``h_t`` whose text equals one of the
+      image's own captions: certain false negatives.
     """
     from training.mining import load_mined
 
     mined = load_mined(run_dir / "mined")
-    scenes = [json.loads(line) for line in (data_dir / "scenes.jsonl").read_text().splitlines()]
-    train = [s for s in scenes if s["split"] == "train"]
-    family = np.array([s["family"] for s in sorted(train, key=lambda s: s["index"])])
+    scenes = sorted((json.loads(line) for line in (data_dir / "scenes.jsonl").read_text().splitlines()
+                     if '"split": "train"' in line), key=lambda s: s["index"])
+    family = np.array([s["family"] for s in scenes])
+    objects = [tuple(sorted((o["shape"], o["colour"]) for o in s["objects"])) for s in scenes]
+    ids = {o: i for i, o in enumerate(dict.fromkeys(objects))}
+    content = np.array([ids[o] for o in objects])
     captions = (data_dir / "precomp" / "train_caps.txt").read_text().splitlines()
     cpi = len(captions) // len(family)
     top = np.asarray(mined.img_top_caps[:, :h_t])
-    family_top1 = float(np.mean(family[top[:, 0] // cpi] == family))
+    owner = top // cpi
     own = [set(captions[k * cpi:(k + 1) * cpi]) for k in range(len(family))]
     dup = sum(captions[c] in own[k] for k in range(len(family)) for c in top[k])
-    return {"family_top1": family_top1, "duplicate_text": dup / top.size}
+    return {
+        "family_top1": float(np.mean(family[owner[:, 0]] == family)),
+        "same_objects_top1": float(np.mean(content[owner[:, 0]] == content)),
+        "same_objects": float(np.mean(content[owner] == content[:, None])),
+        "duplicate_text": dup / top.size,
+    }
 
 
 # --------------------------------------------------------------------------- the page
@@ -341,6 +353,10 @@ def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: P
         "",
         f"- Hardest mined caption of a training image describes a scene of the same one-change family: "
         f"{100 * diag['family_top1']:.1f}% of images.",
+        f"- Hardest mined caption comes from a scene with exactly the same objects (shape and colour; only sizes "
+        f"or positions differ): {100 * diag['same_objects_top1']:.1f}% of images; over all mined pairs within "
+        f"depth h_t = {cfg.round2.h_t}: {100 * diag['same_objects']:.1f}%. Such captions often describe the "
+        "anchor too (they rarely mention sizes and positions): likely false negatives.",
         f"- Mined (image, caption) pairs within depth h_t = {cfg.round2.h_t} whose caption text equals one of the "
         f"image's own captions (certain false negatives): {100 * diag['duplicate_text']:.2f}%.",
         "",
