@@ -10,7 +10,7 @@ BACKEND_PORT ?= 8000
 UI_PORT ?= 7860
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test demo demo-stop lint bench clean
+.PHONY: setup system-deps test demo bench clean
 
 setup: $(STAMP)
 
@@ -31,9 +31,13 @@ test: setup system-deps
 demo: setup
 	$(PY) -m training.demo $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
 
+# Quick versions of the benchmarks; each prints a RESULT line of ratios measured in one run.
 bench: setup
+	$(PY) benchmarks/metrics_speed.py --quick
 	$(PY) benchmarks/mining.py --quick
 	$(PY) benchmarks/training_speed.py --quick
+	$(PY) benchmarks/synth_speed.py --images 300
+	$(PY) benchmarks/serving.py --gallery 20000 --queries 100 --duration 10
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info
