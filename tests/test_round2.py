@@ -35,13 +35,7 @@ from training.sampling import OfflineNegatives
 SPLITS = {"train": 20, "dev": 6, "test": 6}  # 100 training captions: 4 batches of 25
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread on the shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

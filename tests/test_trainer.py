@@ -27,14 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 SPLITS = {"train": 40, "dev": 10, "test": 10}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and the 2-core CI machine is shared: with two
-    OpenMP threads each of the GRU's many small ops waits for a busy core (30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
