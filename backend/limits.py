@@ -1,8 +1,14 @@
 """Request bodies are capped while they stream in, before anything is parsed or spooled.
 
-A declared ``Content-Length`` over the limit is refused at once; a body without one (chunked)
-is counted as it arrives and the request is cut off as soon as it passes the limit, so an
-endless upload never fills memory or the temporary directory.
+A declared ``Content-Length`` over the limit is refused without parsing; a body without one
+(chunked) is counted as it arrives and the request is cut off as soon as it passes the limit, so
+an endless upload never fills memory or the temporary directory.
+
+When the declared length is at most ``DRAIN_FACTOR`` times the limit, the body is read and
+thrown away before the 413 is sent: a server that answers and closes while the client is still
+sending makes the client see a reset connection instead of the answer (seen on loopback with an
+11 MB upload). Larger declared bodies, and chunked bodies of unknown length, are cut off at once;
+their clients may see the connection close instead of the 413.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ import json
 from typing import Any
 
 Scope = dict[str, Any]
+#: how much of an oversized body is read (and discarded) so that the client can read the 413.
+DRAIN_FACTOR = 4
 
 
 class BodyLimitMiddleware:
@@ -28,12 +36,22 @@ class BodyLimitMiddleware:
         })
         await send({"type": "http.response.body", "body": body})
 
+    @staticmethod
+    async def _drain(receive: Any) -> None:
+        """Read and discard the body (its declared length is bounded by the caller)."""
+        while True:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            if int(declared) <= DRAIN_FACTOR * self.max_bytes:
+                await self._drain(receive)
             await self._refuse(send)
             return
         received, too_large, started = 0, False, False
