@@ -35,8 +35,8 @@ def test_quick_demo_reaches_a_first_query_then_skips_work(tmp_path):
 
     second = _demo(tmp_path, "--prepare-only")
     assert second.returncode == 0, second.stderr[-3000:]
-    for what in ("dataset", "indexes"):
-        assert f"{what} " in second.stderr and "up to date, skipped" in second.stderr
+    assert f"dataset {tmp_path / 'data' / 'demo-quick'}: up to date, skipped" in second.stderr
+    assert f"indexes {tmp_path / 'runs' / 'demo-quick' / 'index'}: up to date, skipped" in second.stderr
     assert "stage round1: up to date, skipped" in second.stderr
     assert "stage round2:aoq: up to date, skipped" in second.stderr
 

@@ -9,6 +9,7 @@ here from ``comparison/comparison.json``, ``metrics.jsonl`` and the checkpoints.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import platform
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from training.config import ExperimentConfig, load_config
-from training.io import atomic_write_text
+from training.io import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -216,15 +217,12 @@ def histogram_figure(hists: dict[str, dict[str, int]], path: Path) -> None:
 
 
 def _save(fig, path: Path) -> None:
-    import io
-
+    """Write a figure as PNG atomically (no software tag, so reruns give the same bytes)."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
     plt.close(fig)
-    from training.io import atomic_write_bytes
-
     atomic_write_bytes(path, buf.getvalue())
 
 
