@@ -11,6 +11,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 WORKDIR /app
 COPY pyproject.toml README.md Makefile ./
+COPY aoq ./aoq
 COPY training ./training
 COPY backend ./backend
 COPY ui ./ui

@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[all,test]"
 	touch $(STAMP)
 
 # Chromium + chromedriver for the browser test, docker-compose to validate the compose file.
@@ -29,7 +29,7 @@ test: setup system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) -m training.demo $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
+	$(PY) -m aoq.cli.demo $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
 
 # Quick versions of the benchmarks; each prints a RESULT line of ratios measured in one run.
 bench: setup

@@ -25,6 +25,14 @@ from PIL import Image, UnidentifiedImageError
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm.auto import tqdm
 
+from aoq.checkpoint import Checkpoint, load_checkpoint
+from aoq.config import DataConfig, load_config
+from aoq.data.dataset import DataError, SplitData
+from aoq.data.karpathy import read_karpathy
+from aoq.data.load import load_split
+from aoq.device import resolve_device
+from aoq.embed import encode_split
+from aoq.io import ArtefactError, read_manifest
 from backend import catalogue
 from backend.catalogue import SplitIds
 from backend.db import create_schema, make_engine, session_factory, utcnow
@@ -33,14 +41,6 @@ from backend.indexes import IndexSpec, bump_generation, write_model_index
 from backend.negatives import TRAIN_SPLIT
 from backend.paths import relative_to_data, stored_data_config
 from backend.reports import model_report
-from training.checkpoint import Checkpoint, load_checkpoint
-from training.config import DataConfig, load_config
-from training.data.dataset import DataError, SplitData
-from training.data.karpathy import read_karpathy
-from training.data.load import load_split
-from training.device import resolve_device
-from training.embed import encode_split
-from training.io import ArtefactError, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def discover_checkpoints(models_dir: Path) -> list[Path]:
     """
     if not models_dir.is_dir():
         raise ArtefactError(f"{models_dir}: models directory not found")
-    # ".<name>.*" folders are atomic writes that a kill interrupted (training.io.atomic_dir), not models
+    # ".<name>.*" folders are atomic writes that a kill interrupted (aoq.io.atomic_dir), not models
     found = sorted(p.parent for p in models_dir.glob("*/manifest.json") if not p.parent.name.startswith("."))
     if not found:
         raise ArtefactError(f"{models_dir}: no checkpoint folders (subfolders with a manifest.json)")

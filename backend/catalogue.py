@@ -16,9 +16,18 @@ import numpy as np
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
-from backend.db import Caption, Dataset, DatasetSplit, Image, IndexRecord, Model, QueryRank, utcnow
-from training.data.dataset import SplitData
-from training.io import ArtefactError
+from aoq.data.dataset import SplitData
+from aoq.io import ArtefactError
+from backend.db import (
+    Caption,
+    Dataset,
+    DatasetSplit,
+    Image,
+    IndexRecord,
+    Model,
+    QueryRank,
+    utcnow,
+)
 
 #: rows per INSERT statement when registering large splits (COCO train: 566K captions).
 _CHUNK = 20_000
@@ -261,8 +270,3 @@ def first_captions(session: Session, image_ids: list[int]) -> dict[int, Caption]
     for row in rows:
         out.setdefault(row.image_id, row)
     return out
-
-
-def texts_of(session: Session, caption_ids: list[int]) -> dict[int, str]:
-    rows = session.execute(select(Caption.id, Caption.text).where(Caption.id.in_(caption_ids)))
-    return {int(i): t for i, t in rows}

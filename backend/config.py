@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     #: where models run queries; the CPU is the sensible default for single queries.
     device: str = "cpu"
-    #: threads for torch and for FAISS: on a small machine one thread per query wins (FIELD-NOTES 9),
+    #: threads for torch and for FAISS: on a small machine one thread per query wins (docs/serving.md, Design notes),
     #: concurrency comes from serving several requests at once.
     torch_threads: int = Field(1, ge=1)
     faiss_threads: int = Field(1, ge=1)

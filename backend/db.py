@@ -1,7 +1,7 @@
 """The catalogue schema (SQLAlchemy 2.0 typed ORM) and engine set-up, for SQLite and PostgreSQL.
 
 One id space: an image's or caption's row id is also its FAISS vector id, so an index and the
-catalogue can be checked against each other (FIELD-NOTES 7). Ids are assigned by ``aoq index``
+catalogue can be checked against each other (docs/serving.md, Design notes). Ids are assigned by ``aoq index``
 (contiguous per split, never reused), not by the database, so they are identical on every backend.
 """
 

@@ -14,8 +14,8 @@ import numpy as np
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased
 
+from aoq.metrics import i2t_ranks, t2i_ranks
 from backend.db import QueryRank
-from training.metrics import i2t_ranks, t2i_ranks
 
 Direction = Literal["t2i", "i2t"]
 Which = Literal["baseline_only", "aoq_only", "both"]

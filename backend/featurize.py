@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from aoq.checkpoint import Checkpoint
+from aoq.data.loaders import load_pixels
+from aoq.embed import encode_image_inputs, encode_texts
+from aoq.features import extract_regions
 from backend.errors import ServiceError
-from training.checkpoint import Checkpoint
-from training.data.loaders import load_pixels
-from training.data.synth.features import extract_regions
-from training.embed import encode_image_inputs, encode_texts
 
 ACCEPTED_FORMATS = ("PNG", "JPEG")
 

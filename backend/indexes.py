@@ -16,7 +16,7 @@ the catalogue commit, and a running server reloads when it changes.
 
 Approximate indexes (HNSW, IVF) are tuned on the gallery's own queries (captions against images
 and images against captions): the search-time parameter grows until recall@10 against the exact
-index reaches the target, and the measured value is recorded (FIELD-NOTES 10).
+index reaches the target, and the measured value is recorded (docs/serving.md, Design notes).
 """
 
 from __future__ import annotations
@@ -32,7 +32,14 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from training.io import ArtefactError, atomic_dir, atomic_save_npy, atomic_write_json, read_manifest, write_manifest
+from aoq.io import (
+    ArtefactError,
+    atomic_dir,
+    atomic_save_npy,
+    atomic_write_json,
+    read_manifest,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +241,7 @@ def _search_value(params: dict[str, Any]) -> int | None:
 
 
 def _maybe_gpu(index: faiss.Index, use_gpu: bool | None) -> faiss.Index:
-    """faiss-gpu is optional (FIELD-NOTES 8): move flat indexes to the GPUs when it is installed."""
+    """faiss-gpu is optional (docs/serving.md, Design notes): move flat indexes to the GPUs when it is installed."""
     wanted = use_gpu if use_gpu is not None else hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0
     if not wanted:
         return index
@@ -250,7 +257,7 @@ _local = threading.local()
 
 
 def set_search_threads(n: int) -> None:
-    """OpenMP threads FAISS may use per query in :func:`search` (FIELD-NOTES 9: one is fastest for
+    """OpenMP threads FAISS may use per query in :func:`search` (docs/serving.md, Design notes: one is fastest for
     single queries on a small machine). The OpenMP setting is per thread, and requests run on
     the server's worker threads, so each of them applies it on its first search."""
     _threads["wanted"] = n

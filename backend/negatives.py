@@ -1,6 +1,6 @@
 """Hard negatives of a training item, the two kinds the AOQ method learns from (paper Fig. 3):
 
-- offline: the top of the mined lists of the model's pipeline (``training.mining`` artefact,
+- offline: the top of the mined lists of the model's pipeline (``aoq.mined`` artefact,
   found through the ``mined_dir`` the catalogue records for the model);
 - online: the hardest in-batch negatives of the anchor in a random batch of 128 training pairs
   scored by the model, as the max-violation loss would pick them.
@@ -20,17 +20,17 @@ import numpy as np
 import torch
 from sqlalchemy.orm import sessionmaker
 
+from aoq.data.dataset import DataError, SplitData
+from aoq.data.load import load_split
+from aoq.data.loaders import load_pixels
+from aoq.embed import encode_image_inputs, encode_texts
+from aoq.io import ArtefactError
+from aoq.mined import MinedNegatives, load_mined
 from backend import catalogue
 from backend.catalogue import SplitIds
 from backend.errors import ServiceError
 from backend.paths import safe_path, served_data_config
 from backend.registry import ServingModel
-from training.data.dataset import DataError, SplitData
-from training.data.load import load_split
-from training.data.loaders import load_pixels
-from training.embed import encode_image_inputs, encode_texts
-from training.io import ArtefactError
-from training.mining import MinedNegatives, load_mined
 
 Kind = Literal["caption", "image"]
 #: the catalogue name of the training split and the size of the random batch (paper: 128).

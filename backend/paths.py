@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aoq.config import DataConfig
+from aoq.data.dataset import DataError
 from backend.errors import ServiceError
-from training.config import DataConfig
-from training.data.dataset import DataError
 
 
 def safe_path(data_dir: Path, relative: str | Path) -> Path:

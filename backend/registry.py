@@ -4,7 +4,7 @@ At start-up and on every reload each catalogued model is checked against its fil
 checkpoint's content hash, the index manifest's checkpoint hash and per-file hashes, each index's
 vector count and file hash as recorded in the catalogue, and the index's ids against the
 catalogue's gallery ids. A model failing any check is disabled with the reason (logged, and shown
-by ``/health`` and ``/models``) instead of serving wrong results (FIELD-NOTES 7).
+by ``/health`` and ``/models``) instead of serving wrong results (docs/serving.md, Design notes).
 
 A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
 an old index with a new catalogue inside one answer: requests in flight finish on the old
@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
+from aoq.checkpoint import Checkpoint, load_checkpoint
+from aoq.io import ArtefactError, read_manifest
 from backend import catalogue
 from backend.catalogue import SplitIds
 from backend.config import Settings
 from backend.db import Model
 from backend.errors import ServiceError
 from backend.indexes import MODALITIES, LoadedIndex, load_model_index, read_generation
-from training.checkpoint import Checkpoint, load_checkpoint
-from training.io import ArtefactError, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
     catalogued = {r.name for r in rows}
     for path in sorted(settings.models_dir.glob("*/manifest.json")) if settings.models_dir.is_dir() else []:
         name = path.parent.name
-        # ".<name>.*" folders are atomic writes that a kill interrupted (training.io.atomic_dir), not models
+        # ".<name>.*" folders are atomic writes that a kill interrupted (aoq.io.atomic_dir), not models
         if name not in catalogued and not name.startswith("."):
             reason = "checkpoint is not in the catalogue; run aoq index"
             log.warning("model %r disabled: %s", name, reason)

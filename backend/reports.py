@@ -11,7 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from training.metrics import METRIC_KEYS, cross_retrieval_ranks, evaluate_embeddings, rank_histogram
+from aoq.metrics import (
+    METRIC_KEYS,
+    cross_retrieval_ranks,
+    evaluate_embeddings,
+    rank_histogram,
+)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,13 @@ from backend import indexes
 from backend.errors import ServiceError
 from backend.featurize import encode_text, encode_upload
 from backend.registry import ServingModel
-from backend.schemas import THUMBNAIL_SIZE, CaptionHit, ImageHit, SearchImageOut, SearchTextOut
+from backend.schemas import (
+    THUMBNAIL_SIZE,
+    CaptionHit,
+    ImageHit,
+    SearchImageOut,
+    SearchTextOut,
+)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,14 @@
-"""Evaluation speed: the vectorised protocol of ``training.metrics`` vs per-query Python loops.
+"""Evaluation speed: the vectorised protocol of ``aoq.metrics`` vs per-query Python loops.
 
 Measured in one run on one random float32 score matrix (default 5,000 images x 25,000
 captions, the COCO 5K size):
 
-(a) ``training.metrics.evaluate_sims``: i2t and t2i ranks, recalls, medr, meanr, rsum;
+(a) ``aoq.metrics.evaluate_sims``: i2t and t2i ranks, recalls, medr, meanr, rsum;
 (b) a per-query loop with the same tie rule (for each query, count the scores strictly above
     its positive); its ranks must equal (a)'s exactly;
 (c) the VSE++/SCAN/VSRN evaluation loop: one ``argsort`` per query, rank = position of the
     positive. It agrees with (a) except where a score ties the positive (see the tie rule in
-    ``training/metrics.py``); the share of equal ranks is printed.
+    ``aoq/metrics.py``); the share of equal ranks is printed.
 
 Each timing is the best of ``--repeats`` runs for (a); the loops run once.
 Last line: ``RESULT vectorised_s=<a> loop_s=<b> argsort_loop_s=<c> speedup_vs_loop=<b/a>
@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.metrics import evaluate_sims, i2t_ranks, t2i_ranks  # noqa: E402
+from aoq.metrics import evaluate_sims, i2t_ranks, t2i_ranks  # noqa: E402
 
 
 def loop_ranks(sims: np.ndarray, cpi: int) -> tuple[np.ndarray, np.ndarray]:

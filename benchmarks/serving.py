@@ -25,7 +25,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,18 +37,25 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from aoq.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from aoq.config import load_config  # noqa: E402
+from aoq.data.dataset import SplitData  # noqa: E402
+from aoq.data.vocab import Vocabulary  # noqa: E402
+from aoq.device import seed_everything  # noqa: E402
+from aoq.models.joint import build_model  # noqa: E402
+from aoq.net import ServerNotReady, free_port, wait_http  # noqa: E402
 from backend import catalogue  # noqa: E402
 from backend.build import record_model  # noqa: E402
 from backend.db import create_schema, make_engine, session_factory  # noqa: E402
 from backend.featurize import encode_text  # noqa: E402
-from backend.indexes import IndexSpec, bump_generation, load_model_index, search, set_search_threads  # noqa: E402
-from backend.indexes import write_model_index  # noqa: E402
-from training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from training.config import load_config  # noqa: E402
-from training.data.dataset import SplitData  # noqa: E402
-from training.data.vocab import Vocabulary  # noqa: E402
-from training.device import seed_everything  # noqa: E402
-from training.models.joint import build_model  # noqa: E402
+from backend.indexes import (  # noqa: E402
+    IndexSpec,
+    bump_generation,
+    load_model_index,
+    search,
+    set_search_threads,
+    write_model_index,  # noqa: E402
+)
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "pink", "grey", "turquoise", "golden"]
 SHAPES = ["circle", "square", "triangle", "star", "cross", "disc", "box", "rhombus", "block", "ring"]
@@ -130,29 +136,18 @@ def bare_latencies(model_dir: Path, index_dir: Path, texts: list[str], k: int) -
     return np.asarray(out) * 1000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
-    server = subprocess.Popen([sys.executable, "-m", "training.cli", "serve", "--port", str(port)], cwd=REPO,
+    server = subprocess.Popen([sys.executable, "-m", "aoq.cli.main", "serve", "--port", str(port)], cwd=REPO,
                               env={**os.environ, **env})
-    import httpx
-
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"aoq serve exited with {server.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["models"] == ["bench"]:
-                return server
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(0.5)
-    server.kill()
-    raise RuntimeError("aoq serve did not become ready")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=server, what="aoq serve", timeout=300,
+                  ready=lambda health: health.get("models") == ["bench"])
+    except ServerNotReady:
+        server.kill()
+        raise
+    return server
 
 
 class Client:

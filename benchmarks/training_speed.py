@@ -3,7 +3,7 @@
 Each measured step is the trainer's own ``optimise_step`` with the round-1 ``step``: forward
 of both encoders, the configured loss (default max_violation), backward, gradient clipping at
 2.0 and an Adam update, on synthetic-shaped batches (``N_REGIONS`` x ``FEATURE_DIM`` region
-features from ``training.data.synth.features``, captions of 8-18 tokens, the model sizes of
+features from ``aoq.features``, captions of 8-18 tokens, the model sizes of
 ``--config``). Data loading is not included (the benchmark isolates the model; the trainer's
 ``metrics.jsonl`` records the per-batch time with loading). Timings are the median over
 ``--steps`` steps after ``--warmup`` steps, for each torch intra-op thread count in
@@ -28,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.config import load_config  # noqa: E402
-from training.data.synth.features import FEATURE_DIM, N_REGIONS  # noqa: E402
-from training.device import resolve_device, seed_everything  # noqa: E402
-from training.models.joint import build_model  # noqa: E402
+from aoq.config import load_config  # noqa: E402
+from aoq.device import resolve_device, seed_everything  # noqa: E402
+from aoq.features import FEATURE_DIM, N_REGIONS  # noqa: E402
+from aoq.models.joint import build_model  # noqa: E402
 from training.round1 import round1_step  # noqa: E402
 from training.trainer import optimise_step  # noqa: E402
 

@@ -28,16 +28,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aoq.checkpoint import save_checkpoint
+from aoq.config import DataConfig, ExperimentConfig, ModelConfig
+from aoq.data.load import load_split
+from aoq.data.vocab import Vocabulary
+from aoq.device import seed_everything
+from aoq.embed import encode_split
+from aoq.models.joint import build_model
 from backend.build import IndexJob, index_models
 from backend.config import Settings
-from training.checkpoint import save_checkpoint
-from training.config import DataConfig, ExperimentConfig, ModelConfig
-from training.data.load import load_split
-from training.data.vocab import Vocabulary
-from training.device import seed_everything
-from training.embed import encode_split
 from training.mining import mine_offline_negatives, save_mined
-from training.models.joint import build_model
 
 SIZES = {"train": 24, "dev": 4, "test": 12}
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -92,7 +92,7 @@ def _metrics_log(path: Path) -> None:
 
 def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, index: bool = True) -> ServiceFixture:
     """Generate the data, checkpoints and mined negatives under ``tmp_path``; index them unless told not to."""
-    from training.data.synth.writer import write_dataset
+    from training.datasets.synth.writer import write_dataset
 
     data_dir = tmp_path / "data"
     synth = data_dir / "synth"
@@ -107,7 +107,7 @@ def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, inde
     baseline_cfg = _config("baseline", features, "vse")
     write_checkpoint(models_dir / "baseline", baseline_cfg, vocab, train.feature_dim, 1, {"role": "baseline"})
     # Mined with the baseline, as the pipeline does, and recorded in the AOQ checkpoint.
-    from training.checkpoint import load_checkpoint
+    from aoq.checkpoint import load_checkpoint
 
     miner = load_checkpoint(models_dir / "baseline")
     img_emb, cap_emb = encode_split(miner.model, miner.vocab, train)

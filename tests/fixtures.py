@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from training.io import atomic_save_npy, atomic_write_json, atomic_write_text
+from aoq.io import atomic_save_npy, atomic_write_json, atomic_write_text
 
 _COLOURS = ["red", "blue", "green", "yellow", "white", "black"]
 _THINGS = ["dog", "cat", "man", "woman", "bus", "surfboard", "pizza", "train"]

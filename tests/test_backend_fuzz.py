@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 import requests
 import schemathesis
-from PIL import Image
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
+from PIL import Image
 from schemathesis.generation.modes import GenerationMode
 
 from tests.backend_helpers import build_service_fixture, run_server

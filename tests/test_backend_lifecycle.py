@@ -17,10 +17,16 @@ import httpx
 import pytest
 from sqlalchemy import update
 
+from aoq.checkpoint import load_checkpoint
+from aoq.net import wait_http
 from backend.db import Dataset, IndexRecord, Model, make_engine
 from backend.indexes import load_model_index
-from tests.backend_helpers import build_service_fixture, free_socket, run_server, write_checkpoint
-from training.checkpoint import load_checkpoint
+from tests.backend_helpers import (
+    build_service_fixture,
+    free_socket,
+    run_server,
+    write_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +83,12 @@ def test_catalogue_hash_differing_from_the_index_disables_the_model(tmp_path: Pa
     assert "was built from checkpoint" in health["disabled"]["baseline"]
 
 
+def _wait_until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_rebuilding_indexes_swaps_atomically_while_serving(tmp_path: Path):
     fx = build_service_fixture(tmp_path)
     query = {"query": "a red circle on a grey background", "model": "aoq", "k": 5}
@@ -100,13 +112,14 @@ def test_rebuilding_indexes_swaps_atomically_while_serving(tmp_path: Path):
         for w in workers:
             w.start()
         try:
-            time.sleep(0.5)
+            _wait_until(lambda: len(answers) >= 5 or bool(errors))
             new_hash = retrain(fx.models_dir, "aoq", seed=1234)
             fx.index()  # rewrites the index directories and the catalogue, then index.json
             deadline = time.monotonic() + 30
             while httpx.get(f"{url}/health").json()["generation"] != 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            time.sleep(0.5)
+            swapped_at = len(answers)
+            _wait_until(lambda: len(answers) >= swapped_at + 10 or bool(errors))
         finally:
             stop.set()
             for w in workers:
@@ -129,7 +142,7 @@ def test_rebuilding_indexes_swaps_atomically_while_serving(tmp_path: Path):
 def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Path):
     fx = build_service_fixture(tmp_path, index=False)
     out = subprocess.run(
-        [sys.executable, "-m", "training.cli", "index", "--models-dir", str(fx.models_dir), "--data-dir",
+        [sys.executable, "-m", "aoq.cli.main", "index", "--models-dir", str(fx.models_dir), "--data-dir",
          str(fx.data_dir), "--out", str(fx.index_dir), "--catalogue", fx.catalogue_url, "--type", "hnsw",
          "--device", "cpu"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -161,7 +174,7 @@ def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Pa
 
 
 def _aoq(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "training.cli", *args], cwd=REPO, env={**os.environ, **(env or {})},
+    return subprocess.Popen([sys.executable, "-m", "aoq.cli.main", *args], cwd=REPO, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -184,14 +197,8 @@ def test_serve_command_starts_answers_and_refuses_a_busy_port(tmp_path: Path):
     probe.close()
     server = _aoq("serve", "--port", str(port), "--reload-poll", "0", env=env)
     try:
-        deadline, health = time.monotonic() + 90, None
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
-                break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        assert health is not None and health["models"] == ["aoq", "baseline", "pixels"], server.stderr
+        health = wait_http(f"http://127.0.0.1:{port}/health", proc=server, what="aoq serve", timeout=90)
+        assert health["models"] == ["aoq", "baseline", "pixels"]
     finally:
         server.send_signal(signal.SIGINT)
         _, err = server.communicate(timeout=30)

@@ -14,6 +14,8 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select
 
+from aoq.data.dataset import SplitData
+from aoq.io import ArtefactError
 from backend import catalogue, indexes
 from backend.catalogue import CatalogueError
 from backend.db import QueryLog, QueryRank, create_schema, make_engine, session_factory
@@ -23,8 +25,6 @@ from backend.featurize import decode_upload, upload_refusal
 from backend.paths import safe_path
 from backend.querylog import QueryLogger
 from tests.backend_helpers import unit_vectors
-from training.data.dataset import SplitData
-from training.io import ArtefactError
 
 
 def clustered(n: int, d: int, clusters: int, seed: int = 0) -> np.ndarray:

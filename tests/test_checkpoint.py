@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from training.config import config_from_dict
-from training.data.vocab import Vocabulary
-from training.io import ArtefactError, read_manifest, write_manifest
-from training.models.joint import build_model
+from aoq.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from aoq.config import config_from_dict
+from aoq.data.vocab import Vocabulary
+from aoq.io import ArtefactError, read_manifest, write_manifest
+from aoq.models.joint import build_model
 
 IMG_DIM = 12
 

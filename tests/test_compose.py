@@ -76,7 +76,7 @@ def _command(service: dict) -> list[str]:
 
 def _parse(command_module: str, argv: list[str]) -> argparse.Namespace:
     """Parse ``argv`` with an ``aoq`` sub-command's own parser (SystemExit on an unknown flag)."""
-    module = __import__(f"training.commands.{command_module}", fromlist=["add_arguments"])
+    module = __import__(f"aoq.cli.{command_module}", fromlist=["add_arguments"])
     parser = argparse.ArgumentParser(prog=f"aoq {command_module}", exit_on_error=False)
     module.add_arguments(parser)
     return parser.parse_args(argv)
@@ -109,7 +109,7 @@ def test_init_and_backend_share_settings_volumes_and_the_db(compose):
     services = compose["services"]
     db_env = _env(services["db"])
     init, backend = services["init"], services["backend"]
-    assert _command(init) == ["python", "-m", "training.demo", "--prepare-only"]
+    assert _command(init) == ["python", "-m", "aoq.cli.demo", "--prepare-only"]
     assert str(init.get("restart", "no")) == "no"  # one shot
     assert init["depends_on"] == {"db": {"condition": "service_healthy"}}
     for service in (init, backend):
@@ -129,10 +129,10 @@ def test_init_and_backend_share_settings_volumes_and_the_db(compose):
 
 
 def test_backend_serves_the_folders_the_demo_prepares(compose):
-    from training.demo import FULL, demo_config
+    from aoq.cli.demo import FULL, demo_config
 
     env = _env(compose["services"]["backend"])
-    # `python -m training.demo --prepare-only` (init) follows AOQ_DATA_DIR / AOQ_RUNS_DIR
+    # `python -m aoq.cli.demo --prepare-only` (init) follows AOQ_DATA_DIR / AOQ_RUNS_DIR
     run_dir = demo_config(FULL, Path(env["AOQ_DATA_DIR"]), Path(env["AOQ_RUNS_DIR"])).run_dir
     assert Path(env["AOQ_MODELS_DIR"]) == run_dir / "models"
     assert Path(env["AOQ_INDEX_DIR"]) == run_dir / "index"
@@ -166,8 +166,8 @@ def test_ui_starts_after_a_healthy_backend_and_rewrites_urls_for_the_browser(com
 @pytest.mark.parametrize("name", ["init", "backend", "ui"])
 def test_every_project_command_parses(compose, name):
     command = _command(compose["services"][name])
-    if command[:3] == ["python", "-m", "training.demo"]:
-        out = subprocess.run([sys.executable, "-m", "training.demo", "--help"], cwd=REPO, capture_output=True,
+    if command[:3] == ["python", "-m", "aoq.cli.demo"]:
+        out = subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--help"], cwd=REPO, capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0 and "--prepare-only" in out.stdout, out.stderr
     else:
@@ -279,7 +279,7 @@ def test_ci_runs_the_same_setup_recipe():
     assert recipe == [] and setup_prereqs == ["$(STAMP)"]
     _, install = _make_recipe("$(STAMP)")
     assert any('pip install --quiet "$(TORCH_PIN)"' in line for line in install)
-    assert any('pip install --quiet -e ".[test]"' in line for line in install)
+    assert any('pip install --quiet -e ".[all,test]"' in line for line in install)
 
 
 def _copied() -> set[str]:

@@ -4,15 +4,23 @@ from pathlib import Path
 
 import pytest
 
-from training.config import ConfigError, load_config, parse_override
+from aoq.config import ConfigError, config_from_dict, load_config, parse_override
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
-def test_shipped_configs_validate(name):
+def test_shipped_configs_validate_and_round_trip(name):
     cfg = load_config(ROOT / "configs" / name)
-    assert cfg.round2.h_t <= cfg.mining.top_captions
+    assert config_from_dict(cfg.model_dump(mode="json"), []) == cfg
+
+
+def test_a_sampling_depth_beyond_the_mined_lists_is_refused(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("name: x\ndata: {path: d}\nmining: {top_captions: 100}\n")
+    assert load_config(cfg_file, ["round2.h_t=100"]).round2.h_t == 100
+    with pytest.raises(ConfigError, match="round2.h_t=101 exceeds mining.top_captions=100"):
+        load_config(cfg_file, ["round2.h_t=101"])
 
 
 def test_overrides_are_typed_and_nested(tmp_path):

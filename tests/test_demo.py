@@ -8,25 +8,23 @@ import sys
 import time
 from pathlib import Path
 
+from aoq.net import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _demo(tmp_path, *args, timeout=600):
     env = {**os.environ, "AOQ_DATA_DIR": str(tmp_path / "data"), "AOQ_RUNS_DIR": str(tmp_path / "runs"),
            "GRADIO_ANALYTICS_ENABLED": "False"}
     env.pop("AOQ_CATALOGUE_URL", None)
-    return subprocess.run([sys.executable, "-m", "training.demo", "--quick", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--quick", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def test_quick_demo_reaches_a_first_query_then_skips_work(tmp_path):
-    ports = ["--backend-port", str(_free_port()), "--ui-port", str(_free_port())]
+    ports = ["--backend-port", str(free_port()), "--ui-port", str(free_port())]
     first = _demo(tmp_path, "--exit-when-ready", *ports)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "first query" in first.stdout and "ready in" in first.stdout
@@ -47,7 +45,7 @@ def test_second_demo_on_busy_ports_fails_fast(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         start = time.monotonic()
-        result = _demo(tmp_path, "--backend-port", str(port), "--ui-port", str(_free_port()), timeout=60)
+        result = _demo(tmp_path, "--backend-port", str(port), "--ui-port", str(free_port()), timeout=60)
     assert result.returncode == 1
     assert f"port(s) {port} on 127.0.0.1 already in use" in result.stderr
     assert "is the demo already running?" in result.stderr

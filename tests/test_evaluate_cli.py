@@ -10,11 +10,11 @@ import pytest
 import torch
 import yaml
 
+from aoq.checkpoint import load_checkpoint
+from aoq.cli.main import main
+from aoq.data.load import load_split
+from aoq.embed import encode_image_inputs, encode_split, encode_texts
 from tests.fixtures import write_precomp_fixture
-from training.checkpoint import load_checkpoint
-from training.cli import main
-from training.data.load import load_split
-from training.embed import encode_image_inputs, encode_split, encode_texts
 from training.evaluate import evaluate_checkpoint, evaluate_model
 
 METRIC_KEYS = {"r1", "r5", "r10", "medr", "meanr"}

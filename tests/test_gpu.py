@@ -2,7 +2,7 @@
 
 Every test is skipped, with the reason, on a machine without CUDA (CI has none); run this file
 on a GPU machine to check the device handling (no ``.cuda()`` anywhere: devices come from
-``training.device.resolve_device``).
+``aoq.device.resolve_device``).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from aoq.checkpoint import load_checkpoint
+from aoq.config import ModelConfig, TrainConfig, config_from_dict
+from aoq.data.load import load_split
+from aoq.device import resolve_device
+from aoq.embed import encode_split
+from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
-from training.checkpoint import load_checkpoint
-from training.config import ModelConfig, TrainConfig, config_from_dict
-from training.data.load import load_split
-from training.device import resolve_device
-from training.embed import encode_split
-from training.models.joint import build_model
 from training.round1 import round1_step, train_round1
 from training.trainer import optimise_step
 

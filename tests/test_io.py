@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from training.io import (
+from aoq.io import (
     ArtefactError,
     atomic_dir,
     atomic_save_npy,

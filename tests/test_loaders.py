@@ -10,10 +10,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from tests.fixtures import write_karpathy_fixture, write_precomp_fixture
-from training.data.dataset import DataError
-from training.data.karpathy import read_karpathy
-from training.data.loaders import (
+from aoq.data.dataset import DataError
+from aoq.data.karpathy import read_karpathy
+from aoq.data.loaders import (
     CaptionDataset,
     ImageDataset,
     PairDataset,
@@ -22,8 +21,9 @@ from training.data.loaders import (
     collate_pairs,
     load_pixels,
 )
-from training.data.precomp import read_precomp
-from training.data.vocab import Vocabulary
+from aoq.data.precomp import read_precomp
+from aoq.data.vocab import Vocabulary
+from tests.fixtures import write_karpathy_fixture, write_precomp_fixture
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""Tests of training/metrics.py: hand-computed protocol values, ties, folds, histogram, naive loops."""
+"""Tests of aoq/metrics.py: hand-computed protocol values, ties, folds, histogram, naive loops."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import inspect
 import numpy as np
 import pytest
 
-from training import metrics as M
+from aoq import metrics as M
 
 # 2 images x 10 captions (5 per image). Image 0 owns captions 0-4, image 1 captions 5-9.
 TINY = np.array(

@@ -13,16 +13,17 @@ import numpy as np
 import pytest
 import torch
 
-from training import mining
-from training.io import ArtefactError
+from aoq.io import ArtefactError
 from training.mining import (
     decode_ids,
     decode_scores,
+    driver,
     encode_keys,
     load_mined,
     mine_offline_negatives,
     save_mined,
 )
+from training.mining import topk as mining
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +99,7 @@ def test_random_unit_vectors_exclude_own_and_are_sorted() -> None:
 
 
 def _direction(img, cap, cpi, ht):
-    return mining._directions(img, cap, cpi, ht, 1)[0]
+    return mining.directions(img, cap, cpi, ht, 1)[0]
 
 
 def test_threshold_guessed_too_high_redoes_rows_exactly() -> None:
@@ -107,11 +108,11 @@ def test_threshold_guessed_too_high_redoes_rows_exactly() -> None:
     ref = reference(img, cap, 3, 20, 1)[0]
     direction = _direction(img, cap, 3, 20)
     too_high = np.full(30, 1e9, dtype=np.float32)  # no score passes: every row ends short
-    got = mining._block_topk_torch(direction, torch.from_numpy(img), np.arange(30),
+    got = mining.block_topk_torch(direction, torch.from_numpy(img), np.arange(30),
                                    torch.from_numpy(cap), 16, threshold=too_high)
     np.testing.assert_array_equal(got, ref)
     # the exact redo works in row groups
-    got = mining._exact_rows(direction, torch.from_numpy(img), np.arange(30), torch.from_numpy(cap), 16,
+    got = mining.exact_rows(direction, torch.from_numpy(img), np.arange(30), torch.from_numpy(cap), 16,
                              rows_at_once=7)
     np.testing.assert_array_equal(got, ref)
 
@@ -122,19 +123,19 @@ def test_candidate_cap_compacts_rows_exactly() -> None:
     ref = reference(img, cap, 3, 20, 1)[0]
     direction = _direction(img, cap, 3, 20)
     compactions = []
-    original = mining._Candidates.compact
+    original = mining.Candidates.compact
 
     def counting(self, k):
         compactions.append(k)
         return original(self, k)
 
-    mining._Candidates.compact = counting
+    mining.Candidates.compact = counting
     try:
-        lowest = np.full(30, mining._LOWEST, dtype=np.float32)  # everything is a candidate
-        got = mining._block_topk_torch(direction, torch.from_numpy(img), np.arange(30),
+        lowest = np.full(30, mining.LOWEST, dtype=np.float32)  # everything is a candidate
+        got = mining.block_topk_torch(direction, torch.from_numpy(img), np.arange(30),
                                        torch.from_numpy(cap), 16, threshold=lowest, cap=20)
     finally:
-        mining._Candidates.compact = original
+        mining.Candidates.compact = original
     assert len(compactions) >= 3
     np.testing.assert_array_equal(got, ref)
 
@@ -229,13 +230,13 @@ def test_interrupted_run_resumes_skipping_finished_blocks(tmp_path: Path, monkey
     assert len(list((tmp_path / "parts").glob("*.npy"))) == 7
 
     computed = []
-    original = mining._block_topk_torch
+    original = mining.block_topk_torch
 
     def counting(direction, queries, query_ids, *args, **kwargs):
         computed.append((direction.name, int(query_ids[0])))
         return original(direction, queries, query_ids, *args, **kwargs)
 
-    monkeypatch.setattr(mining, "_block_topk_torch", counting)
+    monkeypatch.setattr(driver, "block_topk_torch", counting)
     got = mine_offline_negatives(img, cap, 3, 30, 9, block_size=8, work_dir=tmp_path, progress=False)
     assert computed == [("cap_top_imgs", first) for first in range(16, 120, 8)]
     np.testing.assert_array_equal(got[0], expected[0])
@@ -296,14 +297,14 @@ def test_cuda_half_precision_matches_on_exact_data() -> None:
 
 
 def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Path, capsys) -> None:
+    from aoq.checkpoint import save_checkpoint
+    from aoq.cli.main import main as cli_main
+    from aoq.config import config_from_dict
+    from aoq.data.load import load_split
+    from aoq.data.vocab import Vocabulary
+    from aoq.embed import encode_split
+    from aoq.models.joint import build_model
     from tests.fixtures import write_precomp_fixture
-    from training.checkpoint import save_checkpoint
-    from training.cli import main as cli_main
-    from training.config import config_from_dict
-    from training.data.load import load_split
-    from training.data.vocab import Vocabulary
-    from training.embed import encode_split
-    from training.models.joint import build_model
 
     data = write_precomp_fixture(tmp_path / "data", {"train": 12, "dev": 3, "test": 3}, regions=2, dim=6)
     cfg = config_from_dict({

@@ -7,10 +7,15 @@ import importlib.util
 import pytest
 import torch
 
-from training.config import ModelConfig
-from training.models.image import ConvImageEncoder, RegionRelationGCN, VSEImageEncoder, VSRNImageEncoder
-from training.models.joint import build_model
-from training.models.text import TextEncoder
+from aoq.config import ModelConfig
+from aoq.models.image import (
+    ConvImageEncoder,
+    RegionRelationGCN,
+    VSEImageEncoder,
+    VSRNImageEncoder,
+)
+from aoq.models.joint import build_model
+from aoq.models.text import TextEncoder
 
 D, R, B, E = 24, 5, 6, 16
 

@@ -8,12 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures import fixture_captions, write_karpathy_fixture, write_precomp_fixture
-from training.config import DataConfig
-from training.data.dataset import DataError
-from training.data.karpathy import read_karpathy
-from training.data.load import load_split
-from training.data.precomp import read_precomp
+from aoq.config import DataConfig
+from aoq.data.dataset import DataError
+from aoq.data.karpathy import read_karpathy
+from aoq.data.load import load_split
+from aoq.data.precomp import read_precomp
+from tests.fixtures import (
+    fixture_captions,
+    write_karpathy_fixture,
+    write_precomp_fixture,
+)
 
 
 def _error(fn, *args, **kwargs) -> str:
@@ -332,7 +336,7 @@ def test_load_split_karpathy(tmp_path: Path) -> None:
 
 
 def test_both_readers_agree_on_the_synthetic_set(tmp_path: Path) -> None:
-    from training.cli import main as aoq
+    from aoq.cli.main import main as aoq
 
     out = tmp_path / "synth"
     args = ["synth", "--out", str(out), "--train", "8", "--dev", "4", "--test", "4", "--workers", "1", "--no-progress"]

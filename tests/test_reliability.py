@@ -24,12 +24,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from aoq.checkpoint import load_checkpoint
+from aoq.io import read_manifest
+from aoq.net import ServerNotReady, free_port, wait_http
 from backend.indexes import load_model_index, read_generation
 from backend.querylog import QueryLogger
-from tests.backend_helpers import ServiceFixture, build_service_fixture, free_socket, run_server
+from tests.backend_helpers import (
+    ServiceFixture,
+    build_service_fixture,
+    run_server,
+)
 from tests.test_backend_lifecycle import retrain
-from training.checkpoint import load_checkpoint
-from training.io import read_manifest
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +50,7 @@ def _env(fx: ServiceFixture) -> dict[str, str]:
 
 
 def _aoq(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "training.cli", *argv], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "aoq.cli.main", *argv], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -78,24 +83,21 @@ def _killed_at(target: str, call: int, then: str) -> None:
 
 def _aoq_killed_at(argv: list[str], target: str, call: int) -> None:
     """``aoq argv``, killed by :func:`_killed_at`."""
-    _killed_at(target, call, f"from training.cli import main\nsys.exit(main({argv!r}))")
+    _killed_at(target, call, f"from aoq.cli.main import main\nsys.exit(main({argv!r}))")
 
 
-#: called by ``training.io.atomic_dir`` once everything is written, just before the rename that
+#: called by ``aoq.io.atomic_dir`` once everything is written, just before the rename that
 #: publishes the directory: a kill there leaves a complete-looking temporary directory.
-BEFORE_PUBLISHING = "training.io:_sync_tree"
+BEFORE_PUBLISHING = "aoq.io:_sync_tree"
 
 
 def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    server.kill()
-    _, err = server.communicate(timeout=30)
-    raise AssertionError(f"aoq serve did not answer on port {port}:\n{err[-3000:]}")
+    try:
+        return wait_http(f"http://127.0.0.1:{port}/health", proc=server, what="aoq serve", timeout=timeout_s)
+    except ServerNotReady as exc:
+        server.kill()
+        _, err = server.communicate(timeout=30)
+        raise AssertionError(f"{exc}:\n{err[-3000:]}") from None
 
 
 def _stop(server: subprocess.Popen) -> str:
@@ -110,11 +112,6 @@ def _stop(server: subprocess.Popen) -> str:
     return err
 
 
-def _free_port() -> int:
-    probe = free_socket()
-    port = probe.getsockname()[1]
-    probe.close()
-    return port
 
 
 def _rows(db: Path, table: str) -> list[tuple]:
@@ -164,6 +161,12 @@ class _Load:
                 else:
                     self.errors.append(f"{r.status_code} {r.text}")
 
+    def wait_for_acks(self, n: int, timeout_s: float = 60.0) -> None:
+        """Block until ``n`` answers were acknowledged (or the clients failed, or time ran out)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.acks) < n and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def finish(self) -> None:
         self.stop.set()
         for t in self.threads:
@@ -183,7 +186,7 @@ def test_backend_killed_under_load_restarts_with_catalogue_indexes_and_committed
     fx = build_service_fixture(tmp_path)
     db = fx.index_dir / "catalogue.sqlite"
     catalogue_before = {t: _rows(db, t) for t in CATALOGUE_TABLES}
-    port = _free_port()
+    port = free_port()
     server = _aoq(["serve", "--port", str(port)], env=_env(fx))
     try:
         health_before = _wait_healthy(port, server)
@@ -191,7 +194,7 @@ def test_backend_killed_under_load_restarts_with_catalogue_indexes_and_committed
             answers_before = _top_k(client)
         # Phase 1: load, then quiet: every acknowledged query reaches the log within a flush or two.
         load = _Load(f"http://127.0.0.1:{port}")
-        time.sleep(1.5)
+        load.wait_for_acks(20)
         load.finish()
         expected = len(load.acks) + 4  # + the four searches of _top_k (/examples is not logged)
         deadline = time.monotonic() + 10 * FLUSH_EVERY_S
@@ -201,7 +204,7 @@ def test_backend_killed_under_load_restarts_with_catalogue_indexes_and_committed
         assert len(committed) == expected and not load.errors, load.errors[:3]
         # Phase 2: kill -9 in the middle of the load.
         load = _Load(f"http://127.0.0.1:{port}")
-        time.sleep(3.0)
+        load.wait_for_acks(40)  # past at least one flush of the query log under way
         killed_at = time.time()
         server.kill()
         server.wait(timeout=30)
@@ -255,7 +258,7 @@ def test_serve_disables_what_is_damaged_naming_the_file_and_serves_the_rest(tmp_
     index = _truncate(fx.index_dir / "pixels" / "images.faiss")
     mined_dir = Path(load_checkpoint(fx.models_dir / "aoq").extra["mined_dir"])
     mined = _truncate(mined_dir / "cap_top_imgs.npy")
-    port = _free_port()
+    port = free_port()
     server = _aoq(["serve", "--port", str(port)], env=_env(fx))
     try:
         health = _wait_healthy(port, server)
@@ -324,8 +327,8 @@ def _temporaries(folder: Path, name: str) -> list[Path]:
 
 @pytest.mark.parametrize("previous", [False, True], ids=["fresh", "replacing"])
 def test_synth_killed_before_publishing_leaves_no_dataset_or_the_previous_one(tmp_path: Path, previous: bool):
-    from training.cli import main
-    from training.data.synth.writer import write_dataset
+    from aoq.cli.main import main
+    from training.datasets.synth.writer import write_dataset
 
     out = tmp_path / "data" / "synth"
     if previous:
@@ -379,7 +382,7 @@ def test_index_killed_midway_serves_only_consistent_models_and_the_rerun_complet
 _SAVE_BASELINE = """
 from pathlib import Path
 from tests.backend_helpers import write_checkpoint
-from training.checkpoint import load_checkpoint
+from aoq.checkpoint import load_checkpoint
 old = load_checkpoint(Path({path!r}))
 write_checkpoint(Path({path!r}), old.config, old.vocab, old.extra["img_dim"], 55, {{"role": "baseline"}})
 """

@@ -3,7 +3,7 @@
 import json
 import statistics
 
-from training.cli import main as aoq
+from aoq.cli.main import main as aoq
 
 TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "train.epochs=2", "train.batch_size=16", "train.lr_decay_epochs=1",

@@ -11,16 +11,16 @@ import pytest
 import torch
 import yaml
 
+from aoq.checkpoint import save_checkpoint
+from aoq.cli.main import main as cli_main
+from aoq.config import ConfigError, ModelConfig, Round2Config, config_from_dict
+from aoq.data.load import load_split
+from aoq.data.vocab import Vocabulary
+from aoq.io import ArtefactError
+from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
-from training.checkpoint import save_checkpoint
-from training.cli import main as cli_main
-from training.config import ConfigError, ModelConfig, Round2Config, config_from_dict
-from training.data.load import load_split
-from training.data.vocab import Vocabulary
-from training.io import ArtefactError
 from training.losses import round2_loss
 from training.mining import mine_offline_negatives, save_mined
-from training.models.joint import build_model
 from training.round2 import (
     Round2Dataset,
     collate_round2,
@@ -185,7 +185,7 @@ def test_every_loss_and_variant_trains_both_encoders(data: Path, loss: str, vari
 
 
 def test_epoch_negatives_are_a_function_of_seed_and_epoch(data: Path, mined: Path) -> None:
-    from training.mining import load_mined
+    from aoq.mined import load_mined
 
     m = load_mined(mined)
     r2 = Round2Config(h_t=20, h_i=4)

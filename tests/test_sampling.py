@@ -1,4 +1,4 @@
-"""Round-2 sampling (DESIGN section 1): exact draws on hand-built lists, collisions, bounds, errors."""
+"""Round-2 sampling (docs/method.md, Sampling): exact draws on hand-built lists, collisions, bounds, errors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hashed stages: skipped when unchanged, re-run when inputs or outputs change."""
 
-from training.io import write_manifest
+from aoq.io import write_manifest
 from training.stages import Stage, StageLedger, run_stages
 
 

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from training.cli import main
-from training.data.synth import writer
-from training.data.synth.captions import caption_scene
-from training.data.synth.features import FEATURE_DIM, N_REGIONS, extract_regions
-from training.data.synth.render import render_scene
-from training.data.synth.scenes import (
+from aoq.cli.main import main
+from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
+from aoq.io import file_hashes, read_manifest
+from training.datasets.synth import writer
+from training.datasets.synth.captions import caption_scene
+from training.datasets.synth.render import render_scene
+from training.datasets.synth.scenes import (
     COLOURS,
     STREAM_CAPTIONS,
     STREAM_RENDER,
@@ -26,7 +27,6 @@ from training.data.synth.scenes import (
     rng_for,
     sample_family,
 )
-from training.io import file_hashes, read_manifest
 
 SIZES = {"train": 12, "dev": 4, "test": 4}
 

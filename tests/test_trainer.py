@@ -15,10 +15,10 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from aoq.config import ConfigError, ModelConfig, TrainConfig, config_from_dict
+from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
-from training.config import ConfigError, ModelConfig, TrainConfig, config_from_dict
 from training.losses import round1_loss
-from training.models.joint import build_model
 from training.round1 import round1_step, train_round1
 from training.trainer import epoch_seed, shuffled_batches
 
@@ -149,7 +149,7 @@ def test_resume_after_kill_9_mid_epoch_matches_an_uninterrupted_run(data, tmp_pa
     run = tmp_path / "killed"
     config = tmp_path / "killed.yaml"
     config.write_text(yaml.safe_dump(_tree(data, run, epochs=3, save_every_steps=1)))
-    cmd = [sys.executable, "-m", "training.cli", "train", "--config", str(config), "--no-progress"]
+    cmd = [sys.executable, "-m", "aoq.cli.main", "train", "--config", str(config), "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

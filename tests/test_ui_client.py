@@ -8,10 +8,17 @@ import json
 
 import httpx
 import pytest
-from tests.ui_fake_backend import BASE, FakeBackend
 
-from training.commands import ui as ui_command
-from ui.client import DEFAULT_BACKEND_URL, BackendClient, BackendError, BackendUnavailable, format_detail
+from aoq.cli import ui as ui_command
+from tests.ui_fake_backend import BASE, FakeBackend, text_answer
+from ui.client import (
+    DEFAULT_BACKEND_URL,
+    BackendClient,
+    BackendError,
+    BackendUnavailable,
+    format_detail,
+    rewrite_urls,
+)
 
 
 def _client(handler) -> BackendClient:
@@ -25,7 +32,7 @@ def test_health_and_models_are_parsed():
     assert (health.status, health.models, health.version) == ("ok", ["baseline", "aoq"], "0.1.0")
     models = client.models()
     assert [(m.name, m.role, m.loss) for m in models] == [("baseline", "baseline", "max_violation"),
-                                                         ("aoq", "aoq", "adap_off_quin")]
+                                                         ("aoq", "aoq", "adaptive_offline_quintuplet")]
     assert [str(r.url) for r in fake.requests] == [f"{BASE}/health", f"{BASE}/models"]
 
 
@@ -142,15 +149,25 @@ def test_4xx_detail_becomes_the_message():
     assert info.value.detail == str(info.value)
 
 
-def test_fastapi_422_list_is_flattened():
-    detail = [{"loc": ["body", "query"], "msg": "String should have at least 1 character", "type": "x"},
-              {"loc": ["body", "k"], "msg": "Input should be less than or equal to 100", "type": "y"}]
-    fake = FakeBackend(fail={"/compare/text": (422, detail)})
+def test_422_problem_list_is_flattened():
     with pytest.raises(BackendError) as info:
-        fake.client().compare_text("", None, 1)
-    assert str(info.value) == ("query: String should have at least 1 character; "
-                               "k: Input should be less than or equal to 100")
-    assert info.value.status == 422
+        FakeBackend().client().compare_text("", None, 1)
+    assert (str(info.value), info.value.status) == ("query: String should have at least 1 character", 422)
+
+    def handler(request):
+        return httpx.Response(422, json={"detail": "body.query: a; query.k: b", "errors": [
+            {"type": "x", "loc": ["body", "query"], "msg": "a"}, {"type": "y", "loc": ["query", "k"], "msg": "b"}]})
+
+    with pytest.raises(BackendError, match=r"^query: a; k: b$"):
+        _client(handler).compare_text("q")
+
+
+def test_error_without_a_problem_list_uses_the_detail():
+    def handler(request):
+        return httpx.Response(409, json={"detail": "the index is being rebuilt", "errors": None})
+
+    with pytest.raises(BackendError, match=r"^the index is being rebuilt$"):
+        _client(handler).compare_text("q")
 
 
 def test_5xx_says_the_service_failed():
@@ -177,10 +194,24 @@ def test_success_that_is_not_json_is_an_error():
 
 
 def test_wrong_shape_names_the_field():
+    left = {key: value for key, value in text_answer("a", "q", [1], 1).items() if key != "results"}
+
     def handler(request):
-        return httpx.Response(200, json={"query": "q", "left": {"model": "a", "query": "q"}, "right": {}})
+        return httpx.Response(200, json={"query": "q", "left": left, "right": {}})
 
     with pytest.raises(BackendError, match=r"unexpected shape: left\.results: Field required \(\d+ problem"):
+        _client(handler).compare_text("q")
+
+
+def test_mistyped_field_is_an_error_and_unknown_fields_are_ignored():
+    answer = text_answer("a", "q", [1], 1)
+
+    def handler(request):
+        return httpx.Response(200, json={"query": "q", "left": answer, "right": answer, "new_field": [1]})
+
+    assert _client(handler).compare_text("q").right.results[0].image_id == 1
+    answer["results"][0]["score"] = "high"
+    with pytest.raises(BackendError, match=r"shape: left\.results\.0\.score: Input should be a valid number"):
         _client(handler).compare_text("q")
 
 
@@ -208,6 +239,15 @@ def test_image_urls_are_rewritten_for_the_browser():
     assert client.browser_url("http://elsewhere/x.png") == "http://elsewhere/x.png"
     assert client.browser_url(f"{BASE}.evil/x.png") == f"{BASE}.evil/x.png"
     assert fake.client().browser_url("/images/1") == f"{BASE}/images/1"
+
+
+def test_rewrite_urls_reaches_nested_url_fields_only():
+    answer = {"image_url": "/images/1", "items": [{"thumbnail_url": "/t", "text": "/images/2", "id": 3}],
+              "left": {"image_url": None, "results": [{"image_url": "/images/4"}]}}
+    assert rewrite_urls(answer, str.upper) == {
+        "image_url": "/IMAGES/1", "items": [{"thumbnail_url": "/T", "text": "/images/2", "id": 3}],
+        "left": {"image_url": None, "results": [{"image_url": "/IMAGES/4"}]}}
+    assert answer["image_url"] == "/images/1"  # the input is left as it was
 
 
 def test_trailing_slash_and_public_url():

@@ -6,8 +6,27 @@ from __future__ import annotations
 import re
 
 import pytest
-from tests.ui_fake_backend import BASE, CAPTIONS, METRICS, MODELS, FakeBackend, image_answer, text_answer
 
+from backend.schemas import (
+    ExampleImage,
+    FailureItem,
+    FailuresOut,
+    HealthOut,
+    MetricsOut,
+    ModelOut,
+    NegativesOut,
+    SearchImageOut,
+    SearchTextOut,
+)
+from tests.ui_fake_backend import (
+    BASE,
+    CAPTIONS,
+    METRICS,
+    MODELS,
+    FakeBackend,
+    image_answer,
+    text_answer,
+)
 from ui import handlers, plots
 from ui.client import BackendError, BackendUnavailable
 from ui.render import (
@@ -22,17 +41,6 @@ from ui.render import (
     render_status,
     render_text_column,
 )
-from ui.schemas import (
-    ExampleImage,
-    FailureItem,
-    Failures,
-    Health,
-    ImageSearch,
-    Metrics,
-    ModelInfo,
-    Negatives,
-    TextSearch,
-)
 
 PUBLIC = "http://public:8000"
 RED0 = CAPTIONS[0][0]
@@ -42,9 +50,15 @@ def _srcs(html: str) -> list[str]:
     return re.findall(r'<img[^>]* src="([^"]+)"', html)
 
 
-def _models(*specs: tuple[str, str, bool]) -> list[ModelInfo]:
-    return [ModelInfo(name=n, role=r, enabled=e, disabled_reason=None if e else "index missing")
+def _models(*specs: tuple[str, str, bool]) -> list[ModelOut]:
+    return [ModelOut.model_validate({**MODELS[0], "name": n, "role": r, "enabled": e,
+                                     "disabled_reason": None if e else "index missing"})
             for n, r, e in specs]
+
+
+def _metrics(model: str, **fields: object) -> MetricsOut:
+    """A /metrics answer; unset parts are empty, as for a model that was never evaluated."""
+    return MetricsOut.model_validate({"model": model, "tables": {}, "curves": [], "rank_histogram": None, **fields})
 
 
 # -- render ------------------------------------------------------------------------------------
@@ -57,7 +71,7 @@ def test_media_url_joins_relative_and_keeps_absolute():
 
 
 def test_text_column_ticks_only_the_ground_truth():
-    answer = TextSearch.model_validate(text_answer("aoq", RED0, [0, 2, 1, 3], 3))
+    answer = SearchTextOut.model_validate(text_answer("aoq", RED0, [0, 2, 1, 3], 3))
     html = render_text_column(answer, "Right: aoq", PUBLIC)
     assert _srcs(html) == [f"{PUBLIC}/images/{i}?size=64" for i in (0, 2, 1)]
     assert html.count(TICK) == 1 and html.count("aoq-card aoq-gt") == 1
@@ -68,7 +82,7 @@ def test_text_column_ticks_only_the_ground_truth():
 
 
 def test_text_column_shows_a_ground_truth_outside_the_top_k():
-    answer = TextSearch.model_validate(text_answer("baseline", RED0, [2, 1, 0, 3], 2))
+    answer = SearchTextOut.model_validate(text_answer("baseline", RED0, [2, 1, 0, 3], 2))
     html = render_text_column(answer, "Left: baseline", PUBLIC)
     assert TICK not in html
     assert "ground-truth image at rank <b>3</b>" in html
@@ -76,7 +90,7 @@ def test_text_column_shows_a_ground_truth_outside_the_top_k():
 
 
 def test_free_query_has_no_ground_truth_and_is_escaped():
-    answer = TextSearch.model_validate(text_answer("aoq", "<script>x</script>", [1, 0], 2))
+    answer = SearchTextOut.model_validate(text_answer("aoq", "<script>x</script>", [1, 0], 2))
     html = render_text_column(answer, "Left: <b>", PUBLIC)
     assert "no ground truth (free query)" in html and TICK not in html
     assert "<script>" not in html and "Left: &lt;b&gt;" in html
@@ -85,7 +99,7 @@ def test_free_query_has_no_ground_truth_and_is_escaped():
 def test_image_column_ticks_captions_and_escapes_text():
     raw = image_answer("baseline", 0, [7, 0, 1], 3)
     raw["results"][0]["text"] = "a <i>blue</i> square"
-    html = render_image_column(ImageSearch.model_validate(raw), "Left: baseline")
+    html = render_image_column(SearchImageOut.model_validate(raw), "Left: baseline")
     assert html.count(TICK) == 2 and html.count('class="aoq-gt"') == 2
     assert "a &lt;i&gt;blue&lt;/i&gt; square" in html
     assert re.findall(r'data-caption-id="(\d+)"', html) == ["7", "0", "1"]
@@ -93,7 +107,7 @@ def test_image_column_ticks_captions_and_escapes_text():
 
 
 def test_empty_results_say_so():
-    answer = TextSearch(model="a", query="q", results=[])
+    answer = SearchTextOut.model_validate(text_answer("a", "q", [], 10))
     assert "No results." in render_text_column(answer, "Left: a", PUBLIC)
 
 
@@ -132,7 +146,7 @@ def test_no_enabled_model():
 
 
 def test_status_lists_models_and_disabled_reasons():
-    health = Health(status="ok", models=["b"], disabled={"a": "index missing", "ghost": "checkpoint gone"},
+    health = HealthOut(status="ok", models=["b"], disabled={"a": "index missing", "ghost": "checkpoint gone"},
                     version="0.1.0")
     html = render_status(BASE, health, _models(("b", "baseline", True), ("a", "aoq", False)))
     assert f"<code>{BASE}</code>" in html and "models: b" in html and "version 0.1.0" in html
@@ -142,40 +156,35 @@ def test_status_lists_models_and_disabled_reasons():
 
 
 def test_failure_choices_label_ranks():
-    failures = Failures(direction="t2i", which="baseline_only", left="baseline", right="aoq", total=2,
-                        items=[FailureItem(query_id=4, query_text="x" * 80, left_rank=3, right_rank=1),
-                               FailureItem(query_id=5, query_text="short", left_rank=None, right_rank=1)])
+    failures = FailuresOut(direction="t2i", which="baseline_only", left="baseline", right="aoq", total=2,
+                           items=[FailureItem(query_id=4, query_text="x" * 80, left_rank=3, right_rank=1),
+                                  FailureItem(query_id=5, query_text="short", left_rank=8, right_rank=2)])
     assert failure_choices(failures) == [
         ("x" * 67 + "...  [baseline: rank 3, aoq: rank 1]", 4),
-        ("short  [baseline: rank ?, aoq: rank 1]", 5),
+        ("short  [baseline: rank 8, aoq: rank 2]", 5),
     ]
     images = failures.model_copy(update={"direction": "i2t"})
     assert failure_choices(images)[0][0] == "image 4  [baseline: rank 3, aoq: rank 1]"
 
 
 def test_negatives_of_a_caption_are_images_and_of_an_image_captions():
-    caption = Negatives.model_validate({"kind": "caption", "id": 3, "text": "a <red> square",
-                                        "offline": [{"id": 9, "image_url": "/images/9", "rank": 1}],
-                                        "online": [{"id": 2, "score": 0.5}]})
+    caption = NegativesOut.model_validate({"model": "aoq", "kind": "caption", "id": 3, "text": "a <red> square",
+                                          "offline": [{"id": 9, "image_url": "/images/9", "rank": 1}],
+                                          "online": [{"id": 2, "score": 0.5}]})
     anchor, offline, online = render_negatives(caption, PUBLIC)
     assert "Anchor caption 3: <q>a &lt;red&gt; square</q>" in anchor
     assert _srcs(offline) == [f"{PUBLIC}/images/9"] and "#1</span>" in offline
     assert _srcs(online) == [f"{PUBLIC}/images/2"] and "0.500</span>" in online
-    image = Negatives.model_validate({"kind": "image", "id": 4, "offline": [{"id": 7, "text": "t1", "rank": 2}],
-                                      "online": []})
+    image = NegativesOut.model_validate({"model": "aoq", "kind": "image", "id": 4,
+                                         "offline": [{"id": 7, "text": "t1", "rank": 2}], "online": []})
     anchor, offline, online = render_negatives(image, PUBLIC)
     assert _srcs(anchor) == [f"{PUBLIC}/images/4"]
     assert '<li data-id="7"><span class="aoq-rank">#2</span> t1</li>' in offline
-    assert "none" in online and "<img" not in offline and "Positive" not in anchor
-    with_positive = caption.model_copy(update={"positives": Negatives.model_validate(
-        {"kind": "caption", "id": 3, "positives": [{"id": 5, "image_url": "/images/5"}]}).positives})
-    anchor = render_negatives(with_positive, PUBLIC)[0]
-    assert "<h4>Positive(s)</h4>" in anchor and _srcs(anchor) == [f"{PUBLIC}/images/5"]
+    assert "none" in online and "<img" not in offline
 
 
 def test_metrics_table_rows():
-    html = render_metrics_table([Metrics.model_validate({"model": "baseline", **METRICS}),
-                                 Metrics(model="aoq")])
+    html = render_metrics_table([_metrics("baseline", **METRICS), _metrics("aoq")])
     assert html.count("<tr>") == 3
     assert ("<td>baseline</td><td>full</td><td>40.0</td><td>70.0</td><td>80.0</td><td>2.0</td><td>5.5</td>"
             "<td>30.0</td><td>60.0</td><td>75.0</td><td>3.0</td><td>7.2</td><td>355.0</td>") in html
@@ -187,9 +196,9 @@ def test_metrics_table_rows():
 
 
 def test_curve_positions_put_round_two_after_round_one():
-    metrics = Metrics.model_validate({"model": "aoq", "curves": [
+    metrics = _metrics("aoq", curves=[
         {"epoch": 1, "round": 2, "i2t_r1": 3.0}, {"epoch": 0, "round": 2, "i2t_r1": 2.0},
-        {"epoch": 1, "round": 1, "i2t_r1": 1.0}, {"epoch": 0, "round": 1, "i2t_r1": 0.5}]})
+        {"epoch": 1, "round": 1, "i2t_r1": 1.0}, {"epoch": 0, "round": 1, "i2t_r1": 0.5}])
     placed = plots.curve_positions(metrics.curves)
     assert [(x, p.round, p.epoch) for x, p in placed] == [(1, 1, 0), (2, 1, 1), (3, 2, 0), (4, 2, 1)]
     fig = plots.recall_curves_figure([metrics])
@@ -200,9 +209,9 @@ def test_curve_positions_put_round_two_after_round_one():
 
 
 def test_histogram_shares_align_bins_across_models():
-    a = Metrics.model_validate({"model": "a", "rank_histogram": {"bins": ["1", "2-5"], "counts": [3, 1]}})
-    b = Metrics.model_validate({"model": "b", "rank_histogram": {"bins": ["1", ">5"], "counts": [1, 1]}})
-    bins, shares = plots.histogram_table([a, b, Metrics(model="c")])
+    a = _metrics("a", rank_histogram={"bins": ["1", "2-5"], "counts": [3, 1]})
+    b = _metrics("b", rank_histogram={"bins": ["1", ">5"], "counts": [1, 1]})
+    bins, shares = plots.histogram_table([a, b, _metrics("c")])
     assert bins == ["1", "2-5", ">5"]
     assert shares == {"a": [75.0, 25.0, 0.0], "b": [50.0, 0.0, 50.0]}
     fig = plots.rank_histogram_figure([a, b])
@@ -211,7 +220,7 @@ def test_histogram_shares_align_bins_across_models():
 
 
 def test_empty_plots_say_so():
-    assert plots.recall_curves_figure([Metrics(model="a")]).axes[0].texts[0].get_text() == \
+    assert plots.recall_curves_figure([_metrics("a")]).axes[0].texts[0].get_text() == \
         "no training curves recorded"
     assert plots.rank_histogram_figure([]).axes[0].texts[0].get_text() == "no rank histogram recorded"
 
@@ -224,7 +233,7 @@ def test_load_page_fills_models_and_examples():
     page = handlers.load_page(fake.client(PUBLIC))
     assert (page.left, page.right) == ("baseline", "aoq")
     assert page.model_choices == [("baseline (baseline, max_violation, vse)", "baseline"),
-                                  ("aoq (aoq, adap_off_quin, vse)", "aoq")]
+                                  ("aoq (aoq, adaptive_offline_quintuplet, vse)", "aoq")]
     assert len(page.example_captions) == handlers.N_EXAMPLES and len(page.example_images) == 4
     assert page.train_picks[0] == (f"caption 100: {RED0}", "caption:100")
     assert page.train_picks[-1] == ("image 103", "image:103")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from aoq.cli.main import main as aoq
+from aoq.data.vocab import TOKENIZER_VERSION, Vocabulary, tokenize
+from aoq.io import ArtefactError
 from tests.fixtures import fixture_captions, write_precomp_fixture
-from training.cli import main as aoq
-from training.data.vocab import TOKENIZER_VERSION, Vocabulary, tokenize
-from training.io import ArtefactError
 
 
 @pytest.mark.parametrize(

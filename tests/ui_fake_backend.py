@@ -3,26 +3,40 @@
 ``FakeBackend`` is an ``httpx.MockTransport`` handler. It serves two models (``baseline`` and
 ``aoq``) over 4 images x 5 captions, records every request, and can be told to fail: a model
 may be missing, any path may answer with a given status and detail, or the whole service may be
-"down" (connection refused).
+"down" (connection refused). ``tests/test_contract.py`` checks every answer it gives against the
+real service's OpenAPI document, so the fake cannot drift from the contract.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from backend.schemas import MAX_QUERY_CHARS
 from ui.client import BackendClient
 
 BASE = "http://backend.test"
+#: (method, path as OpenAPI writes it) -> the FakeBackend method that answers it
+ROUTES = {
+    ("GET", "/health"): "_health",
+    ("GET", "/models"): "_models",
+    ("GET", "/examples"): "_examples",
+    ("POST", "/compare/text"): "_compare_text",
+    ("POST", "/compare/image"): "_compare_image",
+    ("GET", "/failures"): "_failures",
+    ("GET", "/metrics/{model}"): "_metrics",
+    ("GET", "/negatives"): "_negatives",
+}
 
 MODELS = [
     {"name": "baseline", "role": "baseline", "loss": "max_violation", "image_encoder": "vse",
      "image_input": "features", "checkpoint_hash": "aaa", "dataset": "synth", "enabled": True,
      "disabled_reason": None, "metrics": {}},
-    {"name": "aoq", "role": "aoq", "loss": "adap_off_quin", "image_encoder": "vse",
+    {"name": "aoq", "role": "aoq", "loss": "adaptive_offline_quintuplet", "image_encoder": "vse",
      "image_input": "features", "checkpoint_hash": "bbb", "dataset": "synth", "enabled": True,
      "disabled_reason": None, "metrics": {}},
 ]
@@ -95,10 +109,10 @@ class FakeBackend:
         if path in self.fail:
             status, detail = self.fail[path]
             return httpx.Response(status, json={"detail": detail})
-        route = getattr(self, "_" + path.strip("/").split("/")[0].replace("-", "_"), None)
-        if route is None:
-            return httpx.Response(404, json={"detail": f"Not Found: {path}"})
-        return route(request)
+        template = match_template(path, {t for m, t in ROUTES if m == request.method})
+        if template is None:
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return getattr(self, ROUTES[request.method, template])(request)
 
     def _names(self) -> list[str]:
         return [m["name"] for m in self.models if m["enabled"]]
@@ -122,24 +136,27 @@ class FakeBackend:
         n = int(request.url.params.get("n", 8))
         start = 0 if request.url.params.get("split", "test") == "test" else 100
         return httpx.Response(200, json={
+            "dataset": "synth", "split": request.url.params.get("split", "test"),
             "captions": [{"id": start + c, "text": CAPTIONS[c][0], "image_id": start + CAPTIONS[c][1]}
                          for c in list(CAPTIONS)[:n]],
             "images": [{"id": start + i, "image_url": f"/images/{start + i}",
                         "thumbnail_url": f"/images/{start + i}?size=64"} for i in range(min(n, 4))],
         })
 
-    def _compare(self, request: httpx.Request) -> httpx.Response:
-        kind = request.url.path.rsplit("/", 1)[-1]
-        if kind == "text":
-            body = json.loads(request.content)
-            pair = self._pair(body.get("models"))
-            if isinstance(pair, httpx.Response):
-                return pair
-            query, k = body["query"], body.get("k", 10)
-            if not 1 <= len(query) <= 1000:
-                return httpx.Response(422, json={"detail": "query: must be 1..1000 characters"})
-            return httpx.Response(200, json={"query": query, "left": text_answer(pair[0], query, ORDERS_T2I[pair[0]], k),
-                                             "right": text_answer(pair[1], query, ORDERS_T2I[pair[1]], k)})
+    def _compare_text(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        query, k = body["query"], body.get("k", 10)
+        if not query:
+            return _invalid("query", "string_too_short", "String should have at least 1 character")
+        if len(query) > MAX_QUERY_CHARS:
+            return _invalid("query", "string_too_long", f"String should have at most {MAX_QUERY_CHARS} characters")
+        pair = self._pair(body.get("models"))
+        if isinstance(pair, httpx.Response):
+            return pair
+        return httpx.Response(200, json={"query": query, "left": text_answer(pair[0], query, ORDERS_T2I[pair[0]], k),
+                                         "right": text_answer(pair[1], query, ORDERS_T2I[pair[1]], k)})
+
+    def _compare_image(self, request: httpx.Request) -> httpx.Response:
         form = _multipart_fields(request)
         pair = self._pair(form["models"].split(",") if form.get("models") else None)
         if isinstance(pair, httpx.Response):
@@ -155,8 +172,9 @@ class FakeBackend:
         if isinstance(pair, httpx.Response):
             return pair
         direction = params["direction"]
-        item = ({"query_id": 0, "query_text": CAPTIONS[0][0], "left_rank": 3, "right_rank": 1} if direction == "t2i"
-                else {"query_id": 1, "image_url": "/images/1", "left_rank": 4, "right_rank": 1})
+        item = ({"query_id": 0, "query_text": CAPTIONS[0][0], "image_id": 0, "left_rank": 3, "right_rank": 1}
+                if direction == "t2i"
+                else {"query_id": 1, "image_url": "/images/1", "image_id": 1, "left_rank": 4, "right_rank": 1})
         return httpx.Response(200, json={"direction": direction, "which": params["which"], "left": pair[0],
                                          "right": pair[1], "total": 7, "items": [item]})
 
@@ -177,7 +195,22 @@ class FakeBackend:
             anchor = {"image_url": f"/images/{item_id}"}
             offline = [{"id": 7, "text": "a blue <b>square</b>", "rank": 1}]
             online = [{"id": 12, "text": "a yellow square", "score": 0.3}]
-        return httpx.Response(200, json={"kind": kind, "id": item_id, **anchor, "offline": offline, "online": online})
+        return httpx.Response(200, json={"model": params["model"], "kind": kind, "id": item_id, **anchor,
+                                         "offline": offline, "online": online})
+
+
+def match_template(path: str, templates: set[str]) -> str | None:
+    """The OpenAPI path template (``/metrics/{model}``) that a concrete path matches, if any."""
+    for template in sorted(templates):
+        if re.fullmatch(re.sub(r"\{[^/}]+\}", "[^/]+", template), path):
+            return template
+    return None
+
+
+def _invalid(field_name: str, kind: str, msg: str) -> httpx.Response:
+    """The service's 422 for one invalid body field: the problem on one line, and as a list."""
+    return httpx.Response(422, json={"detail": f"body.{field_name}: {msg}", "errors": [
+        {"type": kind, "loc": ["body", field_name], "msg": msg}]})
 
 
 def _multipart_fields(request: httpx.Request) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Evaluate a model or a checkpoint on a split under a retrieval protocol.
 
-Protocols (``training.metrics``): ``full`` (every image of the split at once), ``1k5fold``
+Protocols (``aoq.metrics``): ``full`` (every image of the split at once), ``1k5fold``
 (COCO "1K": the mean over 5 consecutive folds of 1,000 images) and ``5k`` (the first 5,000
 images). Every result names its protocol, so 1K and 5K numbers cannot be confused.
 """
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint import load_checkpoint
-from training.data.dataset import SplitData
-from training.data.load import load_split
-from training.data.vocab import Vocabulary
-from training.device import resolve_device
-from training.embed import encode_split
-from training.metrics import evaluate_embeddings
-from training.models.joint import JointModel
+from aoq.checkpoint import load_checkpoint
+from aoq.data.dataset import SplitData
+from aoq.data.load import load_split
+from aoq.data.vocab import Vocabulary
+from aoq.device import resolve_device
+from aoq.embed import encode_split
+from aoq.metrics import evaluate_embeddings
+from aoq.models.joint import JointModel
 
 
 def evaluate_model(
@@ -61,7 +61,7 @@ def evaluate_checkpoint(
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
 
     Args:
-        ckpt_dir: a checkpoint directory (``training.checkpoint``).
+        ckpt_dir: a checkpoint directory (``aoq.checkpoint``).
         split_name: ``train``/``dev``/``test`` (mapped through the checkpoint's data config) or a
             file-level split name such as ``testall``.
         protocol: ``full``, ``1k5fold`` or ``5k``.

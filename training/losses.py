@@ -1,6 +1,6 @@
 """Every loss of the paper (and the round-1 alternatives) as pure functions on score tensors.
 
-Conventions shared by all functions (DESIGN section 1):
+Conventions shared by all functions (docs/method.md, Notation; equations numbered as there):
 
 * ``scores`` is the (B, B) tensor ``scores[a, b] = S(image a, caption b)`` of one mini-batch
   of B positive pairs ``(i_k, t_k)``, so the positives sit on the diagonal. Caption ``b``
@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from aoq.names import ROUND1_LOSSES, ROUND2_LOSSES
+
 #: default temperatures of the round-1 alternatives (Smooth-AP paper; usual NT-Xent value).
 DEFAULT_TAU = {"smooth_ap": 0.01, "infonce": 0.05}
 
-ROUND1_LOSSES = ("max_violation", "sum", "smooth_ap", "infonce")
-ROUND2_LOSSES = ("offline_triplet", "offline_quintuplet", "adaptive_offline_quintuplet")
 ROUND2_VARIANTS = ("none", "only_offline", "online_quin", "no_offline_adapt")
 
 

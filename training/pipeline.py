@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.config import ExperimentConfig, Round2Config
-from training.io import (
+from aoq.config import ExperimentConfig, Round2Config
+from aoq.io import (
     atomic_dir,
     atomic_write_json,
     atomic_write_text,

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from training.config import ExperimentConfig, load_config
-from training.io import atomic_write_bytes, atomic_write_text
+from aoq.config import ExperimentConfig, load_config
+from aoq.io import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,10 @@ def seed_config(setup: ReportSetup, seed: int) -> ExperimentConfig:
 
 def run_experiments(setup: ReportSetup) -> list[Path]:
     """Generate the dataset if needed and run (or resume) every seed's pipeline with all arms."""
-    from training.demo import DemoSize, ensure_dataset
+    from training.datasets.synth.writer import ensure_dataset
     from training.pipeline import KNOWN_ARMS, run_pipeline
 
-    ensure_dataset(setup.data_dir, DemoSize(setup.data_dir.name, setup.train, setup.dev, setup.test))
+    ensure_dataset(setup.data_dir, {"train": setup.train, "dev": setup.dev, "test": setup.test})
     run_dirs = []
     for seed in setup.seeds:
         cfg = seed_config(setup, seed)
@@ -180,10 +180,10 @@ def curves_figure(collected: dict[str, Any], path: Path) -> None:
 
 def rank_histograms(run_dir: Path, split: str = "test") -> dict[str, dict[str, int]]:
     """Cross-retrieval rank histogram (supplement Fig. 1) of the baseline and AOQ on ``split``."""
-    from training.checkpoint import load_checkpoint
-    from training.data.load import load_split
-    from training.embed import encode_split
-    from training.metrics import cross_retrieval_ranks, rank_histogram
+    from aoq.checkpoint import load_checkpoint
+    from aoq.data.load import load_split
+    from aoq.embed import encode_split
+    from aoq.metrics import cross_retrieval_ranks, rank_histogram
 
     out = {}
     for arm in ("baseline", "aoq"):
@@ -241,7 +241,7 @@ def mining_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, flo
     * ``duplicate_text``: share of the mined pairs within ``h_t`` whose text equals one of the
       image's own captions: certain false negatives.
     """
-    from training.mining import load_mined
+    from aoq.mined import load_mined
 
     mined = load_mined(run_dir / "mined")
     scenes = sorted((json.loads(line) for line in (data_dir / "scenes.jsonl").read_text().splitlines()

@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from training.config import ExperimentConfig, TrainConfig
-from training.data.load import load_split
-from training.data.loaders import PairDataset, collate_pairs
-from training.data.vocab import Vocabulary
-from training.device import resolve_device, seed_everything
+from aoq.config import ExperimentConfig, TrainConfig
+from aoq.data.load import load_split
+from aoq.data.loaders import PairDataset, collate_pairs
+from aoq.data.vocab import Vocabulary
+from aoq.device import resolve_device, seed_everything
+from aoq.models.joint import JointModel, build_model
 from training.evaluate import dev_validator
 from training.losses import round1_loss
-from training.models.joint import JointModel, build_model
 from training.trainer import StepFn, TrainResult, epoch_loader, fit
 
 

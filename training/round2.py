@@ -33,18 +33,18 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from training.checkpoint import load_checkpoint
-from training.config import ConfigError, ExperimentConfig, Round2Config
-from training.data.dataset import SplitData
-from training.data.load import load_split
-from training.data.loaders import CaptionDataset, ImageDataset, ImageMode, pad_tokens
-from training.data.vocab import Vocabulary
-from training.device import resolve_device, seed_everything
+from aoq.checkpoint import load_checkpoint
+from aoq.config import ConfigError, ExperimentConfig, Round2Config
+from aoq.data.dataset import SplitData
+from aoq.data.load import load_split
+from aoq.data.loaders import CaptionDataset, ImageDataset, ImageMode, pad_tokens
+from aoq.data.vocab import Vocabulary
+from aoq.device import resolve_device, seed_everything
+from aoq.io import ArtefactError, atomic_write_json
+from aoq.mined import MinedNegatives, load_mined
+from aoq.models.joint import JointModel, build_model
 from training.evaluate import dev_validator
-from training.io import ArtefactError, atomic_write_json
 from training.losses import round2_loss
-from training.mining import MinedNegatives, load_mined
-from training.models.joint import JointModel, build_model
 from training.sampling import OfflineNegatives, check_lists, sample_offline_negatives
 from training.trainer import StepFn, TrainResult, epoch_loader, fit
 

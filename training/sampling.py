@@ -1,4 +1,4 @@
-"""Round-2 offline negative sampling (DESIGN section 1, the public AOQ data loader, vectorised).
+"""Round-2 offline negative sampling (docs/method.md, Sampling: the public AOQ data loader, vectorised).
 
 For a training caption ``c`` of image ``i = c // cpi`` (cpi captions per image):
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.io import ArtefactError, atomic_write_json, read_manifest, sha256_json
+from aoq.io import ArtefactError, atomic_write_json, read_manifest, sha256_json
 
 log = logging.getLogger(__name__)
 

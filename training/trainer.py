@@ -27,7 +27,7 @@ Contract of the plugged functions:
   must return ``"rsum"`` (higher is better; it selects the best epoch); nested dicts such as
   ``{"i2t": {"r1": ..}}`` are logged flattened as ``dev_i2t_r1``.
 
-The caller seeds (``training.device.seed_everything``) *before* building the model, so the
+The caller seeds (``aoq.device.seed_everything``) *before* building the model, so the
 initial weights are reproducible; :func:`fit` never re-seeds the global RNGs.
 
 Files under ``run_dir``::
@@ -36,7 +36,7 @@ Files under ``run_dir``::
                     generator, epoch, step in epoch, config fingerprint), replaced atomically
                     every ``save_every_steps`` steps and at every epoch end
     state/progress.json  epoch / step_in_epoch / global_step of the saved state
-    best/  last/    checkpoints (training.checkpoint) of the best-dev-rsum and the latest epoch
+    best/  last/    checkpoints (aoq.checkpoint) of the best-dev-rsum and the latest epoch
     metrics.jsonl   one JSON line per finished epoch (rewritten whole from the saved state)
     tensorboard/    scalar events, when torch.utils.tensorboard imports
 
@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
@@ -63,24 +62,24 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
-from training.checkpoint import save_checkpoint
-from training.config import ConfigError, ExperimentConfig, OptimConfig
-from training.data.vocab import Vocabulary
-from training.io import ArtefactError, atomic_open, atomic_write_json, atomic_write_text
-from training.models.joint import JointModel
+from aoq.checkpoint import save_checkpoint
+from aoq.config import ExperimentConfig, OptimConfig
+from aoq.data.vocab import Vocabulary
+from aoq.io import atomic_write_text
+from aoq.models.joint import JointModel
+from training.trainer_state import (
+    STATE_FILE,
+    Progress,
+    fingerprint,
+    load_state,
+    save_state,
+)
 
 log = logging.getLogger(__name__)
 
 StepFn = Callable[[JointModel, Any], tuple[Tensor, dict[str, float]]]
 MakeLoader = Callable[[int, torch.Generator, int], Iterable[Any]]
 ValidateFn = Callable[[JointModel], dict]
-
-STATE_KIND = "trainer-state"
-STATE_FILE = "state.pt"
-#: config keys that do not change what is computed; a run may be resumed with them changed
-#: (``epochs`` too, so a finished run can be extended).
-_RUNTIME_KEYS = ("device", "num_workers", "save_every_steps", "epochs")
-
 
 @dataclass
 class TrainResult:
@@ -153,109 +152,6 @@ def epoch_loader(
     )
 
 
-# --------------------------------------------------------------------------- state
-
-
-def _fingerprint(cfg: ExperimentConfig) -> dict:
-    """The configuration minus keys that do not change the computation (name, paths, devices)."""
-    tree = cfg.model_dump(mode="json")
-    tree.pop("name", None)
-    tree.pop("out_dir", None)
-    for section in tree.values():
-        if isinstance(section, dict):
-            for key in _RUNTIME_KEYS:
-                section.pop(key, None)
-    return tree
-
-
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for key in sorted(set(a) | set(b)):
-            out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
-        return out
-    return [] if a == b else [f"{prefix.rstrip('.')}: {a!r} -> {b!r}"]
-
-
-def _rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
-        "python": random.getstate(),
-    }
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-    random.setstate(state["python"])
-
-
-@dataclass
-class _Progress:
-    """Counters that must survive a crash together with the weights."""
-
-    epoch: int = 0  # epochs finished
-    step_in_epoch: int = 0
-    global_step: int = 0
-    best_rsum: float = -math.inf
-    best_epoch: int = 0
-    history: list[dict] = field(default_factory=list)
-    epoch_generator_state: Tensor | None = None  # the data generator at the start of `epoch`
-    # running sums of the unfinished epoch
-    loss_sum: float = 0.0
-    stat_sums: dict[str, float] = field(default_factory=dict)
-    batch_time_sum: float = 0.0
-    pairs: int = 0
-
-
-def _save_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler, progress: _Progress) -> None:
-    """Write ``state/state.pt`` in one atomic rename (a directory swap would leave a moment with
-    no state at all), then the human- and test-readable ``state/progress.json``."""
-    with atomic_open(state_dir / STATE_FILE) as fh:
-        torch.save(
-            {
-                "kind": STATE_KIND,
-                "config": fingerprint,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": _rng_state(),
-                "progress": progress.__dict__,
-            },
-            fh,
-        )
-    atomic_write_json(state_dir / "progress.json", {
-        "epoch": progress.epoch, "step_in_epoch": progress.step_in_epoch, "global_step": progress.global_step,
-    })
-
-
-def _load_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler) -> _Progress:
-    path = state_dir / STATE_FILE
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad file; all mean "unreadable"
-        raise ArtefactError(f"{path}: cannot read the trainer state ({exc}); delete {state_dir} to start over") from None
-    if not isinstance(saved, dict) or saved.get("kind") != STATE_KIND:
-        raise ArtefactError(f"{path}: not a trainer state file")
-    changed = _differences(saved["config"], fingerprint)
-    if changed:
-        raise ConfigError(
-            f"{path}: saved by a run with another configuration ({'; '.join(changed[:6])}); "
-            "use another output folder, or delete it to start over"
-        )
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
-    _set_rng_state(saved["rng"])
-    return _Progress(**saved["progress"])
-
-
 # --------------------------------------------------------------------------- logging
 
 
@@ -319,15 +215,16 @@ def fit(
         ArtefactError: ``run_dir/state`` is corrupted.
     """
     run_dir = Path(run_dir)
-    fingerprint = _fingerprint(cfg)
+    config_fingerprint = fingerprint(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=optim.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, optim.lr_decay_epochs, optim.lr_decay_factor)
-    loop = _Loop(run_dir, cfg, optim, model, vocab, make_loader, step, validate, role, extra or {},
-                 progress_bar, fingerprint, params, optimizer, scheduler)
+    loop = _Loop(run_dir=run_dir, cfg=cfg, optim=optim, model=model, vocab=vocab, make_loader=make_loader,
+                 step=step, validate=validate, role=role, extra=extra or {}, progress_bar=progress_bar,
+                 fingerprint=config_fingerprint, params=params, optimizer=optimizer, scheduler=scheduler)
 
     resumed = (run_dir / "state" / STATE_FILE).exists()
-    prog = _load_state(run_dir / "state", fingerprint, model, optimizer, scheduler) if resumed else _Progress()
+    prog = load_state(run_dir / "state", config_fingerprint, model, optimizer, scheduler) if resumed else Progress()
     if resumed:
         _write_metrics_log(run_dir, prog.history)  # a crash may have hit between state and log
 
@@ -373,9 +270,9 @@ def optimise_step(step: StepFn, model: JointModel, batch: Any, optimizer: torch.
     return loss_value, stats
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Loop:
-    """Everything one :func:`fit` call trains with; the mutable position lives in ``_Progress``."""
+    """Everything one :func:`fit` call trains with; the mutable position lives in ``Progress``."""
 
     run_dir: Path
     cfg: ExperimentConfig
@@ -394,10 +291,10 @@ class _Loop:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     writer: Any = None
 
-    def save(self, prog: _Progress) -> None:
-        _save_state(self.run_dir / "state", self.fingerprint, self.model, self.optimizer, self.scheduler, prog)
+    def save(self, prog: Progress) -> None:
+        save_state(self.run_dir / "state", self.fingerprint, self.model, self.optimizer, self.scheduler, prog)
 
-    def _loader(self, prog: _Progress) -> tuple[Iterable[Any], int | None]:
+    def _loader(self, prog: Progress) -> tuple[Iterable[Any], int | None]:
         """The rest of epoch ``prog.epoch`` and its total number of steps (None if unknown)."""
         generator = torch.Generator()
         if prog.step_in_epoch == 0:
@@ -412,7 +309,7 @@ class _Loop:
             total = cap if total is None else min(total, cap)
         return loader, total
 
-    def train_epoch(self, prog: _Progress) -> None:
+    def train_epoch(self, prog: Progress) -> None:
         """Finish epoch ``prog.epoch`` (from ``prog.step_in_epoch``), validate, checkpoint, log."""
         loader, total = self._loader(prog)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -449,7 +346,7 @@ class _Loop:
             bar.close()
         self._finish_epoch(prog, lr, time.perf_counter() - epoch_start)
 
-    def _finish_epoch(self, prog: _Progress, lr: float, train_time: float) -> None:
+    def _finish_epoch(self, prog: Progress, lr: float, train_time: float) -> None:
         """Validate, select, checkpoint, advance the schedule, save the state, log."""
         self.model.eval()
         val_start = time.perf_counter()

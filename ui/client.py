@@ -4,14 +4,18 @@ Every failure becomes a ``BackendError`` carrying a message fit to show in the p
 
 * ``BackendUnavailable``: nothing answers at the URL (refused, timed out, DNS);
 * ``BackendError`` with ``status`` set: the backend answered 4xx/5xx; ``detail`` is its
-  ``{"detail": ...}`` message (FastAPI's list form for 422 is flattened to ``field: msg; ...``);
+  ``{"detail": ...}`` message (a 422's list of problems is flattened to ``field: msg; ...``);
 * ``BackendError`` with ``status=None``: the answer is not the JSON the contract promises.
+
+The contract is the backend's own pydantic models (``backend.schemas``, which imports pydantic
+only, no torch or FAISS). They ignore unknown fields, so a newer backend may add fields; a field
+the UI needs that is missing or mistyped becomes a ``BackendError`` naming it.
 """
 
 from __future__ import annotations
 
 import mimetypes
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote, urljoin
@@ -19,22 +23,22 @@ from urllib.parse import quote, urljoin
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from ui.schemas import (
-    Direction,
-    Examples,
-    FailureKind,
-    Failures,
-    Health,
-    ImageComparison,
-    Metrics,
-    ModelInfo,
-    Negatives,
-    TextComparison,
+from backend.schemas import (
+    CompareImageOut,
+    CompareTextOut,
+    ExamplesOut,
+    FailuresOut,
+    HealthOut,
+    MetricsOut,
+    ModelOut,
+    NegativesOut,
 )
 
 DEFAULT_BACKEND_URL = "http://127.0.0.1:8000"
 _LOCATIONS = ("body", "query", "path", "header", "cookie")
 UPLOAD_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+#: answer fields holding an image URL the browser will load
+URL_FIELDS = frozenset({"image_url", "thumbnail_url"})
 
 T = TypeVar("T")
 
@@ -50,6 +54,19 @@ class BackendError(RuntimeError):
 
 class BackendUnavailable(BackendError):
     """Nothing answers at the backend URL."""
+
+
+def rewrite_urls(payload: Any, to_browser: Callable[[str], str]) -> Any:
+    """A copy of a JSON answer with every string under a ``URL_FIELDS`` key, at any depth,
+    passed through ``to_browser``; everything else is kept as it is."""
+    if isinstance(payload, list):
+        return [rewrite_urls(item, to_browser) for item in payload]
+    if isinstance(payload, dict):
+        return {
+            key: to_browser(value) if key in URL_FIELDS and isinstance(value, str) else rewrite_urls(value, to_browser)
+            for key, value in payload.items()
+        }
+    return payload
 
 
 def format_detail(detail: Any) -> str:
@@ -74,10 +91,10 @@ def format_detail(detail: Any) -> str:
 
 
 class BackendClient:
-    """Calls the endpoints of docs/api.md and returns validated ``ui.schemas`` objects.
+    """Calls the endpoints of docs/api.md and returns validated ``backend.schemas`` objects.
 
-    ``public_url`` is the backend URL as the *browser* reaches it (relative image URLs in answers
-    are resolved against it when rendered); it defaults to ``base_url``.
+    ``public_url`` is the backend URL as the *browser* reaches it: the image URLs of every answer
+    are rewritten to it (``browser_url``) before validation; it defaults to ``base_url``.
     """
 
     def __init__(
@@ -110,20 +127,20 @@ class BackendClient:
 
     # -- endpoints ---------------------------------------------------------------------------
 
-    def health(self) -> Health:
-        return self._get("/health", Health)
+    def health(self) -> HealthOut:
+        return self._get("/health", HealthOut)
 
-    def models(self) -> list[ModelInfo]:
-        return self._get("/models", list[ModelInfo])
+    def models(self) -> list[ModelOut]:
+        return self._get("/models", list[ModelOut])
 
-    def examples(self, split: str = "test", n: int = 8) -> Examples:
-        return self._get("/examples", Examples, params={"split": split, "n": n})
+    def examples(self, split: str = "test", n: int = 8) -> ExamplesOut:
+        return self._get("/examples", ExamplesOut, params={"split": split, "n": n})
 
-    def compare_text(self, query: str, models: Sequence[str] | None = None, k: int = 10) -> TextComparison:
+    def compare_text(self, query: str, models: Sequence[str] | None = None, k: int = 10) -> CompareTextOut:
         body: dict[str, Any] = {"query": query, "k": k}
         if models:
             body["models"] = list(models)
-        return self._call("POST", "/compare/text", TextComparison, json=body)
+        return self._call("POST", "/compare/text", CompareTextOut, json=body)
 
     def compare_image(
         self,
@@ -132,7 +149,7 @@ class BackendClient:
         file: str | Path | None = None,
         models: Sequence[str] | None = None,
         k: int = 10,
-    ) -> ImageComparison:
+    ) -> CompareImageOut:
         """Compare two models on a gallery image (``image_id``) or an uploaded PNG/JPEG (``file``)."""
         if (image_id is None) == (file is None):
             raise ValueError("give exactly one of image_id and file")
@@ -151,30 +168,32 @@ class BackendClient:
             except OSError as exc:
                 raise BackendError(f"cannot read the uploaded image {path}: {exc.strerror}") from exc
             fields["file"] = (path.name, content, mime or "application/octet-stream")
-        return self._call("POST", "/compare/image", ImageComparison, files=fields)
+        return self._call("POST", "/compare/image", CompareImageOut, files=fields)
 
     def failures(
         self,
-        direction: Direction,
-        which: FailureKind,
+        direction: str,
+        which: str,
         limit: int = 20,
         models: Sequence[str] | None = None,
-    ) -> Failures:
+    ) -> FailuresOut:
+        """Queries one model ranks well and the other badly: ``direction`` is ``t2i`` or ``i2t``,
+        ``which`` is ``baseline_only``, ``aoq_only`` or ``both`` (the backend checks them)."""
         params: dict[str, Any] = {"direction": direction, "which": which, "limit": limit}
         if models:
             params["models"] = ",".join(models)
-        return self._get("/failures", Failures, params=params)
+        return self._get("/failures", FailuresOut, params=params)
 
-    def metrics(self, model: str) -> Metrics:
-        return self._get(f"/metrics/{quote(model, safe='')}", Metrics)
+    def metrics(self, model: str) -> MetricsOut:
+        return self._get(f"/metrics/{quote(model, safe='')}", MetricsOut)
 
-    def negatives(self, kind: str, item_id: int, model: str, n: int = 5, seed: int | None = None) -> Negatives:
+    def negatives(self, kind: str, item_id: int, model: str, n: int = 5, seed: int | None = None) -> NegativesOut:
         """Offline (mined) and online (in-batch) hard negatives of a training item; ``seed``
         picks the random batch the online ones come from."""
         params: dict[str, Any] = {"kind": kind, "id": item_id, "model": model, "n": n}
         if seed is not None:
             params["seed"] = seed
-        return self._get("/negatives", Negatives, params=params)
+        return self._get("/negatives", NegativesOut, params=params)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -201,7 +220,7 @@ class BackendClient:
         except ValueError as exc:
             raise BackendError(f"The search service answered {where} with something that is not JSON.") from exc
         try:
-            return TypeAdapter(shape).validate_python(payload, context={"to_browser": self.browser_url})
+            return TypeAdapter(shape).validate_python(rewrite_urls(payload, self.browser_url))
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or "(root)"
@@ -213,7 +232,9 @@ class BackendClient:
 
 def _http_error(response: httpx.Response, where: str) -> BackendError:
     try:
-        detail = format_detail(response.json().get("detail"))
+        body = response.json()
+        # A 422 carries its problems as a list too; formatted, it reads "query: ..." not "body.query: ...".
+        detail = format_detail(body.get("errors") or body.get("detail"))
     except (ValueError, AttributeError):
         detail = response.text.strip()[:300] or response.reason_phrase
     status = response.status_code
@@ -230,4 +251,5 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "format_detail",
+    "rewrite_urls",
 ]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from backend.schemas import CompareImageOut, CompareTextOut, ExampleCaption, ExampleImage, FailureItem
 from ui import plots
 from ui.client import BackendClient, BackendError
 from ui.render import (
@@ -30,7 +31,6 @@ from ui.render import (
     render_status,
     render_text_column,
 )
-from ui.schemas import ExampleCaption, ExampleImage, FailureItem, ImageComparison, TextComparison
 
 N_EXAMPLES = 12
 N_TRAIN_PICKS = 10
@@ -89,12 +89,12 @@ def _column_title(side: str, model: str) -> str:
     return f"{side}: {model}"
 
 
-def _text_columns(client: BackendClient, answer: TextComparison) -> tuple[str, str]:
+def _text_columns(client: BackendClient, answer: CompareTextOut) -> tuple[str, str]:
     return (render_text_column(answer.left, _column_title("Left", answer.left.model), client.public_url),
             render_text_column(answer.right, _column_title("Right", answer.right.model), client.public_url))
 
 
-def _image_columns(answer: ImageComparison) -> tuple[str, str]:
+def _image_columns(answer: CompareImageOut) -> tuple[str, str]:
     return (render_image_column(answer.left, _column_title("Left", answer.left.model)),
             render_image_column(answer.right, _column_title("Right", answer.right.model)))
 

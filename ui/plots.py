@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
-from ui.schemas import CurvePoint, Metrics
+from backend.schemas import CurvePoint, MetricsOut
 
 ROUND_MARKERS = {1: "o", 2: "s"}
 
@@ -25,7 +25,7 @@ def curve_positions(points: Sequence[CurvePoint]) -> list[tuple[int, CurvePoint]
     return [(i + 1, p) for i, p in enumerate(ordered)]
 
 
-def recall_curves_figure(all_metrics: Sequence[Metrics]) -> Figure:
+def recall_curves_figure(all_metrics: Sequence[MetricsOut]) -> Figure:
     """R@1 against training epoch, one panel per direction, one colour per model."""
     fig = Figure(figsize=(9, 3.4), layout="constrained")
     axes = fig.subplots(1, 2, sharex=True)
@@ -51,7 +51,7 @@ def recall_curves_figure(all_metrics: Sequence[Metrics]) -> Figure:
     return fig
 
 
-def histogram_table(all_metrics: Sequence[Metrics]) -> tuple[list[str], dict[str, list[float]]]:
+def histogram_table(all_metrics: Sequence[MetricsOut]) -> tuple[list[str], dict[str, list[float]]]:
     """Bins (in first-seen order over models) and, per model, the percentage of pairs in each bin."""
     bins: list[str] = []
     for metrics in all_metrics:
@@ -68,7 +68,7 @@ def histogram_table(all_metrics: Sequence[Metrics]) -> tuple[list[str], dict[str
     return bins, shares
 
 
-def rank_histogram_figure(all_metrics: Sequence[Metrics]) -> Figure:
+def rank_histogram_figure(all_metrics: Sequence[MetricsOut]) -> Figure:
     """Grouped bars: share of positive pairs per cross-retrieval rank interval, per model."""
     fig = Figure(figsize=(9, 3.4), layout="constrained")
     ax = fig.subplots()

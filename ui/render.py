@@ -12,17 +12,17 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from urllib.parse import urljoin
 
-from ui.client import BackendError, BackendUnavailable
-from ui.schemas import (
-    Failures,
-    Health,
-    ImageSearch,
-    Metrics,
-    ModelInfo,
+from backend.schemas import (
+    FailuresOut,
+    HealthOut,
+    MetricsOut,
+    ModelOut,
     NegativeItem,
-    Negatives,
-    TextSearch,
+    NegativesOut,
+    SearchImageOut,
+    SearchTextOut,
 )
+from ui.client import BackendError, BackendUnavailable
 
 TICK = "\u2714"  # heavy check mark, as the paper ticks correct items
 GT_THUMB_PX = 96
@@ -78,7 +78,7 @@ def render_notice(message: str) -> str:
     return f'<div class="aoq-notice">{escape(message)}</div>'
 
 
-def pick_default_models(models: Sequence[ModelInfo]) -> tuple[str | None, str | None, list[str]]:
+def pick_default_models(models: Sequence[ModelOut]) -> tuple[str | None, str | None, list[str]]:
     """Default (left, right) model names: the enabled models with role baseline and aoq.
 
     A missing role falls back to another enabled model (a single model is compared with itself)
@@ -99,7 +99,7 @@ def pick_default_models(models: Sequence[ModelInfo]) -> tuple[str | None, str | 
     return picks[0], picks[1], warnings
 
 
-def model_label(model: ModelInfo) -> str:
+def model_label(model: ModelOut) -> str:
     """Dropdown label: name, role, loss and encoder (what differs between the two columns)."""
     bits = [b for b in (model.role, model.loss, model.image_encoder) if b]
     return f"{model.name} ({', '.join(bits)})" if bits else model.name
@@ -107,8 +107,8 @@ def model_label(model: ModelInfo) -> str:
 
 def render_status(
     backend_url: str,
-    health: Health | None = None,
-    models: Sequence[ModelInfo] = (),
+    health: HealthOut | None = None,
+    models: Sequence[ModelOut] = (),
     error: BackendError | None = None,
     warnings: Iterable[str] = (),
 ) -> str:
@@ -157,7 +157,7 @@ def _header(title: str, meta: str, latency_ms: float | None) -> str:
     return f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{latency}{meta}</div>"
 
 
-def render_text_column(answer: TextSearch, title: str, public_url: str) -> str:
+def render_text_column(answer: SearchTextOut, title: str, public_url: str) -> str:
     """One model's top-k images for a text query: rank, score, a tick on ground-truth images."""
     any_gt = any(hit.is_ground_truth for hit in answer.results)
     meta = _gt_line(public_url, answer.ground_truth_rank, answer.ground_truth_ids, any_gt, "image")
@@ -177,7 +177,7 @@ def render_text_column(answer: TextSearch, title: str, public_url: str) -> str:
     return f'<div class="aoq-col">{_header(title, meta, answer.latency_ms)}{body}</div>'
 
 
-def render_image_column(answer: ImageSearch, title: str) -> str:
+def render_image_column(answer: SearchImageOut, title: str) -> str:
     """One model's top-k captions for an image query: rank, score, a tick on ground-truth captions."""
     any_gt = any(hit.is_ground_truth for hit in answer.results)
     meta = _gt_line("", answer.ground_truth_rank, answer.ground_truth_ids, any_gt, "caption")
@@ -202,23 +202,19 @@ def render_query_image(public_url: str, url: str, label: str) -> str:
             f'<img src="{escape(media_url(public_url, url))}" alt="{escape(label)}"></div>')
 
 
-def failure_choices(failures: Failures) -> list[tuple[str, int]]:
+def failure_choices(failures: FailuresOut) -> list[tuple[str, int]]:
     """Dropdown entries (label, query id) for the listed failure cases."""
     choices = []
     for item in failures.items:
         what = item.query_text if failures.direction == "t2i" else f"image {item.query_id}"
         what = what or f"query {item.query_id}"
         short = what if len(what) <= 70 else what[:67] + "..."
-        choices.append((f"{short}  [{failures.left}: {_rank(item.left_rank)}, "
-                        f"{failures.right}: {_rank(item.right_rank)}]", item.query_id))
+        choices.append((f"{short}  [{failures.left}: rank {item.left_rank}, "
+                        f"{failures.right}: rank {item.right_rank}]", item.query_id))
     return choices
 
 
-def _rank(rank: int | None) -> str:
-    return "rank ?" if rank is None else f"rank {rank}"
-
-
-def render_failures_summary(failures: Failures) -> str:
+def render_failures_summary(failures: FailuresOut) -> str:
     """How many cases of the asked kind exist, and how many are listed."""
     kind = WHICH_LABELS.get(failures.which, failures.which)
     direction = DIRECTION_LABELS.get(failures.direction, failures.direction)
@@ -252,11 +248,10 @@ def _negative_block(public_url: str, title: str, items: Sequence[NegativeItem], 
     return f'<div class="aoq-col"><h4>{escape(title)}</h4>{inner}</div>'
 
 
-def render_negatives(answer: Negatives, public_url: str) -> tuple[str, str, str]:
+def render_negatives(answer: NegativesOut, public_url: str) -> tuple[str, str, str]:
     """(anchor, offline column, online column) for the offline-negatives tab (paper Fig. 3).
 
-    A caption anchor has image negatives and an image anchor has caption negatives; the
-    anchor's positives, when the backend sends them, are shown under the anchor.
+    A caption anchor has image negatives and an image anchor has caption negatives.
     """
     if answer.kind == "caption":
         anchor = f'<div class="aoq-query">Anchor caption {answer.id}: <q>{escape(answer.text or "")}</q></div>'
@@ -264,8 +259,6 @@ def render_negatives(answer: Negatives, public_url: str) -> tuple[str, str, str]
     else:
         anchor = render_query_image(public_url, answer.image_url or f"/images/{answer.id}", f"anchor image {answer.id}")
         negative_kind = "caption"
-    if answer.positives:
-        anchor += _negative_block(public_url, "Positive(s)", answer.positives, negative_kind)
     offline = _negative_block(public_url, "Offline hard negatives (mined from the whole training set; rank)",
                               answer.offline, negative_kind)
     online = _negative_block(public_url, "Online hard negatives (hardest in a random batch of 128; score)",
@@ -276,7 +269,7 @@ def render_negatives(answer: Negatives, public_url: str) -> tuple[str, str, str]
 _TABLE_COLUMNS = {"r1": "R@1", "r5": "R@5", "r10": "R@10", "medr": "medr", "meanr": "meanr"}
 
 
-def render_metrics_table(all_metrics: Sequence[Metrics]) -> str:
+def render_metrics_table(all_metrics: Sequence[MetricsOut]) -> str:
     """The R@K table of every model under every protocol it was evaluated with."""
     head = "".join(f"<th>{d} {label}</th>" for d in ("i2t", "t2i") for label in _TABLE_COLUMNS.values())
     rows = []

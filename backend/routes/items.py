@@ -13,7 +13,14 @@ from backend.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from backend.errors import ServiceError
 from backend.images import media_type, thumbnail_png
 from backend.paths import safe_path
-from backend.schemas import MAX_ID, CaptionOut, ErrorOut, ExampleCaption, ExampleImage, ExamplesOut
+from backend.schemas import (
+    MAX_ID,
+    CaptionOut,
+    ErrorOut,
+    ExampleCaption,
+    ExampleImage,
+    ExamplesOut,
+)
 
 router = APIRouter(tags=["items"])
 ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}

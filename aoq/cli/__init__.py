@@ -1,0 +1,61 @@
+"""Command modules of the `aoq` CLI (see aoq/cli/main.py), and what several of them share."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from aoq.config import ConfigError
+
+
+def shortcut_overrides(args: argparse.Namespace, flags: dict[str, str]) -> list[str]:
+    """``--set`` values followed by the shortcut flags (``flag -> section.key``), which therefore win."""
+    out = list(args.overrides)
+    for flag, key in flags.items():
+        value = getattr(args, flag)
+        if value is not None:
+            out.append(f"{key}={value}")
+    return out
+
+
+def set_threads(threads: int | None) -> None:
+    """Apply ``--threads`` to torch's CPU thread pool (None keeps torch's choice)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, *, required: bool = True, config_help: str | None = None,
+                     example: str = "model.image_encoder=vsrn") -> None:
+    """``--config`` (the run's YAML) and repeatable ``--set KEY=VALUE`` overrides."""
+    parser.add_argument("--config", required=required,
+                        help=config_help or "experiment YAML, e.g. configs/synthetic.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a config value, e.g. {example} (repeatable)")
+
+
+def add_training_flags(parser: argparse.ArgumentParser, section: str) -> None:
+    """The run flags of ``aoq train`` / ``aoq train2``: shortcuts for ``<section>.epochs|seed|device``,
+    torch threads and the progress bar."""
+    parser.add_argument("--epochs", type=int, help=f"{section}.epochs")
+    parser.add_argument("--seed", type=int, help=f"{section}.seed")
+    parser.add_argument("--device", help=f"{section}.device: auto, cpu, cuda, cuda:1 ...")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def print_training_result(round_name: str, result: Any, settings: str) -> None:
+    """The closing lines of ``aoq train`` / ``aoq train2``: status, best epoch and where the files are.
+
+    ``result`` is the trainer's ``TrainResult``; ``settings`` describes the loss (and variant)."""
+    status = ("already finished" if result.already_finished
+              else "resumed and finished" if result.resumed else "finished")
+    print(f"{round_name} {status}: {result.epochs_done} epochs, {settings}, "
+          f"best dev rsum {result.best_rsum:.2f} at epoch {result.best_epoch}")
+    print(f"best checkpoint: {result.best_dir}")
+    print(f"last checkpoint: {result.last_dir}")
+    print(f"metrics log:     {result.run_dir / 'metrics.jsonl'}")

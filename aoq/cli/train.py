@@ -1,0 +1,37 @@
+"""``aoq train``: round-1 training with an in-batch loss; resumable (re-run the same command)."""
+
+from __future__ import annotations
+
+import argparse
+
+from aoq.cli import (
+    add_config_flags,
+    add_training_flags,
+    print_training_result,
+    set_threads,
+    shortcut_overrides,
+)
+from aoq.config import load_config
+from aoq.names import ROUND1_LOSSES
+
+SHORTCUTS = {"loss": "train.loss", "epochs": "train.epochs", "seed": "train.seed", "device": "train.device"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_flags(parser)
+    parser.add_argument("--loss", choices=ROUND1_LOSSES, help="round-1 loss (train.loss)")
+    parser.add_argument("--out", help="run folder (out_dir); round 1 writes to OUT/round1")
+    add_training_flags(parser, "train")
+
+
+def run(args: argparse.Namespace) -> int:
+    from training.round1 import train_round1
+
+    set_threads(args.threads)
+    cfg = load_config(args.config, shortcut_overrides(args, SHORTCUTS))
+    if args.out is not None:
+        # Assigned, not parsed as YAML: a folder called "null" or "2024" stays a string.
+        cfg.out_dir = args.out
+    result = train_round1(cfg, progress_bar=not args.no_progress)
+    print_training_result("round 1", result, f"loss {cfg.train.loss}")
+    return 0

@@ -1,0 +1,213 @@
+"""The one configuration object of a run: a YAML file under ``configs/`` validated by pydantic,
+with dotted ``key=value`` overrides from the command line.
+
+Example::
+
+    cfg = load_config("configs/synthetic.yaml", ["train.epochs=3", "model.image_encoder=vsrn"])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from aoq.names import Round1Loss, Round2Loss
+
+
+class ConfigError(ValueError):
+    """The configuration file or an override is invalid; the message says which key and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Strict):
+    """Where the dataset lives and how to read it."""
+
+    format: Literal["precomp", "karpathy"] = "precomp"
+    #: precomp: the folder holding ``{split}_ims.npy`` / ``{split}_caps.txt``;
+    #: karpathy: the ``dataset_*.json`` file.
+    path: str
+    #: karpathy only: folder the JSON's ``filepath/filename`` are relative to (default: JSON's folder).
+    image_root: str | None = None
+    name: str = "dataset"
+    train_split: str = "train"
+    dev_split: str = "dev"
+    test_split: str = "test"
+    captions_per_image: int = Field(5, ge=1)
+    vocab_threshold: int = Field(4, ge=1)
+    #: cut the dev split to this many captions (the public COCO code uses 5,000 for speed).
+    max_dev_images: int | None = Field(None, ge=1)
+    #: raw-image models: side of the square the images are resized to.
+    image_size: int = Field(64, ge=16, le=512)
+
+
+class ModelConfig(_Strict):
+    """The matching model: a text encoder and one of the image encoders, joint space size."""
+
+    image_encoder: Literal["vse", "vsrn", "cnn"] = "vse"
+    embed_dim: int = Field(1024, ge=8)
+    word_dim: int = Field(300, ge=8)
+    text_layers: int = Field(1, ge=1)
+    bidirectional: bool = False
+    gcn_layers: int = Field(4, ge=0)
+    pooling: Literal["mean", "max"] = "mean"
+    cnn_width: int = Field(32, ge=4)
+    #: optional local torchvision ResNet weights file for the ``cnn`` encoder (never downloaded).
+    resnet_weights: str | None = None
+
+
+class OptimConfig(_Strict):
+    """Optimisation settings shared by both rounds (Adam, step decay, gradient clipping)."""
+
+    epochs: int = Field(30, ge=1)
+    lr: float = Field(2e-4, gt=0)
+    #: the learning rate is multiplied by ``lr_decay_factor`` every ``lr_decay_epochs`` epochs.
+    lr_decay_epochs: int = Field(15, ge=1)
+    lr_decay_factor: float = Field(0.1, gt=0, le=1)
+    batch_size: int = Field(128, ge=2)
+    grad_clip: float = Field(2.0, gt=0)
+    seed: int = 0
+    device: str = "auto"
+    num_workers: int = Field(0, ge=0)
+    #: save resumable state every this many steps (and at every epoch end).
+    save_every_steps: int = Field(200, ge=1)
+    #: stop an epoch after this many batches (smoke tests, quick demos); None = full epoch.
+    max_steps_per_epoch: int | None = Field(None, ge=1)
+
+
+class TrainConfig(OptimConfig):
+    """Round 1: one of the in-batch losses."""
+
+    loss: Round1Loss = "max_violation"
+    margin: float = Field(0.2, ge=0)
+    #: temperature of smooth_ap (default 0.01) and infonce (default 0.05).
+    tau: float | None = Field(None, gt=0)
+
+
+class MiningConfig(_Strict):
+    """Offline hard-negative mining after round 1 ("global similarity score prediction")."""
+
+    #: top-H captions kept per image / images kept per caption (public AOQ code: 2000 / 400).
+    top_captions: int = Field(2000, ge=1)
+    top_images: int = Field(400, ge=1)
+    block_size: int = Field(4096, ge=16)
+    backend: Literal["torch", "faiss"] = "torch"
+    device: str = "auto"
+    #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
+    teacher: str | None = None
+
+
+class Round2Config(OptimConfig):
+    """Round 2: a fresh model trained with offline hard negatives (paper Eq. 3-5)."""
+
+    loss: Round2Loss = "adaptive_offline_quintuplet"
+    #: paper ablations (Table 3): drop the online terms, derived pairs from online negatives,
+    #: adaptive weight from S(i,t) instead of the offline score.
+    variant: Literal["none", "only_offline", "online_quin", "no_offline_adapt"] = "none"
+    init: Literal["scratch", "finetune"] = "scratch"
+    #: init="finetune": the checkpoint whose weights round 2 starts from (the round-1 model).
+    init_from: str | None = None
+    h_t: int = Field(300, ge=1)
+    h_i: int = Field(60, ge=1)
+    sampling: Literal["uniform", "normal"] = "uniform"
+    #: sampling="normal": rank n = floor(|x|), x ~ Normal(normal_center * h_t, normal_scale * h_t),
+    #: redrawn until n < h_t; the defaults are a half-normal, hardest ranks most likely
+    #: (training/sampling.py; normal_center=0.5 makes the top ranks rarer, as the paper tried).
+    normal_center: float = Field(0.0, ge=0, le=1)
+    normal_scale: float = Field(0.5, gt=0)
+    margin_online: float = 0.2
+    margin_offline: float = 0.0
+    alpha: float = Field(0.3, gt=0)
+    beta: float = 1.5
+    epochs: int = Field(20, ge=1)
+    lr_decay_epochs: int = Field(10, ge=1)
+
+
+class ExperimentConfig(_Strict):
+    """Everything one run needs; saved inside every artefact it produces."""
+
+    name: str = "experiment"
+    #: where the run's folders go; ``{name}`` is replaced by the name.
+    out_dir: str = "runs/{name}"
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    mining: MiningConfig = MiningConfig()
+    round2: Round2Config = Round2Config()
+
+    @model_validator(mode="after")
+    def _check(self) -> "ExperimentConfig":
+        if self.round2.h_t > self.mining.top_captions:
+            raise ValueError(
+                f"round2.h_t={self.round2.h_t} exceeds mining.top_captions={self.mining.top_captions}"
+            )
+        if self.round2.h_i > self.mining.top_images:
+            raise ValueError(
+                f"round2.h_i={self.round2.h_i} exceeds mining.top_images={self.mining.top_images}"
+            )
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir.format(name=self.name))
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {k!r} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``a.b=value`` into the dotted key and a YAML-typed value."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        return key, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: cannot parse value ({exc})") from exc
+
+
+def config_from_dict(tree: dict[str, Any], overrides: list[str] | None = None, source: str = "config") -> ExperimentConfig:
+    """Validate a config tree after applying dotted overrides."""
+    tree = yaml.safe_load(yaml.safe_dump(tree))  # deep copy through plain types
+    for item in overrides or []:
+        _set_dotted(tree, *parse_override(item))
+    try:
+        return ExperimentConfig.model_validate(tree)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"{source}: invalid configuration: {problems}") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read a YAML config file, apply ``section.key=value`` overrides, validate.
+
+    Relative data paths in the file stay relative to the current directory (the repository
+    root in every documented command).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return config_from_dict(tree, overrides, source=str(path))

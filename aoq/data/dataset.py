@@ -1,0 +1,108 @@
+"""The one in-memory description of an image-text dataset, shared by every reader.
+
+A split holds ``n_images`` images and exactly ``captions_per_image`` captions per image, stored
+image by image: captions ``k*cpi .. k*cpi + cpi - 1`` belong to image ``k`` (the convention of
+VSE++/SCAN/VSRN and of :mod:`aoq.metrics`). Images come as precomputed region features
+(precomp), as image files (Karpathy JSON), or both (the synthetic benchmark).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Bad dataset input; the message names the file and the problem."""
+
+
+@dataclass
+class SplitData:
+    """One split of a dataset.
+
+    Attributes:
+        name: split name as the user asked for it (``train``, ``dev``, ``test``, ...).
+        captions: raw caption strings, ``n_images * captions_per_image`` of them.
+        captions_per_image: captions per image (5 for COCO/Flickr30K).
+        image_ids: a stable string id per image (file name, COCO id, or row index).
+        image_paths: image files (Karpathy / synthetic), or None for feature-only data.
+        features: region features ``(N, R, D)`` or global features ``(N, D)``; usually a
+            read-only memory map, so huge splits never have to fit in RAM. None for image-only data.
+    """
+
+    name: str
+    captions: list[str]
+    captions_per_image: int
+    image_ids: list[str]
+    image_paths: list[Path] | None = None
+    features: np.ndarray | None = None
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.image_ids)
+        if self.image_paths is not None and len(self.image_paths) != n:
+            raise DataError(f"{self.source}: {len(self.image_paths)} image paths for {n} images")
+        if self.features is not None and self.features.shape[0] != n:
+            raise DataError(f"{self.source}: {self.features.shape[0]} feature rows for {n} images")
+        if len(self.captions) != n * self.captions_per_image:
+            raise DataError(
+                f"{self.source}: {len(self.captions)} captions for {n} images x "
+                f"{self.captions_per_image} captions per image"
+            )
+
+    @property
+    def n_images(self) -> int:
+        return len(self.image_ids)
+
+    @property
+    def n_captions(self) -> int:
+        return len(self.captions)
+
+    @property
+    def caption_to_image(self) -> np.ndarray:
+        """``caption_to_image[c]`` is the index of the image caption ``c`` describes."""
+        return np.arange(self.n_captions) // self.captions_per_image
+
+    def image_captions(self, image: int) -> range:
+        """Caption indices of image ``image``."""
+        cpi = self.captions_per_image
+        return range(image * cpi, (image + 1) * cpi)
+
+    def subset(self, n_images: int) -> "SplitData":
+        """The first ``n_images`` images and their captions (e.g. the COCO dev cut, 1K folds)."""
+        n = min(n_images, self.n_images)
+        cpi = self.captions_per_image
+        return SplitData(
+            name=self.name,
+            captions=self.captions[: n * cpi],
+            captions_per_image=cpi,
+            image_ids=self.image_ids[:n],
+            image_paths=None if self.image_paths is None else self.image_paths[:n],
+            features=None if self.features is None else self.features[:n],
+            source=self.source,
+            extra=dict(self.extra),
+        )
+
+    @property
+    def feature_dim(self) -> int | None:
+        return None if self.features is None else int(self.features.shape[-1])
+
+
+@dataclass
+class DatasetDescription:
+    """A dataset: its name, format, root and the splits that were read."""
+
+    name: str
+    format: str
+    root: Path
+    splits: dict[str, SplitData]
+
+    def split(self, name: str) -> SplitData:
+        if name not in self.splits:
+            raise DataError(
+                f"{self.root}: unknown split {name!r}; available: {', '.join(sorted(self.splits))}"
+            )
+        return self.splits[name]

@@ -1,0 +1,116 @@
+"""Turn images and captions into joint-space embeddings (float32 numpy, one row per item).
+
+Every function runs the model in eval mode without gradients and puts it back in the mode it
+was in, so the trainer can call them for validation in the middle of an epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from aoq.data.dataset import SplitData
+from aoq.data.loaders import (
+    CaptionDataset,
+    ImageDataset,
+    collate_captions,
+    collate_images,
+    pad_tokens,
+)
+from aoq.data.vocab import Vocabulary
+from aoq.models.joint import JointModel
+
+
+@contextlib.contextmanager
+def _inference(model: JointModel) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _device(model: JointModel, device: str | torch.device | None) -> torch.device:
+    return next(model.parameters()).device if device is None else torch.device(device)
+
+
+def _numpy(x: Tensor) -> np.ndarray:
+    return x.float().cpu().numpy()
+
+
+def encode_image_inputs(model: JointModel, inputs: Tensor, device: str | torch.device | None = None) -> np.ndarray:
+    """Embed a batch of image inputs (features or pixels, as ``model.image_input`` says).
+
+    Args:
+        inputs: (B, R, D) / (B, D) features or (B, 3, H, W) pixels.
+        device: where to run; default the model's device (the model must already be there).
+
+    Returns:
+        (B, d) float32 array of unit-norm rows.
+    """
+    with _inference(model):
+        return _numpy(model.encode_images(inputs.to(_device(model, device))))
+
+
+def encode_texts(
+    model: JointModel, vocab: Vocabulary, texts: list[str], device: str | torch.device | None = None,
+    batch_size: int = 256,
+) -> np.ndarray:
+    """Embed raw caption strings (tokenised with ``vocab``); (len(texts), d) float32."""
+    dev = _device(model, device)
+    out = []
+    with _inference(model):
+        for start in range(0, len(texts), batch_size):
+            seqs = [torch.tensor(vocab.encode(t), dtype=torch.long) for t in texts[start : start + batch_size]]
+            tokens, lengths = pad_tokens(seqs)
+            out.append(_numpy(model.encode_texts(tokens.to(dev), lengths)))
+    if not out:
+        return np.zeros((0, _embed_dim(model)), dtype=np.float32)
+    return np.concatenate(out)
+
+
+def encode_split(
+    model: JointModel,
+    vocab: Vocabulary,
+    split: SplitData,
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+    image_size: int = 64,
+    progress: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Embed every image and every caption of a split.
+
+    Args:
+        image_size: side of the square images for pixel models (the training value,
+            ``data.image_size``); ignored for feature models.
+        progress: show tqdm bars.
+
+    Returns:
+        ``(img_emb (n_images, d), cap_emb (n_captions, d))`` float32, in the split's order.
+    """
+    dev = _device(model, device)
+    images = DataLoader(ImageDataset(split, model.image_input, image_size), batch_size=batch_size,
+                        collate_fn=collate_images)
+    captions = DataLoader(CaptionDataset(split, vocab), batch_size=batch_size, collate_fn=collate_captions)
+    img_out, cap_out = [], []
+    with _inference(model):
+        for batch in tqdm(images, desc=f"embed {split.name} images", disable=not progress, leave=False):
+            img_out.append(_numpy(model.encode_images(batch["images"].to(dev))))
+        for batch in tqdm(captions, desc=f"embed {split.name} captions", disable=not progress, leave=False):
+            cap_out.append(_numpy(model.encode_texts(batch["tokens"].to(dev), batch["lengths"])))
+    d = _embed_dim(model)
+    img = np.concatenate(img_out) if img_out else np.zeros((0, d), np.float32)
+    cap = np.concatenate(cap_out) if cap_out else np.zeros((0, d), np.float32)
+    return img, cap
+
+
+def _embed_dim(model: JointModel) -> int:
+    return model.text_encoder.rnn.hidden_size

@@ -1,0 +1,106 @@
+"""The mined-negatives artefact: per image the ids of its hardest captions, per caption the ids of its
+hardest images (written by the miner, read by round 2 and by the service's negatives explorer)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aoq.io import (
+    ArtefactError,
+    atomic_dir,
+    atomic_save_npy,
+    read_manifest,
+    write_manifest,
+)
+
+log = logging.getLogger(__name__)
+
+KIND = "mined_negatives"
+IMG_FILE = "img_top_caps.npy"
+CAP_FILE = "cap_top_imgs.npy"
+
+
+@dataclass
+class MinedNegatives:
+    """A loaded mined-negatives artefact (arrays memory-mapped read-only)."""
+
+    img_top_caps: np.ndarray  # (N_i, H_t) int32
+    cap_top_imgs: np.ndarray  # (N_c, H_i) int32
+    manifest: dict
+    path: Path
+
+    @property
+    def top_captions(self) -> int:
+        return int(self.img_top_caps.shape[1])
+
+    @property
+    def top_images(self) -> int:
+        return int(self.cap_top_imgs.shape[1])
+
+    @property
+    def captions_per_image(self) -> int:
+        return int(self.cap_top_imgs.shape[0] // self.img_top_caps.shape[0])
+
+    @property
+    def checkpoint_hash(self) -> str | None:
+        return self.manifest.get("checkpoint_hash")
+
+
+def save_mined(
+    directory: str | Path,
+    img_top_caps: np.ndarray,
+    cap_top_imgs: np.ndarray,
+    manifest_extra: dict[str, Any] | None = None,
+    config: Any = None,
+) -> dict:
+    """Write the artefact atomically: both arrays (int32 ``.npy``) and ``manifest.json``.
+
+    ``manifest_extra`` typically holds ``checkpoint_hash``; the H values and shapes are added
+    here. Returns the manifest.
+    """
+    extra = dict(manifest_extra or {})
+    extra.update(
+        top_captions=int(img_top_caps.shape[1]),
+        top_images=int(cap_top_imgs.shape[1]),
+        shapes={IMG_FILE: list(img_top_caps.shape), CAP_FILE: list(cap_top_imgs.shape)},
+    )
+    with atomic_dir(directory) as tmp:
+        atomic_save_npy(tmp / IMG_FILE, np.asarray(img_top_caps, dtype=np.int32))
+        atomic_save_npy(tmp / CAP_FILE, np.asarray(cap_top_imgs, dtype=np.int32))
+        manifest = write_manifest(tmp, KIND, config, **extra)
+    return manifest
+
+
+def load_mined(directory: str | Path, verify: bool = True) -> MinedNegatives:
+    """Load a mined-negatives artefact, memory-mapped read-only.
+
+    Raises:
+        ArtefactError: the directory, manifest or an array is missing, of another kind,
+            corrupted or truncated (hash or shape mismatch), naming the file.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory, kind=KIND, verify=verify)
+    arrays = []
+    for name in (IMG_FILE, CAP_FILE):
+        path = directory / name
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ArtefactError(f"{path}: cannot be read as a .npy array ({exc})") from exc
+        expected = manifest.get("shapes", {}).get(name)
+        if arr.dtype != np.int32 or arr.ndim != 2 or (expected is not None and list(arr.shape) != expected):
+            raise ArtefactError(f"{path}: expected int32 {expected}, found {arr.dtype} {list(arr.shape)}")
+        arrays.append(arr)
+    img_top_caps, cap_top_imgs = arrays
+    if img_top_caps.shape[0] == 0 or cap_top_imgs.shape[0] % img_top_caps.shape[0]:
+        raise ArtefactError(
+            f"{directory}: {cap_top_imgs.shape[0]} caption rows do not match {img_top_caps.shape[0]} image rows"
+        )
+    return MinedNegatives(img_top_caps, cap_top_imgs, manifest, directory)
+
+

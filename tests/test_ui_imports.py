@@ -1,0 +1,70 @@
+"""The UI talks HTTP only: it imports neither the core library (aoq), the training app, the CLI,
+nor any backend module but the pydantic contract (backend.schemas), and never loads torch or FAISS,
+so it installs and starts without them."""
+
+from __future__ import annotations
+
+import ast
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ui
+
+UI_DIR = Path(ui.__file__).parent
+ALLOWED_BACKEND = {"backend", "backend.schemas"}
+HEAVY = ("torch", "faiss")
+
+
+def _ui_modules() -> list[str]:
+    return sorted(f"ui.{m.name}" for m in pkgutil.walk_packages([str(UI_DIR)]))
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at any depth (lazy imports inside functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def _forbidden(module: str) -> bool:
+    top = module.split(".")[0]
+    if top == "backend":
+        return module not in ALLOWED_BACKEND
+    return top in ("aoq", "training", *HEAVY)
+
+
+def test_the_ui_modules_are_found():
+    assert {"ui.app", "ui.client", "ui.handlers", "ui.plots", "ui.render"} <= set(_ui_modules())
+
+
+def test_no_ui_file_imports_the_library_training_cli_or_service():
+    bad = {path.name: sorted(m for m in _imports(path) if _forbidden(m)) for path in sorted(UI_DIR.rglob("*.py"))}
+    assert {name: mods for name, mods in bad.items() if mods} == {}
+
+
+def test_the_forbidden_rule_itself():
+    assert [_forbidden(m) for m in ("backend.schemas", "backend", "backend.app", "aoq.cli.main", "aoq",
+                                    "training.mining", "torch.nn", "faiss", "gradio", "ui.client")] == [
+        False, False, True, True, True, True, True, True, False, False]
+
+
+def test_importing_every_ui_module_loads_no_torch_faiss_or_backend_internals():
+    """In a fresh interpreter, so what other tests imported does not hide a new dependency."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {_ui_modules()!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'faiss', 'aoq', 'training', 'backend'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=UI_DIR.parent, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(ALLOWED_BACKEND)

@@ -1,0 +1,1 @@
+"""Dataset builders: the synthetic benchmark generator."""

@@ -1,0 +1,168 @@
+"""The blocked, resumable driver: every query block of both directions, saved part by part."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from aoq.device import resolve_device
+from aoq.io import (
+    atomic_save_npy,
+    stamp_matches,
+    write_stamp,
+)
+from training.mining.topk import (
+    block_topk_faiss,
+    block_topk_torch,
+    directions,
+    faiss_index,
+)
+
+log = logging.getLogger(__name__)
+
+def _array_hash(a: np.ndarray) -> str:
+    h = hashlib.sha256(str((a.shape, str(a.dtype))).encode())
+    h.update(np.ascontiguousarray(a).data)
+    return h.hexdigest()
+
+
+class _Parts:
+    """Per-block results of one job under ``work_dir/parts``, reset when the job changes."""
+
+    def __init__(self, work_dir: Path | None, job: dict) -> None:
+        self.dir = None if work_dir is None else Path(work_dir) / "parts"
+        if work_dir is None:
+            return
+        job_file = Path(work_dir) / "job.json"
+        if not stamp_matches(job_file, job):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            write_stamp(job_file, job)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, name: str, first: int) -> Path:
+        assert self.dir is not None
+        return self.dir / f"{name}_{first:010d}.npy"
+
+    def load(self, name: str, first: int, shape: tuple[int, int]) -> np.ndarray | None:
+        if self.dir is None:
+            return None
+        path = self._path(name, first)
+        try:
+            part = np.load(path, allow_pickle=False)
+        except (OSError, ValueError):
+            return None  # missing, or damaged outside our atomic writes: recompute the block
+        return part if part.shape == shape and part.dtype == np.int32 else None
+
+    def save(self, name: str, first: int, part: np.ndarray) -> None:
+        if self.dir is not None:
+            atomic_save_npy(self._path(name, first), part)
+
+
+def _check_inputs(img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captions: int, top_images: int) -> None:
+    if img_emb.ndim != 2 or cap_emb.ndim != 2 or img_emb.shape[1] != cap_emb.shape[1]:
+        raise ValueError(f"embeddings must be (N, d) with the same d, got {img_emb.shape} and {cap_emb.shape}")
+    if cap_emb.shape[0] != img_emb.shape[0] * cpi:
+        raise ValueError(
+            f"{cap_emb.shape[0]} captions for {img_emb.shape[0]} images x {cpi} captions per image"
+        )
+    if not 1 <= top_captions <= cap_emb.shape[0] - cpi:
+        raise ValueError(f"top_captions={top_captions} must be in [1, {cap_emb.shape[0] - cpi}] (captions minus own)")
+    if not 1 <= top_images <= img_emb.shape[0] - 1:
+        raise ValueError(f"top_images={top_images} must be in [1, {img_emb.shape[0] - 1}] (images minus own)")
+    for name, a in (("image", img_emb), ("caption", cap_emb)):
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} embeddings contain NaN or infinite values")
+
+
+def mine_offline_negatives(
+    img_emb: np.ndarray,
+    cap_emb: np.ndarray,
+    captions_per_image: int,
+    top_captions: int,
+    top_images: int,
+    block_size: int = 4096,
+    device: str | torch.device = "cpu",
+    *,
+    backend: Literal["torch", "faiss"] = "torch",
+    gallery_chunk: int = 16384,
+    work_dir: str | Path | None = None,
+    progress: bool = True,
+    on_block: Callable[[str, int], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-H offline negatives for every image and every caption, own positives excluded.
+
+    Args:
+        img_emb: (N_i, d) image embeddings (float32; L2-normalised for cosine models).
+        cap_emb: (N_i * captions_per_image, d) caption embeddings; caption c belongs to image
+            ``c // captions_per_image``.
+        top_captions: H_t, caption ids kept per image.
+        top_images: H_i, image ids kept per caption.
+        block_size: query rows scored together (memory ~ block_size x gallery_chunk floats).
+        device: torch device ("auto" = CUDA when present); CUDA uses float16 matrix products.
+        backend: "torch" (exact tie rule) or "faiss" (IndexFlatIP on the CPU).
+        gallery_chunk: gallery columns scored at once (torch backend).
+        work_dir: folder for resumable per-block results; None keeps everything in memory.
+        progress: show a tqdm bar over the blocks.
+        on_block: called with (direction, first row) after each block is finished and saved
+            (progress reporting, interruption tests).
+
+    Returns:
+        ``(img_top_caps, cap_top_imgs)``: int32 arrays (N_i, H_t) and (N_c, H_i), each row
+        sorted by the tie rule (higher score first, then lower id).
+
+    Raises:
+        ValueError: inconsistent shapes, H larger than the gallery minus own positives, or
+            non-finite embeddings.
+    """
+    img_emb = np.asarray(img_emb, dtype=np.float32)
+    cap_emb = np.asarray(cap_emb, dtype=np.float32)
+    _check_inputs(img_emb, cap_emb, captions_per_image, top_captions, top_images)
+    # FAISS runs on the CPU; there the torch gallery only serves the exact re-ranking of tied rows.
+    dev = resolve_device(device) if backend == "torch" else torch.device("cpu")
+    half = dev.type == "cuda"
+    job = {
+        "img_emb": _array_hash(img_emb),
+        "cap_emb": _array_hash(cap_emb),
+        "captions_per_image": captions_per_image,
+        "top_captions": top_captions,
+        "top_images": top_images,
+        "block_size": block_size,
+        "backend": backend,
+        "precision": "float16" if half else "float32",
+    }
+    parts = _Parts(None if work_dir is None else Path(work_dir), job)
+    results = []
+    for direction in directions(img_emb, cap_emb, captions_per_image, top_captions, top_images):
+        n_q = direction.queries.shape[0]
+        out = np.empty((n_q, direction.k), dtype=np.int32)
+        firsts = range(0, n_q, block_size)
+        gallery_t = index = None
+        bar = tqdm(firsts, desc=f"mining {direction.name}", unit="block", disable=not progress, leave=False)
+        for first in bar:
+            last = min(n_q, first + block_size)
+            part = parts.load(direction.name, first, (last - first, direction.k))
+            if part is None:
+                if gallery_t is None:
+                    gallery_t = torch.from_numpy(direction.gallery).to(dev, torch.float16 if half else torch.float32)
+                if backend == "faiss":
+                    if index is None:
+                        index = faiss_index(direction.gallery)
+                    part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first, gallery_chunk)
+                else:
+                    q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
+                    part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk)
+                parts.save(direction.name, first, part)
+            out[first:last] = part
+            if on_block is not None:
+                on_block(direction.name, first)
+        results.append(out)
+    return results[0], results[1]
+

@@ -1,0 +1,119 @@
+"""From a checkpoint to the mined artefact: what ``aoq mine`` and the pipeline run."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aoq.device import resolve_device
+from aoq.io import (
+    ArtefactError,
+    atomic_save_npy,
+    stamp_matches,
+    write_stamp,
+)
+from aoq.mined import MinedNegatives, load_mined, save_mined
+from training.mining.driver import mine_offline_negatives
+
+log = logging.getLogger(__name__)
+
+def _data_identity(data_cfg: Any, n_images: int, n_captions: int) -> dict[str, Any]:
+    return {
+        "format": data_cfg.format,
+        "path": str(data_cfg.path),
+        "split": data_cfg.train_split,
+        "n_images": n_images,
+        "n_captions": n_captions,
+    }
+
+
+def _up_to_date(out: Path, want: dict[str, Any]) -> MinedNegatives | None:
+    """The existing artefact at ``out`` if it was mined by the same checkpoint, data and H."""
+    if not (out / "manifest.json").is_file():
+        return None
+    try:
+        mined = load_mined(out)
+    except ArtefactError as exc:
+        log.warning("%s: re-mining, the existing artefact is unusable (%s)", out, exc)
+        return None
+    return mined if all(mined.manifest.get(key) == value for key, value in want.items()) else None
+
+
+def _embeddings(ckpt: Any, split: Any, identity: dict, work: Path, device: torch.device, progress: bool):
+    """Embed the split with the checkpoint, cached in ``work`` so a resumed job does not redo it."""
+    from aoq.embed import encode_split
+
+    key_file = work / "embeddings.json"
+    key = {"checkpoint_hash": ckpt.content_hash, "data": identity}
+    if stamp_matches(key_file, key):
+        try:
+            return np.load(work / "img_emb.npy"), np.load(work / "cap_emb.npy")
+        except (OSError, ValueError):
+            pass  # damaged outside our atomic writes: embed again
+    ckpt.model.to(device)
+    img, cap = encode_split(ckpt.model, ckpt.vocab, split, device=device,
+                            image_size=ckpt.config.data.image_size, progress=progress)
+    atomic_save_npy(work / "img_emb.npy", img)
+    atomic_save_npy(work / "cap_emb.npy", cap)
+    write_stamp(key_file, key)  # written last: its presence means both arrays are complete
+    return img, cap
+
+
+def mine_with_checkpoint(
+    checkpoint: str | Path,
+    cfg: Any,
+    out: str | Path,
+    *,
+    progress: bool = True,
+) -> tuple[MinedNegatives, bool]:
+    """Embed the training split of ``cfg.data`` with ``checkpoint`` and mine it into ``out``.
+
+    The checkpoint may be of any model kind (a "teacher"); only its embeddings are used. The
+    mining settings are ``cfg.mining`` (top_captions, top_images, block_size, backend, device).
+    Nothing is done when ``out`` already holds an artefact mined by the same checkpoint (content
+    hash), data and H. Work files (embeddings, per-block parts) live in a hidden sibling
+    ``.<out>.work`` until the artefact is in place, so an interrupted run resumes.
+
+    Returns:
+        ``(artefact, skipped)``.
+
+    Raises:
+        ArtefactError: the checkpoint is damaged (``CheckpointError``).
+        DataError: the training split cannot be read.
+        ValueError: H larger than the split allows.
+    """
+    from aoq.checkpoint import load_checkpoint
+    from aoq.data.load import load_split
+
+    out = Path(out)
+    m = cfg.mining
+    ckpt = load_checkpoint(checkpoint)
+    split = load_split(cfg.data, "train")
+    identity = _data_identity(cfg.data, split.n_images, split.n_captions)
+    want = {"checkpoint_hash": ckpt.content_hash, "top_captions": m.top_captions,
+            "top_images": m.top_images, "data": identity}
+    existing = _up_to_date(out, want)
+    if existing is not None:
+        return existing, True
+    device = resolve_device(m.device)
+    work = out.parent / f".{out.name}.work"
+    work.mkdir(parents=True, exist_ok=True)
+    img, cap = _embeddings(ckpt, split, identity, work, device, progress)
+    img_top_caps, cap_top_imgs = mine_offline_negatives(
+        img, cap, split.captions_per_image, m.top_captions, m.top_images, m.block_size, device,
+        backend=m.backend, work_dir=work, progress=progress,
+    )
+    save_mined(out, img_top_caps, cap_top_imgs, {
+        **want,
+        "checkpoint": str(checkpoint),
+        "teacher_model": ckpt.config.model.image_encoder,
+        "backend": m.backend,
+        "precision": "float16" if device.type == "cuda" and m.backend == "torch" else "float32",
+    }, config=m.model_dump(mode="json"))
+    shutil.rmtree(work, ignore_errors=True)
+    return load_mined(out), False
