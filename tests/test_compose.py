@@ -209,6 +209,7 @@ def _run_check(test: list[str], port: int, container_port: int) -> int:
     return subprocess.run(argv, capture_output=True, timeout=30).returncode
 
 
+@pytest.mark.slow
 def test_backend_health_check_passes_only_when_a_model_is_served(compose):
     test = compose["services"]["backend"]["healthcheck"]["test"]
     assert any("/health" in part for part in test)
@@ -221,6 +222,7 @@ def test_backend_health_check_passes_only_when_a_model_is_served(compose):
     assert _run_check(test, closed, 8000) != 0  # nothing listening
 
 
+@pytest.mark.slow
 def test_ui_health_check_needs_the_page(compose):
     test = compose["services"]["ui"]["healthcheck"]["test"]
     with _http_server({}) as port:

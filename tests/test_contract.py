@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import jsonschema_rs
 import pytest
-from tests.ui_fake_backend import BASE, MODELS, ROUTES, FakeBackend, match_template
 
 from aoq.names import ROUND1_LOSSES, ROUND2_LOSSES
 from backend.app import create_app
 from backend.config import Settings
+from tests.ui_fake_backend import BASE, MODELS, ROUTES, FakeBackend, match_template
 from ui.client import BackendClient, BackendError
 
 Exchange = tuple[httpx.Request, httpx.Response]

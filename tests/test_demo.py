@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from aoq.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +25,7 @@ def _demo(tmp_path, *args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_quick_demo_reaches_a_first_query_then_skips_work(tmp_path):
     ports = ["--backend-port", str(free_port()), "--ui-port", str(free_port())]
     first = _demo(tmp_path, "--exit-when-ready", *ports)

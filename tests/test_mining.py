@@ -267,6 +267,7 @@ mine_offline_negatives(data["img"], data["cap"], 3, 30, 9, block_size=8, work_di
 """
 
 
+@pytest.mark.slow
 def test_resumes_after_sigkill(tmp_path: Path) -> None:
     img, cap = _data(12)
     np.savez(tmp_path / "data.npz", img=img, cap=cap)

@@ -27,6 +27,9 @@ TINY = {
                "save_every_steps": 1},
 }
 
+# every test here trains models through the whole pipeline
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):

@@ -3,6 +3,8 @@
 import json
 import statistics
 
+import pytest
+
 from aoq.cli.main import main as aoq
 
 TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
@@ -11,6 +13,7 @@ TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "mining.top_captions=20", "mining.top_images=5", "round2.h_t=10", "round2.h_i=2"]
 
 
+@pytest.mark.slow
 def test_report_from_two_tiny_seeds(tmp_path):
     out, figures = tmp_path / "docs" / "results.md", tmp_path / "docs" / "figures"
     args = ["report", "--run", "--seeds", "0,1", "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data"),

@@ -142,6 +142,7 @@ def _progress(run: Path) -> dict | None:
         return None
 
 
+@pytest.mark.slow
 def test_resume_after_kill_9_mid_epoch_matches_an_uninterrupted_run(data, tmp_path):
     # Reference: the same configuration trained without interruption.
     train_round1(config_from_dict(_tree(data, tmp_path / "ref", epochs=3)), progress_bar=False)
