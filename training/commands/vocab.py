@@ -8,8 +8,9 @@ import logging
 from tqdm import tqdm
 
 from training.config import load_config
+from training.data.dataset import DataError
 from training.data.load import load_split
-from training.data.vocab import Vocabulary
+from training.data.vocab import Vocabulary, coverage, format_coverage
 
 HELP = "Build the vocabulary of a dataset's train split and save it as JSON."
 log = logging.getLogger(__name__)
@@ -34,4 +35,12 @@ def run(args: argparse.Namespace) -> int:
         f"{path}: {len(vocab)} tokens (threshold {vocab.threshold}) from "
         f"{train.n_captions} captions of split {train.name!r} ({train.source})"
     )
+    # The held-out splits show what the vocabulary will miss at evaluation time.
+    for name in ("train", "dev", "test"):
+        try:
+            split = train if name == "train" else load_split(cfg.data, name)
+        except DataError as exc:
+            log.info("no %s coverage: %s", name, exc)
+            continue
+        print(f"  {name}: {format_coverage(coverage(vocab, split.captions))}")
     return 0
