@@ -143,6 +143,24 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
         raise
 
 
+def check_replaceable(out: str | Path, kind: str, what: str) -> None:
+    """Raise :class:`ArtefactError` unless ``out`` is absent, an empty folder or an earlier
+    artefact of ``kind`` (``what`` names it in the message): a builder that replaces its output
+    must never delete a user's own folder.
+    """
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ArtefactError(f"{out}: exists and is not a folder")
+    if not any(out.iterdir()):
+        return
+    try:
+        read_manifest(out, kind=kind, verify=False)
+    except ArtefactError as exc:
+        raise ArtefactError(f"{out}: refusing to replace a folder that is not {what} ({exc})") from exc
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes."""
     h = hashlib.sha256()

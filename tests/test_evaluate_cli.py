@@ -13,6 +13,7 @@ import yaml
 from aoq.checkpoint import load_checkpoint
 from aoq.cli.main import main
 from aoq.data.load import load_split
+from aoq.data.vocab import coverage, format_coverage
 from aoq.embed import encode_image_inputs, encode_split, encode_texts
 from tests.fixtures import write_precomp_fixture
 from training.evaluate import evaluate_checkpoint, evaluate_model
@@ -57,6 +58,22 @@ def test_evaluate_json_keys(trained, capsys):
     assert set(out["i2t"]) == METRIC_KEYS and set(out["t2i"]) == METRIC_KEYS
     assert out["protocol"] == "full" and out["n_images"] == 12 and out["split"] == "test"
     assert out["rsum"] == pytest.approx(sum(out[d][k] for d in ("i2t", "t2i") for k in ("r1", "r5", "r10")))
+    ckpt = load_checkpoint(trained["ckpt"])
+    assert out["vocabulary"] == coverage(ckpt.vocab, load_split(ckpt.config.data, "test").captions)
+    assert out["vocabulary"]["captions"] == 60
+
+
+def test_unknown_words_are_reported(trained, tmp_path, capsys):
+    copy = shutil.copytree(trained["data"], tmp_path / "copy")
+    captions = (copy / "test_caps.txt").read_text(encoding="utf-8").splitlines()
+    captions[:5] = ["zyzzyva quokka"] * 5  # the first image's captions: words no training caption has
+    (copy / "test_caps.txt").write_text("\n".join(captions) + "\n", encoding="utf-8")
+    assert main(["evaluate", "--checkpoint", str(trained["ckpt"]), "--data", str(copy), "--json"]) == 0
+    cov = json.loads(capsys.readouterr().out)["vocabulary"]
+    assert cov["unknown_captions"] == 5 and cov["unknown_caption_share"] == 5 / 60
+    assert cov["unknown_tokens"] >= 10
+    assert main(["evaluate", "--checkpoint", str(trained["ckpt"]), "--data", str(copy)]) == 0
+    assert f"unknown words: {format_coverage(cov)}" in capsys.readouterr().out.splitlines()
 
 
 def test_reloaded_checkpoint_evaluates_to_the_numbers_it_was_selected_on(trained):

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from aoq.cli.main import main as aoq
-from aoq.data.vocab import TOKENIZER_VERSION, Vocabulary, tokenize
+from aoq.data.precomp import read_captions
+from aoq.data.vocab import (
+    TOKENIZER_VERSION,
+    Vocabulary,
+    coverage,
+    format_coverage,
+    tokenize,
+)
 from aoq.io import ArtefactError
 from tests.fixtures import fixture_captions, write_precomp_fixture
 
@@ -28,13 +36,44 @@ from tests.fixtures import fixture_captions, write_precomp_fixture
         ("3.5 pizzas and 1,000 birds on 2 wires", ["3.5", "pizzas", "and", "1,000", "birds", "on", "2", "wires"]),
         ("A black-and-white photo of a 4x4 truck", ["a", "black", "and", "white", "photo", "of", "a", "4x4", "truck"]),
         ("\u201cQuoted\u201d (words) -- here!", ["quoted", "words", "here"]),
-        ("<unk> <pad>", ["unk", "pad"]),
+        # Symbols are tokens of their own (tokenizer aoq-regex-2); text never yields a special token.
+        ("<unk> <pad>", ["<", "unk", ">", "<", "pad", ">"]),
+        ("keycap: #", ["keycap", "#"]),
+        ("keycap: *", ["keycap", "*"]),
+        ("+1, thumbs up; − sign", ["+", "1", "thumbs", "up", "−", "sign"]),
+        ("5 × 3 = 15 ✓, costs $3!", ["5", "×", "3", "=", "15", "✓", "costs", "$", "3"]),
         ("", []),
         ("...", []),
     ],
 )
 def test_tokenize(text: str, tokens: list[str]) -> None:
     assert tokenize(text) == tokens
+
+
+def test_keycaps_hash_and_star_are_different_captions() -> None:
+    vocab = Vocabulary.build(["keycap: #", "keycap: *"], threshold=1)
+    assert vocab.encode("keycap: #") != vocab.encode("keycap: *")
+
+
+def test_coverage_counts_unknown_tokens_and_entirely_unknown_captions() -> None:
+    vocab = Vocabulary.build(["a dog", "a cat"], threshold=1)  # words: a, dog, cat
+    cov = coverage(vocab, ["a dog", "a bird", "red bird", "..."])
+    # tokens: 2 + 2 + 2 + 0 = 6; unknown: bird, red, bird; "red bird" and the token-less "..." are blind
+    assert cov == {
+        "tokens": 6,
+        "unknown_tokens": 3,
+        "unknown_token_share": 0.5,
+        "captions": 4,
+        "unknown_captions": 2,
+        "unknown_caption_share": 0.5,
+    }
+    assert format_coverage(cov) == "50.00% of 6 caption tokens unknown; 50.00% of 4 captions entirely unknown"
+
+
+def test_build_logs_the_share_of_training_tokens_below_the_threshold(caplog) -> None:
+    with caplog.at_level(logging.INFO, logger="aoq.data.vocab"):
+        Vocabulary.build(["a dog", "a cat", "a dog"], threshold=2)  # kept a (3), dog (2); cat (1) of 6
+    assert "16.67% of the 6 training tokens fall below the threshold" in caplog.text
 
 
 def test_tokenize_ignores_trailing_punctuation_style() -> None:
@@ -148,7 +187,12 @@ def test_vocab_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     expected = Vocabulary.build(fixture_captions("train", 6), threshold=3)
     assert Vocabulary.load(out) == expected and expected.threshold == 3
     assert "picture" in expected and "zebra" not in expected
-    assert f"{out}: {len(expected)} tokens (threshold 3) from 30 captions" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"{out}: {len(expected)} tokens (threshold 3) from 30 captions" in printed
+    dev_coverage = coverage(expected, read_captions(dev_caps))
+    assert dev_coverage["unknown_tokens"] >= 2  # at least the zebras
+    assert f"  dev: {format_coverage(dev_coverage)}\n" in printed
+    assert f"  test: {format_coverage(coverage(expected, read_captions(data / 'test_caps.txt')))}\n" in printed
 
 
 def test_vocab_command_reports_data_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

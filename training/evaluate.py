@@ -14,7 +14,7 @@ import torch
 from aoq.checkpoint import load_checkpoint
 from aoq.data.dataset import SplitData
 from aoq.data.load import load_split
-from aoq.data.vocab import Vocabulary
+from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_split
 from aoq.metrics import evaluate_embeddings
@@ -68,8 +68,11 @@ def evaluate_checkpoint(
         data_path: read the split from here instead of the checkpoint's ``data.path`` (same format).
 
     Returns:
-        ``evaluate_model``'s dict (``n_images`` = images evaluated) plus ``split`` and
-        ``checkpoint`` (the checkpoint's content hash).
+        ``evaluate_model``'s dict (``n_images`` = images evaluated) plus ``split``,
+        ``checkpoint`` (the checkpoint's content hash) and ``vocabulary``: how many of the
+        split's caption tokens, and how many whole captions, the model's vocabulary does not know
+        (:func:`aoq.data.vocab.coverage`); retrieval of captions made only of unknown words
+        is blind, so a low score can come from the vocabulary rather than the model.
 
     Raises:
         CheckpointError / DataError: a broken checkpoint or dataset.
@@ -81,7 +84,13 @@ def evaluate_checkpoint(
     split = load_split(data_cfg, split_name)
     result = evaluate_model(ckpt.model, ckpt.vocab, split, protocol, image_size=data_cfg.image_size,
                             batch_size=batch_size)
-    return {"n_images": split.n_images, **result, "split": split_name, "checkpoint": ckpt.content_hash}
+    return {
+        "n_images": split.n_images,
+        **result,
+        "split": split_name,
+        "checkpoint": ckpt.content_hash,
+        "vocabulary": coverage(ckpt.vocab, split.captions),
+    }
 
 
 def format_table(result: dict) -> str:
@@ -94,4 +103,6 @@ def format_table(result: dict) -> str:
         m = result[key]
         lines.append(f"{label:<22}{m['r1']:>8.2f}{m['r5']:>8.2f}{m['r10']:>8.2f}{m['medr']:>8.1f}{m['meanr']:>9.2f}")
     lines.append(f"rsum {result['rsum']:.2f}")
+    if "vocabulary" in result:
+        lines.append(f"unknown words: {format_coverage(result['vocabulary'])}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from aoq.io import ArtefactError
 
 COMMANDS: dict[str, str] = {
     "synth": "Generate the synthetic benchmark (PNG images, Karpathy JSON and precomp features).",
+    "data": "Build a real image-caption dataset from packaged sources (emoji: Noto + Twemoji, CLDR words).",
     "vocab": "Build the vocabulary of a dataset's train split and save it as JSON.",
     "train": "Round-1 training with an in-batch loss (max_violation, sum, smooth_ap, infonce).",
     "evaluate": "Evaluate a checkpoint (R@K, medr, meanr, rsum) under the full, 1K 5-fold or 5K protocol.",

@@ -9,8 +9,9 @@ from tqdm import tqdm
 
 from aoq.cli import add_config_flags
 from aoq.config import load_config
+from aoq.data.dataset import DataError
 from aoq.data.load import load_split
-from aoq.data.vocab import Vocabulary
+from aoq.data.vocab import Vocabulary, coverage, format_coverage
 
 log = logging.getLogger(__name__)
 
@@ -32,4 +33,12 @@ def run(args: argparse.Namespace) -> int:
         f"{path}: {len(vocab)} tokens (threshold {vocab.threshold}) from "
         f"{train.n_captions} captions of split {train.name!r} ({train.source})"
     )
+    # The held-out splits show what the vocabulary will miss at evaluation time.
+    for name in ("train", "dev", "test"):
+        try:
+            split = train if name == "train" else load_split(cfg.data, name)
+        except DataError as exc:
+            log.info("no %s coverage: %s", name, exc)
+            continue
+        print(f"  {name}: {format_coverage(coverage(vocab, split.captions))}")
     return 0

@@ -8,7 +8,10 @@ closely enough for retrieval, from a single regular expression:
   thousands separators (``1,000``), or an English clitic split off its word the NLTK way
   (``man's`` -> ``man 's``, ``don't`` -> ``do n't``);
 - punctuation, hyphens and quotes separate tokens and are dropped: they carry no retrieval
-  signal in captions, and dropping them makes ``"surfboard."`` and ``"snow ."`` tokenise alike.
+  signal in captions, and dropping them makes ``"surfboard."`` and ``"snow ."`` tokenise alike;
+- but ``#``, ``*`` and every symbol character (Unicode categories Sm, Sc, Sk, So: ``+``, ``×``,
+  ``$``, ``✓``...) are tokens of their own, because in names such as ``keycap: #`` /
+  ``keycap: *`` or ``+1`` / ``−1`` they are the only words that tell two things apart.
 
 A :class:`Vocabulary` maps tokens to ids with four reserved ids (``<pad>``=0, ``<start>``=1,
 ``<end>``=2, ``<unk>``=3). It is saved as JSON that records the tokenizer version, so a
@@ -18,6 +21,7 @@ vocabulary is never silently reused with a tokenizer that splits text differentl
 from __future__ import annotations
 
 import json
+import logging
 import re
 import unicodedata
 from collections import Counter
@@ -27,17 +31,21 @@ from typing import Any
 
 from aoq.io import ArtefactError, atomic_write_json
 
+log = logging.getLogger(__name__)
+
 PAD, START, END, UNK = "<pad>", "<start>", "<end>", "<unk>"
 SPECIALS: tuple[str, ...] = (PAD, START, END, UNK)
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 
 #: bump whenever :func:`tokenize` changes what it returns; saved vocabularies record it.
-TOKENIZER_VERSION = "aoq-regex-1"
+TOKENIZER_VERSION = "aoq-regex-2"
 _KIND = "aoq-vocabulary"
 
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'", "`": "'"})
 _NEGATION = re.compile(r"(?<=[^\W_])n't\b")
-_TOKEN = re.compile(r"n't|'(?:s|re|ve|ll|d|m)\b|\d{1,3}(?:,\d{3})+\b|\d+(?:\.\d+)+|[^\W_]+")
+# The last alternative takes any other single non-space character; _is_token keeps only symbols.
+_TOKEN = re.compile(r"n't|'(?:s|re|ve|ll|d|m)\b|\d{1,3}(?:,\d{3})+\b|\d+(?:\.\d+)+|[^\W_]+|[^\w\s]")
+_KEPT_PUNCTUATION = frozenset("#*")
 
 
 def tokenize(text: str) -> list[str]:
@@ -49,7 +57,48 @@ def tokenize(text: str) -> list[str]:
     text = unicodedata.normalize("NFKC", text).lower().translate(_APOSTROPHES)
     # "isn't" -> "is n't": otherwise the letter run would swallow the "n" of "n't".
     text = _NEGATION.sub(" n't", text)
-    return _TOKEN.findall(text)
+    return [t for t in _TOKEN.findall(text) if _is_token(t)]
+
+
+def _is_token(token: str) -> bool:
+    """False only for a lone punctuation character (other than ``#`` and ``*``)."""
+    if len(token) > 1 or token.isalnum() or token in _KEPT_PUNCTUATION:
+        return True
+    return unicodedata.category(token).startswith("S")
+
+
+def coverage(vocab: "Vocabulary", captions: Iterable[str]) -> dict[str, float | int]:
+    """How much of ``captions`` the vocabulary covers.
+
+    Returns:
+        ``tokens`` and ``unknown_tokens`` (mapped to ``<unk>``), ``captions`` and
+        ``unknown_captions`` (captions none of whose tokens is known, including captions with no
+        token at all: the text encoder sees nothing of them), and the two shares in [0, 1].
+    """
+    n_tokens = n_unknown = n_captions = n_blind = 0
+    for caption in captions:
+        tokens = tokenize(caption)
+        unknown = sum(t not in vocab for t in tokens)
+        n_tokens += len(tokens)
+        n_unknown += unknown
+        n_captions += 1
+        n_blind += unknown == len(tokens)
+    return {
+        "tokens": n_tokens,
+        "unknown_tokens": n_unknown,
+        "unknown_token_share": n_unknown / n_tokens if n_tokens else 0.0,
+        "captions": n_captions,
+        "unknown_captions": n_blind,
+        "unknown_caption_share": n_blind / n_captions if n_captions else 0.0,
+    }
+
+
+def format_coverage(cov: dict[str, float | int]) -> str:
+    """One line: ``3.10% of 5000 caption tokens unknown; 0.40% of 1000 captions entirely unknown``."""
+    return (
+        f"{100 * cov['unknown_token_share']:.2f}% of {cov['tokens']} caption tokens unknown; "
+        f"{100 * cov['unknown_caption_share']:.2f}% of {cov['captions']} captions entirely unknown"
+    )
 
 
 class Vocabulary:
@@ -79,6 +128,13 @@ class Vocabulary:
             counts.update(tokenize(caption))
         kept = sorted((w for w, n in counts.items() if n >= threshold and w not in SPECIALS),
                       key=lambda w: (-counts[w], w))
+        total = sum(counts.values())
+        dropped = total - sum(counts[w] for w in kept)
+        log.info(
+            "vocabulary: %d words seen %d+ times (of %d distinct); %.2f%% of the %d training tokens "
+            "fall below the threshold and become <unk>",
+            len(kept), threshold, len(counts), 100 * dropped / total if total else 0.0, total,
+        )
         return cls([*SPECIALS, *kept], threshold)
 
     def __len__(self) -> int:

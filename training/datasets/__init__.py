@@ -1,1 +1,1 @@
-"""Dataset builders: the synthetic benchmark generator."""
+"""Dataset builders: each sub-package writes one dataset in the Karpathy + precomp layouts."""

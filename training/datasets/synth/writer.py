@@ -44,6 +44,7 @@ from training.datasets.synth.scenes import (
 )
 
 log = logging.getLogger(__name__)
+from aoq.io import check_replaceable
 
 MANIFEST_KIND = "synthetic_dataset"
 #: bump when the same arguments would produce different files.
@@ -111,7 +112,7 @@ def write_dataset(
         if n < 1:
             raise ValueError(f"the {split} split needs at least 1 image, got {n}")
     out = Path(out)
-    _check_replaceable(out)
+    check_replaceable(out, MANIFEST_KIND, "a synthetic dataset")
     config = {"seed": seed, "sizes": dict(sizes), "params": asdict(params), "generator_version": GENERATOR_VERSION}
     with atomic_dir(out) as tmp:
         tmp.chmod(0o755)  # a temporary folder is private (0700); a dataset is meant to be shared
@@ -135,22 +136,6 @@ def write_dataset(
             feature_dim=FEATURE_DIM,
             captions_per_image=CAPTIONS_PER_IMAGE,
         )
-
-
-def _check_replaceable(out: Path) -> None:
-    """Refuse to replace a folder that is not an earlier synthetic dataset (user data)."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ArtefactError(f"{out}: exists and is not a folder")
-    if not any(out.iterdir()):
-        return
-    try:
-        read_manifest(out, kind=MANIFEST_KIND, verify=False)
-    except ArtefactError as exc:
-        raise ArtefactError(
-            f"{out}: refusing to replace a folder that is not a synthetic dataset ({exc})"
-        ) from exc
 
 
 def _write_split(
