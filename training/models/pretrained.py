@@ -48,6 +48,12 @@ def projection_head(in_dim: int, embed_dim: int, kind: Projection) -> nn.Module:
     raise ValueError(f"projection must be 'linear' or 'mlp', got {kind!r}")
 
 
+def effnet_normalise(pixels: Tensor) -> Tensor:
+    """``load_pixels`` output in [-1, 1] (x / 127.5 - 1) -> the ``(x - 127) / 128`` scale the
+    EfficientNet-Lite weights were trained with."""
+    return ((pixels + 1.0) * 127.5 - 127.0) / 128.0
+
+
 def _freeze(module: nn.Module) -> None:
     for p in module.parameters():
         p.requires_grad_(False)
@@ -69,6 +75,8 @@ class _PretrainedEncoder(nn.Module):
         # Frozen units keep their batch-norm statistics and drop no activations.
         for unit in self.frozen:
             unit.eval()
+        if self.is_frozen:
+            self.backbone.eval()
         return self
 
     def frozen_state_keys(self) -> set[str]:
@@ -122,9 +130,7 @@ class EffNetImageEncoder(_PretrainedEncoder):
         if pixels.shape[-2:] != (INPUT_SIZE, INPUT_SIZE):
             raise ValueError(f"EfficientNet-Lite0 reads {INPUT_SIZE}x{INPUT_SIZE} images, got "
                              f"{tuple(pixels.shape[-2:])} (set data.image_size={INPUT_SIZE})")
-        # [-1, 1] from x/127.5 - 1 back to x in [0, 255], then the TF Lite scale (x - 127) / 128.
-        x = ((pixels + 1.0) * 127.5 - 127.0) / 128.0
-        return self.backbone.features(x)
+        return self.backbone.features(effnet_normalise(pixels))
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, 3, 224, 224) pixels or (B, 1280) backbone features -> (B, d), unit L2 norm."""
