@@ -6,8 +6,13 @@ Layout::
     <ckpt>/config.json         the whole ExperimentConfig of the run
     <ckpt>/vocab.json          the vocabulary the text encoder was trained with
     <ckpt>/metrics.json        e.g. the dev metrics the checkpoint was selected on
-    <ckpt>/extra.json          img_dim, image_input, resnet_arch, plus caller fields (role, epoch, ...)
+    <ckpt>/extra.json          img_dim, image_input, resnet_arch, backbones (package, version and
+                               weights SHA-256 of each pretrained backbone), plus caller fields
+                               (role, epoch, ...)
     <ckpt>/manifest.json       kind "checkpoint", per-file SHA-256 and the content hash
+
+Frozen pretrained backbone weights are not saved (``JointModel.state_dict`` leaves them out):
+they are read from their packages at load time, after checking the recorded identity.
 
 The content hash identifies the checkpoint: later stages (mining, indexes) key their caches on it.
 """
@@ -28,7 +33,8 @@ from aoq.config import ExperimentConfig
 from aoq.data.vocab import Vocabulary
 from aoq.device import resolve_device
 from aoq.io import ArtefactError, atomic_dir, read_manifest, write_manifest
-from aoq.models.joint import JointModel, build_model
+from aoq.models.joint import JointModel, build_model, vocabulary_from_dict
+from aoq.models.packages import PretrainedPackageError
 
 KIND = "checkpoint"
 WEIGHTS = "model.safetensors"
@@ -73,6 +79,7 @@ def save_checkpoint(
         "img_dim": model.img_dim,
         "image_input": model.image_input,
         "resnet_arch": model.resnet_arch,
+        "backbones": model.backbone_identities(),
         **(extra or {}),
     }
     config_tree = config.model_dump(mode="json")
@@ -118,6 +125,17 @@ def _check_fits(model: JointModel, state: dict[str, torch.Tensor], weights: Path
         )
 
 
+def _check_backbones(model: JointModel, recorded: dict, source: Path) -> None:
+    """The installed pretrained weights must be the ones the checkpoint was trained on."""
+    from aoq.models.pretrained import backbone_mismatch
+
+    installed = model.backbone_identities()
+    for name in sorted(set(recorded) | set(installed)):
+        if recorded.get(name) != installed.get(name):
+            raise CheckpointError(backbone_mismatch(f"{source} ({name} backbone)", recorded.get(name) or {},
+                                                    installed.get(name) or {}))
+
+
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
     """Verify and load a checkpoint directory.
 
@@ -137,10 +155,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         raise CheckpointError(f"{config_path}: not a valid run configuration ({exc.error_count()} problems)") from None
     vocab_path = path / "vocab.json"
     try:
-        vocab = Vocabulary.from_dict(_read_json(vocab_path), source=str(vocab_path))
+        vocab = vocabulary_from_dict(_read_json(vocab_path), source=str(vocab_path))
     except CheckpointError:
         raise
-    except ArtefactError as exc:
+    except (ArtefactError, PretrainedPackageError) as exc:
         raise CheckpointError(str(exc)) from None
     metrics = _read_json(path / "metrics.json")
     extra = _read_json(path / "extra.json")
@@ -153,8 +171,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
         raise CheckpointError(f"{weights}: cannot read the weights ({exc})") from None
     try:
         model = build_model(config.model, len(vocab), extra.get("img_dim"), resnet_arch=extra.get("resnet_arch"))
-    except (ValueError, ImportError) as exc:
+    except (ValueError, ImportError, ArtefactError) as exc:
         raise CheckpointError(f"{path / 'extra.json'}: cannot rebuild the model ({exc})") from None
+    _check_backbones(model, extra.get("backbones") or {}, path / "extra.json")
     _check_fits(model, state, weights)
     model.load_state_dict(state)
     model.to(resolve_device(device)).eval()

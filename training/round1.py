@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from aoq.backbone_cache import input_modes, with_backbone_features
 from aoq.config import ExperimentConfig, TrainConfig
 from aoq.data.load import load_split
 from aoq.data.loaders import PairDataset, collate_pairs
-from aoq.data.vocab import Vocabulary
 from aoq.device import resolve_device, seed_everything
-from aoq.models.joint import JointModel, build_model
+from aoq.models.joint import JointModel, build_model, text_vocabulary
 from training.evaluate import dev_validator
 from training.losses import round1_loss
 from training.trainer import StepFn, TrainResult, epoch_loader, fit
@@ -64,11 +64,15 @@ def train_round1(cfg: ExperimentConfig, run_dir: str | Path | None = None, *, pr
     run_dir = Path(run_dir) if run_dir is not None else cfg.run_dir / "round1"
     train = load_split(cfg.data, "train")
     dev = load_split(cfg.data, "dev")
-    vocab = Vocabulary.build(train.captions, cfg.data.vocab_threshold)
+    vocab = text_vocabulary(cfg.model, train.captions, cfg.data.vocab_threshold)
     device = resolve_device(cfg.train.device)
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model, len(vocab), train.feature_dim).to(device)
-    dataset = PairDataset(train, vocab, image_mode=model.image_input, image_size=cfg.data.image_size)
+    # Frozen pretrained backbones: their features, cached once, stand in for pixels / tokens.
+    train = with_backbone_features(model, train, vocab, progress=progress_bar)
+    dev = with_backbone_features(model, dev, vocab, progress=progress_bar)
+    image_mode, text_mode = input_modes(model)
+    dataset = PairDataset(train, vocab, image_mode=image_mode, image_size=cfg.data.image_size, text_mode=text_mode)
 
     def make_loader(epoch: int, generator: torch.Generator, skip: int):
         return epoch_loader(dataset, cfg.train.batch_size, collate_pairs, generator, skip, cfg.train.num_workers)

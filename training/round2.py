@@ -33,16 +33,23 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from aoq.backbone_cache import input_modes, with_backbone_features
 from aoq.checkpoint import load_checkpoint
 from aoq.config import ConfigError, ExperimentConfig, Round2Config
 from aoq.data.dataset import SplitData
 from aoq.data.load import load_split
-from aoq.data.loaders import CaptionDataset, ImageDataset, ImageMode, pad_tokens
+from aoq.data.loaders import (
+    CaptionDataset,
+    ImageDataset,
+    ImageMode,
+    TextMode,
+    pad_tokens,
+)
 from aoq.data.vocab import Vocabulary
 from aoq.device import resolve_device, seed_everything
 from aoq.io import ArtefactError, atomic_write_json
 from aoq.mined import MinedNegatives, load_mined
-from aoq.models.joint import JointModel, build_model
+from aoq.models.joint import JointModel, build_model, text_vocabulary
 from training.evaluate import dev_validator
 from training.losses import round2_loss
 from training.sampling import OfflineNegatives, check_lists, sample_offline_negatives
@@ -80,10 +87,11 @@ class Round2Dataset(Dataset):
         image_mode: ImageMode = "features",
         image_size: int = 64,
         derived: bool = True,
+        text_mode: TextMode = "tokens",
     ) -> None:
         self.split, self.derived = split, derived
         self.images = ImageDataset(split, image_mode, image_size)
-        self.captions = CaptionDataset(split, vocab)
+        self.captions = CaptionDataset(split, vocab, text_mode)
         self.negatives: OfflineNegatives | None = None
 
     def set_negatives(self, negatives: OfflineNegatives) -> None:
@@ -210,7 +218,7 @@ def _initial_model(cfg: ExperimentConfig, train: SplitData) -> tuple[JointModel,
     r2 = cfg.round2
     seed_everything(r2.seed)
     if r2.init == "scratch":
-        vocab = Vocabulary.build(train.captions, cfg.data.vocab_threshold)
+        vocab = text_vocabulary(cfg.model, train.captions, cfg.data.vocab_threshold)
         return build_model(cfg.model, len(vocab), train.feature_dim), vocab, {"init": "scratch"}
     if not r2.init_from:
         raise ConfigError("round2.init=finetune needs round2.init_from (the round-1 checkpoint; --init-from)")
@@ -252,7 +260,10 @@ def train_round2(
     _guard_mined_identity(run_dir, mined)
     model, vocab, init = _initial_model(cfg, train)
     model = model.to(resolve_device(r2.device))
-    dataset = Round2Dataset(train, vocab, model.image_input, cfg.data.image_size, uses_derived_pairs(r2))
+    train = with_backbone_features(model, train, vocab, progress=progress_bar)
+    dev = with_backbone_features(model, dev, vocab, progress=progress_bar)
+    image_mode, text_mode = input_modes(model)
+    dataset = Round2Dataset(train, vocab, image_mode, cfg.data.image_size, uses_derived_pairs(r2), text_mode)
 
     def make_loader(epoch: int, generator: torch.Generator, skip: int):
         negatives = epoch_negatives(mined, r2, epoch)

@@ -30,6 +30,8 @@ class SplitData:
         image_paths: image files (Karpathy / synthetic), or None for feature-only data.
         features: region features ``(N, R, D)`` or global features ``(N, D)``; usually a
             read-only memory map, so huge splits never have to fit in RAM. None for image-only data.
+        caption_features: ``(n_captions, D)`` features of the captions from a frozen pretrained
+            text backbone (``aoq.backbone_cache``), or None.
     """
 
     name: str
@@ -40,6 +42,7 @@ class SplitData:
     features: np.ndarray | None = None
     source: str = ""
     extra: dict = field(default_factory=dict)
+    caption_features: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.image_ids)
@@ -47,6 +50,9 @@ class SplitData:
             raise DataError(f"{self.source}: {len(self.image_paths)} image paths for {n} images")
         if self.features is not None and self.features.shape[0] != n:
             raise DataError(f"{self.source}: {self.features.shape[0]} feature rows for {n} images")
+        if self.caption_features is not None and self.caption_features.shape[0] != len(self.captions):
+            raise DataError(f"{self.source}: {self.caption_features.shape[0]} caption feature rows for "
+                            f"{len(self.captions)} captions")
         if len(self.captions) != n * self.captions_per_image:
             raise DataError(
                 f"{self.source}: {len(self.captions)} captions for {n} images x "
@@ -84,6 +90,7 @@ class SplitData:
             features=None if self.features is None else self.features[:n],
             source=self.source,
             extra=dict(self.extra),
+            caption_features=None if self.caption_features is None else self.caption_features[: n * cpi],
         )
 
     @property

@@ -3,9 +3,10 @@ captions alone for embedding a gallery or a query set.
 
 Images come either as region/global features (float32 ``(R, D)`` or ``(D,)``, copied out of the
 memory map one row at a time) or as pixels for raw-image models (``(3, H, W)`` float32 in
-[-1, 1], loaded with Pillow and resized to a square). Token sequences are padded with ``<pad>``
-(id 0) and returned with their lengths, unsorted: the GRU text encoders pack them with
-``enforce_sorted=False``.
+[-1, 1], loaded with Pillow and resized to a square). Captions come as token ids, padded with
+``<pad>`` (id 0) and returned with their lengths, unsorted (the GRU text encoders pack them with
+``enforce_sorted=False``), or -- text mode ``features``, for a frozen pretrained text backbone --
+as the split's cached ``caption_features`` rows, stacked, with length 1.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from aoq.data.dataset import DataError, SplitData
 from aoq.data.vocab import PAD_ID, Vocabulary
 
 ImageMode = Literal["features", "pixels"]
+TextMode = Literal["tokens", "features"]
 Pair = tuple[torch.Tensor, torch.Tensor, int, int]
 
 
@@ -71,6 +73,22 @@ class _ImageSource:
         return load_pixels(self.split.image_paths[i], self.image_size)
 
 
+class _TextSource:
+    """Caption ``c`` of a split as token ids (``vocab.encode``) or as its cached feature row."""
+
+    def __init__(self, split: SplitData, vocab: Vocabulary, mode: TextMode) -> None:
+        if mode not in ("tokens", "features"):
+            raise ValueError(f"text_mode must be 'tokens' or 'features', got {mode!r}")
+        if mode == "features" and split.caption_features is None:
+            raise DataError(f"{split.source}: split has no caption features; use text_mode='tokens'")
+        self.split, self.vocab, self.mode = split, vocab, mode
+
+    def __getitem__(self, c: int) -> torch.Tensor:
+        if self.mode == "features":
+            return torch.from_numpy(np.array(self.split.caption_features[c], dtype=np.float32))
+        return torch.tensor(self.vocab.encode(self.split.captions[c]), dtype=torch.long)
+
+
 class PairDataset(Dataset):
     """One item per caption ``c``: (image ``c // cpi``, token ids, caption index, image index)."""
 
@@ -80,17 +98,18 @@ class PairDataset(Dataset):
         vocab: Vocabulary,
         image_mode: ImageMode = "features",
         image_size: int = 64,
+        text_mode: TextMode = "tokens",
     ) -> None:
         self.split, self.vocab = split, vocab
         self.images = _ImageSource(split, image_mode, image_size)
+        self.texts = _TextSource(split, vocab, text_mode)
 
     def __len__(self) -> int:
         return self.split.n_captions
 
     def __getitem__(self, c: int) -> Pair:
         i = c // self.split.captions_per_image
-        tokens = torch.tensor(self.vocab.encode(self.split.captions[c]), dtype=torch.long)
-        return self.images[i], tokens, c, i
+        return self.images[i], self.texts[c], c, i
 
 
 class ImageDataset(Dataset):
@@ -108,20 +127,27 @@ class ImageDataset(Dataset):
 
 
 class CaptionDataset(Dataset):
-    """One item per caption: (token ids, caption index); for embedding queries."""
+    """One item per caption: (token ids or cached features, caption index); for embedding queries."""
 
-    def __init__(self, split: SplitData, vocab: Vocabulary) -> None:
+    def __init__(self, split: SplitData, vocab: Vocabulary, text_mode: TextMode = "tokens") -> None:
         self.split, self.vocab = split, vocab
+        self.texts = _TextSource(split, vocab, text_mode)
 
     def __len__(self) -> int:
         return self.split.n_captions
 
     def __getitem__(self, c: int) -> tuple[torch.Tensor, int]:
-        return torch.tensor(self.vocab.encode(self.split.captions[c]), dtype=torch.long), c
+        return self.texts[c], c
 
 
 def pad_tokens(sequences: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad 1-D LongTensors with ``<pad>``: ``(B, L_max)`` tokens and ``(B,)`` lengths."""
+    """Right-pad 1-D LongTensors with ``<pad>``: ``(B, L_max)`` tokens and ``(B,)`` lengths.
+
+    Float rows (cached caption features, text mode ``features``) are stacked as they are, each
+    with length 1.
+    """
+    if sequences and sequences[0].is_floating_point():
+        return torch.stack(sequences), torch.ones(len(sequences), dtype=torch.long)
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
     tokens = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long)
     for row, seq in enumerate(sequences):

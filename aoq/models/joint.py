@@ -6,9 +6,13 @@ embeddings can be indexed with FAISS inner-product indexes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from torch import Tensor, nn
 
 from aoq.config import ModelConfig
+from aoq.data.vocab import Vocabulary
 from aoq.models.image import (
     ConvImageEncoder,
     ResNetImageEncoder,
@@ -25,15 +29,21 @@ class JointModel(nn.Module):
         image_input: ``"features"`` (precomputed region/global features, vse and vsrn) or
             ``"pixels"`` (raw images, cnn): what :meth:`encode_images` expects.
         img_dim: the feature size the image encoder was built for (None for pixel models).
+        embed_dim: the joint-space size.
         resnet_arch: the torchvision ResNet depth of a ResNet-backed ``cnn`` model, else None.
+
+    The weights of frozen pretrained backbones are left out of :meth:`state_dict` (they come from
+    their packages; :meth:`backbone_identities` names them), so checkpoints and trainer states
+    hold only what training changed.
     """
 
     def __init__(
         self,
         image_encoder: nn.Module,
-        text_encoder: TextEncoder,
+        text_encoder: nn.Module,
         image_input: str,
         img_dim: int | None,
+        embed_dim: int,
         resnet_arch: str | None = None,
     ) -> None:
         super().__init__()
@@ -41,7 +51,40 @@ class JointModel(nn.Module):
         self.text_encoder = text_encoder
         self.image_input = image_input
         self.img_dim = img_dim
+        self.embed_dim = embed_dim
         self.resnet_arch = resnet_arch
+
+    def _encoders(self) -> Iterable[tuple[str, nn.Module]]:
+        return (("image", self.image_encoder), ("text", self.text_encoder))
+
+    def backbone_identities(self) -> dict[str, dict[str, str]]:
+        """``{"image"|"text": BackboneIdentity.to_dict()}`` for the encoders with a pretrained backbone."""
+        return {name: enc.identity.to_dict() for name, enc in self._encoders() if hasattr(enc, "identity")}
+
+    def packaged_state_keys(self) -> set[str]:
+        """State keys of frozen pretrained backbone weights (read from packages, never saved)."""
+        keys: set[str] = set()
+        for name, enc in self._encoders():
+            if hasattr(enc, "frozen_state_keys"):
+                keys |= {f"{name}_encoder.{k}" for k in enc.frozen_state_keys()}
+        return keys
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", "")
+        for key in self.packaged_state_keys():
+            state.pop(prefix + key, None)
+        return state
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load trained weights; frozen backbone weights may be absent (they come from packages)."""
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        packaged = self.packaged_state_keys()
+        missing = [k for k in result.missing_keys if k not in packaged]
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(f"state does not fit the model: missing {missing[:5]}, "
+                               f"unexpected {list(result.unexpected_keys)[:5]}")
+        return result
 
     def encode_images(self, images: Tensor) -> Tensor:
         """(B, R, D) / (B, D) features or (B, 3, H, W) pixels -> (B, d), unit L2 norm."""
@@ -55,29 +98,71 @@ class JointModel(nn.Module):
         return self.encode_images(images), self.encode_texts(tokens, lengths)
 
 
-def build_model(
-    model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, *, resnet_arch: str | None = None
-) -> JointModel:
-    """Build a freshly initialised model from its configuration.
+def _text_encoder(model_cfg: ModelConfig, vocab_size: int) -> nn.Module:
+    if model_cfg.text_encoder == "minilm":
+        from aoq.models.pretrained import (
+            MiniLMTextEncoder,  # imports transformers: only when asked
+        )
 
-    Args:
-        model_cfg: the ``model`` section of the run configuration.
-        vocab_size: number of word ids.
-        img_dim: feature size of the precomputed image features (vse, vsrn); ignored for cnn.
-        resnet_arch: cnn with ``model.resnet_weights`` only: build this bare ResNet instead of
-            reading the weights file (used when a checkpoint supplies every weight).
-
-    Raises:
-        ValueError: a feature model without ``img_dim``.
-    """
-    kind = model_cfg.image_encoder
-    text = TextEncoder(
+        return MiniLMTextEncoder(model_cfg.embed_dim, model_cfg.text_finetune_layers, model_cfg.projection)
+    return TextEncoder(
         vocab_size,
         model_cfg.word_dim,
         model_cfg.embed_dim,
         num_layers=model_cfg.text_layers,
         bidirectional=model_cfg.bidirectional,
     )
+
+
+def text_vocabulary(model_cfg: ModelConfig, captions: Iterable[str], threshold: int) -> Any:
+    """What turns captions into token ids for this model: a :class:`Vocabulary` built from the
+    training captions (gru), or the pretrained WordPiece tokenizer (minilm, covers every word)."""
+    if model_cfg.text_encoder == "minilm":
+        from aoq.models.pretrained import WordPieceVocab
+
+        return WordPieceVocab()
+    return Vocabulary.build(captions, threshold)
+
+
+def vocabulary_from_dict(data: Any, source: str) -> Any:
+    """Rebuild a saved vocabulary of either kind (see :func:`text_vocabulary`).
+
+    Raises:
+        ArtefactError: a damaged vocabulary, or a tokenizer other than the installed one.
+    """
+    if isinstance(data, dict) and data.get("kind") == "aoq-wordpiece":
+        from aoq.models.pretrained import WordPieceVocab
+
+        return WordPieceVocab.from_dict(data, source)
+    return Vocabulary.from_dict(data, source)
+
+
+def build_model(
+    model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, *, resnet_arch: str | None = None
+) -> JointModel:
+    """Build a freshly initialised model from its configuration.
+
+    Pretrained backbones (``effnet_lite0``, ``minilm``) are loaded from their packages; only the
+    projection heads (and any fine-tuned top units) start fresh.
+
+    Args:
+        model_cfg: the ``model`` section of the run configuration.
+        vocab_size: number of word ids (ignored by minilm).
+        img_dim: feature size of the precomputed image features (vse, vsrn); ignored for cnn.
+        resnet_arch: cnn with ``model.resnet_weights`` only: build this bare ResNet instead of
+            reading the weights file (used when a checkpoint supplies every weight).
+
+    Raises:
+        ValueError: a feature model without ``img_dim``.
+        PretrainedPackageError: a pretrained encoder whose package is not installed.
+    """
+    kind, dim = model_cfg.image_encoder, model_cfg.embed_dim
+    text = _text_encoder(model_cfg, vocab_size)
+    if kind == "effnet_lite0":
+        from aoq.models.pretrained import EffNetImageEncoder
+
+        image_enc = EffNetImageEncoder(dim, model_cfg.image_finetune_blocks, model_cfg.projection)
+        return JointModel(image_enc, text, "pixels", None, dim)
     if kind in ("vse", "vsrn"):
         if img_dim is None:
             raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim)")
@@ -85,8 +170,8 @@ def build_model(
             image: nn.Module = VSEImageEncoder(img_dim, model_cfg.embed_dim, model_cfg.pooling)
         else:
             image = VSRNImageEncoder(img_dim, model_cfg.embed_dim, model_cfg.gcn_layers)
-        return JointModel(image, text, "features", img_dim)
+        return JointModel(image, text, "features", img_dim, dim)
     if model_cfg.resnet_weights is not None or resnet_arch is not None:
         image = ResNetImageEncoder(model_cfg.embed_dim, model_cfg.resnet_weights, arch=resnet_arch)
-        return JointModel(image, text, "pixels", None, resnet_arch=image.arch)
-    return JointModel(ConvImageEncoder(model_cfg.embed_dim, model_cfg.cnn_width), text, "pixels", None)
+        return JointModel(image, text, "pixels", None, dim, resnet_arch=image.arch)
+    return JointModel(ConvImageEncoder(model_cfg.embed_dim, model_cfg.cnn_width), text, "pixels", None, dim)
