@@ -73,6 +73,7 @@ def save_checkpoint(
         "img_dim": model.img_dim,
         "image_input": model.image_input,
         "resnet_arch": model.resnet_arch,
+        "n_labels": model.n_labels,
         **(extra or {}),
     }
     config_tree = config.model_dump(mode="json")
@@ -152,7 +153,13 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights}: cannot read the weights ({exc})") from None
     try:
-        model = build_model(config.model, len(vocab), extra.get("img_dim"), resnet_arch=extra.get("resnet_arch"))
+        model = build_model(
+            config.model,
+            len(vocab),
+            extra.get("img_dim"),
+            resnet_arch=extra.get("resnet_arch"),
+            n_labels=extra.get("n_labels"),
+        )
     except (ValueError, ImportError) as exc:
         raise CheckpointError(f"{path / 'extra.json'}: cannot rebuild the model ({exc})") from None
     _check_fits(model, state, weights)
