@@ -18,7 +18,7 @@ COMMANDS: dict[str, str] = {
     "synth": "Generate the synthetic benchmark (PNG images, Karpathy JSON and precomp features).",
     "vocab": "Build the vocabulary of a dataset's train split and save it as JSON.",
     "train": "Round-1 training with an in-batch loss (max_violation, sum, smooth_ap, infonce) or GOAL.",
-    "evaluate": "Evaluate a checkpoint (R@K, medr, meanr, rsum) under the full, 1K 5-fold or 5K protocol.",
+    "evaluate": "Evaluate a checkpoint (R@K, medr, meanr, rsum) under the full, 1K 5-fold or 5K protocol, or label-wise.",
     "mine": "Mine offline hard negatives for every training image and caption with a checkpoint.",
     "train2": "Round-2 training with offline hard negatives (OffTri, OffQuin, AdapOffQuin, ablations).",
     "pipeline": "Round 1 -> mining -> round 2, resumable stage by stage, with a comparison table.",

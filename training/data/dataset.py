@@ -30,6 +30,9 @@ class SplitData:
         image_paths: image files (Karpathy / synthetic), or None for feature-only data.
         features: region features ``(N, R, D)`` or global features ``(N, D)``; usually a
             read-only memory map, so huge splits never have to fit in RAM. None for image-only data.
+        labels: optional labels per image (e.g. object classes, emoji groups), a list of
+            strings per image; captions inherit their image's labels. None when the dataset
+            has none (label-wise metrics and the label term need them).
     """
 
     name: str
@@ -40,6 +43,7 @@ class SplitData:
     features: np.ndarray | None = None
     source: str = ""
     extra: dict = field(default_factory=dict)
+    labels: list[list[str]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.image_ids)
@@ -47,6 +51,8 @@ class SplitData:
             raise DataError(f"{self.source}: {len(self.image_paths)} image paths for {n} images")
         if self.features is not None and self.features.shape[0] != n:
             raise DataError(f"{self.source}: {self.features.shape[0]} feature rows for {n} images")
+        if self.labels is not None and len(self.labels) != n:
+            raise DataError(f"{self.source}: {len(self.labels)} label lists for {n} images")
         if len(self.captions) != n * self.captions_per_image:
             raise DataError(
                 f"{self.source}: {len(self.captions)} captions for {n} images x "
@@ -84,6 +90,7 @@ class SplitData:
             features=None if self.features is None else self.features[:n],
             source=self.source,
             extra=dict(self.extra),
+            labels=None if self.labels is None else self.labels[:n],
         )
 
     @property
