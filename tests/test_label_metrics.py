@@ -16,7 +16,7 @@ from training.cli import main
 from training.data.dataset import DataError
 from training.data.karpathy import read_karpathy
 from training.data.precomp import read_precomp
-from training.labels import label_vocabulary, multi_hot
+from training.data.dataset import label_vocabulary, multi_hot
 from training.metrics import label_metrics, label_ranking_metrics, shared_label_counts
 
 LOG3 = math.log2(3)
@@ -178,3 +178,18 @@ def test_evaluate_protocol_labels(tmp_path, capsys, one_thread):
     (data / "test_labels.json").unlink()
     assert main(["evaluate", "--checkpoint", ckpt, "--protocol", "labels"]) == 2
     assert "has no labels" in capsys.readouterr().err
+
+
+def test_service_report_has_labels_only_when_the_gallery_has_them():
+    from backend.reports import model_report
+
+    rng = np.random.default_rng(0)
+    img, cap = rng.standard_normal((6, 4)), rng.standard_normal((12, 4))
+    hot = multi_hot(fixture_labels(6), label_vocabulary(fixture_labels(6)))
+    assert "labels" not in model_report(img, cap, 2, [])
+    table = model_report(img, cap, 2, [], hot)["labels"]
+    direct = label_metrics(img, cap, hot, 2, k=10)
+    assert table["k"] == 10 and table["n_labels"] == 5
+    for d in ("i2t", "t2i"):
+        assert table[d] == {"map_at_r": direct[d]["map_at_r"], "ndcg": direct[d]["ndcg_at_10"]}
+

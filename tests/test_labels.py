@@ -13,7 +13,8 @@ from tests.fixtures import write_precomp_fixture
 from training.checkpoint import load_checkpoint
 from training.cli import main
 from training.config import GoalConfig, ModelConfig, TrainConfig
-from training.labels import label_prediction_loss, label_vocabulary, multi_hot
+from training.data.dataset import label_vocabulary, multi_hot
+from training.labels import label_prediction_loss
 from training.models.joint import build_model
 from training.round1 import round1_step
 

@@ -19,7 +19,7 @@ from training.data.load import load_split
 from training.data.vocab import Vocabulary
 from training.device import resolve_device
 from training.embed import encode_split
-from training.labels import label_vocabulary, multi_hot
+from training.data.dataset import label_vocabulary, multi_hot
 from training.metrics import evaluate_embeddings, label_metrics
 from training.models.joint import JointModel
 

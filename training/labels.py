@@ -1,4 +1,5 @@
-"""Per-image labels: the label vocabulary, multi-hot targets and the label-prediction term.
+"""The label-prediction term of ``train.label_lambda`` (the label vocabulary and multi-hot
+targets are in :mod:`training.data.dataset`).
 
 Datasets may carry a list of labels per image (``SplitData.labels``; captions inherit their
 image's labels). The optional training term of ``train.label_lambda`` (docs/training.md) puts one
@@ -9,33 +10,9 @@ label-prediction term of label-wise cross-modal retrieval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-
-def label_vocabulary(*label_lists: Sequence[Sequence[str]]) -> list[str]:
-    """The sorted set of every label in the given per-item label lists."""
-    return sorted({label for labels in label_lists for item in labels for label in item})
-
-
-def multi_hot(labels: Sequence[Sequence[str]], vocabulary: Sequence[str]) -> np.ndarray:
-    """``(n_items, len(vocabulary))`` float32 matrix, 1 where item i carries label j.
-
-    Raises:
-        ValueError: an item carries a label that is not in ``vocabulary``.
-    """
-    index = {label: j for j, label in enumerate(vocabulary)}
-    out = np.zeros((len(labels), len(vocabulary)), dtype=np.float32)
-    for i, item in enumerate(labels):
-        for label in item:
-            if label not in index:
-                raise ValueError(f"label {label!r} of item {i} is not in the label vocabulary")
-            out[i, index[label]] = 1.0
-    return out
 
 
 def label_prediction_loss(image_logits: Tensor, caption_logits: Tensor, targets: Tensor) -> Tensor:

@@ -25,7 +25,8 @@ from training.data.vocab import Vocabulary
 from training.device import resolve_device, seed_everything
 from training.evaluate import dev_validator
 from training.goal import GoalSpec, goal_objective
-from training.labels import label_prediction_loss, label_vocabulary, multi_hot
+from training.data.dataset import label_vocabulary, multi_hot
+from training.labels import label_prediction_loss
 from training.losses import round1_loss
 from training.models.joint import JointModel, build_model
 from training.trainer import StepFn, TrainResult, epoch_loader, fit

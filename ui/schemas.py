@@ -170,11 +170,25 @@ class RankHistogram(_Answer):
     counts: list[int]
 
 
+class LabelRow(_Answer):
+    map_at_r: float | None = None
+    ndcg: float | None = None
+
+
+class LabelTable(_Answer):
+    k: int
+    n_labels: int
+    i2t: LabelRow
+    t2i: LabelRow
+
+
 class Metrics(_Answer):
     model: str
     tables: dict[str, ProtocolTable] = Field(default_factory=dict)
     curves: list[CurvePoint] = Field(default_factory=list)
     rank_histogram: RankHistogram | None = None
+    #: label-wise metrics, only for galleries with labels
+    labels: LabelTable | None = None
 
 
 class NegativeItem(_Answer):

@@ -8,6 +8,7 @@ VSE++/SCAN/VSRN and of :mod:`training.metrics`). Images come as precomputed regi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,3 +114,24 @@ class DatasetDescription:
                 f"{self.root}: unknown split {name!r}; available: {', '.join(sorted(self.splits))}"
             )
         return self.splits[name]
+
+
+def label_vocabulary(*label_lists: Sequence[Sequence[str]]) -> list[str]:
+    """The sorted set of every label in the given per-item label lists."""
+    return sorted({label for labels in label_lists for item in labels for label in item})
+
+
+def multi_hot(labels: Sequence[Sequence[str]], vocabulary: Sequence[str]) -> np.ndarray:
+    """``(n_items, len(vocabulary))`` float32 matrix, 1 where item i carries label j.
+
+    Raises:
+        ValueError: an item carries a label that is not in ``vocabulary``.
+    """
+    index = {label: j for j, label in enumerate(vocabulary)}
+    out = np.zeros((len(labels), len(vocabulary)), dtype=np.float32)
+    for i, item in enumerate(labels):
+        for label in item:
+            if label not in index:
+                raise ValueError(f"label {label!r} of item {i} is not in the label vocabulary")
+            out[i, index[label]] = 1.0
+    return out
