@@ -16,8 +16,6 @@ from training.checkpoint import load_checkpoint
 from training.cli import main
 from training.losses import triplet_max_violation
 
-T = torch.tensor
-
 
 def _t(*values: float) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)

@@ -10,7 +10,6 @@ label-prediction term of label-wise cross-modal retrieval.
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
