@@ -80,6 +80,7 @@ def save_checkpoint(
         "image_input": model.image_input,
         "resnet_arch": model.resnet_arch,
         "backbones": model.backbone_identities(),
+        "n_labels": model.n_labels,
         **(extra or {}),
     }
     config_tree = config.model_dump(mode="json")
@@ -170,7 +171,13 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Che
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{weights}: cannot read the weights ({exc})") from None
     try:
-        model = build_model(config.model, len(vocab), extra.get("img_dim"), resnet_arch=extra.get("resnet_arch"))
+        model = build_model(
+            config.model,
+            len(vocab),
+            extra.get("img_dim"),
+            resnet_arch=extra.get("resnet_arch"),
+            n_labels=extra.get("n_labels"),
+        )
     except (ValueError, ImportError, ArtefactError) as exc:
         raise CheckpointError(f"{path / 'extra.json'}: cannot rebuild the model ({exc})") from None
     _check_backbones(model, extra.get("backbones") or {}, path / "extra.json")

@@ -96,10 +96,30 @@ class OptimConfig(_Strict):
 class TrainConfig(OptimConfig):
     """Round 1: one of the in-batch losses."""
 
+    #: ``goal``: the gradient objective of the ``goal`` section (docs/goal.md).
     loss: Round1Loss = "max_violation"
     margin: float = Field(0.2, ge=0)
     #: temperature of smooth_ap (default 0.01) and infonce (default 0.05).
     tau: float | None = Field(None, gt=0)
+    #: weight of the label-prediction term (multi-label BCE of a linear classifier on each
+    #: modality's embedding); 0 = no term. Needs a training split with labels (docs/training.md).
+    label_lambda: float = Field(0.0, ge=0)
+
+
+class GoalConfig(_Strict):
+    """The GOAL objective of ``train.loss=goal``: a triplet weight times a pair weight (docs/goal.md)."""
+
+    triplet: Literal["con", "nca", "cir"] = "con"
+    pair: Literal["con", "lin", "sig", "lin_ms", "sig_ms"] = "con"
+    #: hinge of the ``con`` triplet weight; null = weight 1 for every anchor (the public code).
+    margin: float | None = Field(0.2, ge=0)
+    #: inverse temperature of the ``nca`` and ``cir`` triplet weights.
+    tau: float = Field(10.0, gt=0)
+    #: Multi-Similarity alpha, beta, lambda (``sig``, ``sig_ms``) and mining margin (``*_ms``).
+    ms_a: float = Field(2.0, gt=0)
+    ms_b: float = Field(10.0, gt=0)
+    ms_lambda: float = 0.5
+    ms_epsilon: float = Field(0.1, ge=0)
 
 
 class MiningConfig(_Strict):
@@ -150,6 +170,7 @@ class ExperimentConfig(_Strict):
     data: DataConfig
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
+    goal: GoalConfig = GoalConfig()
     mining: MiningConfig = MiningConfig()
     round2: Round2Config = Round2Config()
 

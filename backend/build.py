@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
 from aoq.config import DataConfig, load_config
-from aoq.data.dataset import DataError, SplitData
+from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
 from aoq.data.karpathy import read_karpathy
 from aoq.data.load import load_split
 from aoq.device import resolve_device
@@ -196,7 +196,8 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
                                  {"images": ids.image_ids, "captions": ids.caption_ids}, job.spec, meta)
     cpi = split.captions_per_image
     ranks = gallery_ranks(img_emb, cap_emb, cpi)
-    report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path))
+    labels = None if split.labels is None else multi_hot(split.labels, label_vocabulary(split.labels))
+    report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels)
     loss = ckpt.extra.get("loss") or (cfg.round2.loss if role == "aoq" else cfg.train.loss)
     with sessions() as session, session.begin():
         record_model(session, name, role, str(loss), ckpt, ids, manifest, ranks, report, mined_dir)

@@ -1,6 +1,6 @@
 """What ``/metrics/{model}`` shows, computed by ``aoq index`` from the gallery embeddings: the
-evaluation tables, the training curves of the checkpoint's metrics log, and the cross-retrieval
-rank histogram (AOQ supplement)."""
+evaluation tables, the training curves of the checkpoint's metrics log, the cross-retrieval
+rank histogram (AOQ supplement) and, for a gallery with labels, the label-wise metrics."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from aoq.metrics import (
     METRIC_KEYS,
     cross_retrieval_ranks,
     evaluate_embeddings,
+    label_metrics,
     rank_histogram,
 )
 
@@ -62,18 +63,43 @@ def cross_histogram(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image
     return {"bins": list(counts), "counts": list(counts.values())}
 
 
+def label_table(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int,
+                image_labels: np.ndarray, k: int = 10) -> dict[str, Any]:
+    """mAP@R and NDCG@k both ways (``aoq.metrics.label_metrics``), as fractions; None (not
+    NaN, which JSON lacks) where no query has a relevant item."""
+    result = label_metrics(img_emb, cap_emb, image_labels, captions_per_image, k)
+
+    def value(x: float) -> float | None:
+        return None if np.isnan(x) else float(x)
+
+    return {
+        "k": k,
+        "n_labels": int(np.asarray(image_labels).shape[1]),
+        **{d: {"map_at_r": value(result[d]["map_at_r"]), "ndcg": value(result[d][f"ndcg_at_{k}"])}
+           for d in ("i2t", "t2i")},
+    }
+
+
 def model_report(
-    img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int, logs: list[tuple[Path, int]]
+    img_emb: np.ndarray,
+    cap_emb: np.ndarray,
+    captions_per_image: int,
+    logs: list[tuple[Path, int]],
+    image_labels: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Tables, curves (from the readable logs among ``(path, round)``) and the rank histogram."""
+    """Tables, curves (from the readable logs among ``(path, round)``), the rank histogram and,
+    with ``image_labels`` ((n_images, L) multi-hot), ``"labels"``: :func:`label_table`."""
     points: list[dict[str, Any]] = []
     for path, round_number in logs:
         try:
             points.extend(curves(path, round_number))
         except (OSError, ValueError, KeyError) as exc:
             log.warning("%s: metrics log not used (%s)", path, exc)
-    return {
+    report = {
         "tables": evaluation_tables(img_emb, cap_emb, captions_per_image),
         "curves": points,
         "rank_histogram": cross_histogram(img_emb, cap_emb, captions_per_image),
     }
+    if image_labels is not None:
+        report["labels"] = label_table(img_emb, cap_emb, captions_per_image, image_labels)
+    return report

@@ -197,11 +197,24 @@ class RankHistogram(BaseModel):
     counts: list[int]
 
 
+class LabelRow(BaseModel):
+    map_at_r: float | None = Field(description="mAP@R, binary relevance = shares a label (fraction)")
+    ndcg: float | None = Field(description="NDCG@k, relevance = number of shared labels (fraction)")
+
+
+class LabelTable(BaseModel):
+    k: int
+    n_labels: int
+    i2t: LabelRow
+    t2i: LabelRow
+
+
 class MetricsOut(BaseModel):
     model: str
     tables: dict[str, ProtocolTable] = Field(description="protocol (full, 1k5fold, 5k) -> table, on the gallery split")
     curves: list[CurvePoint]
     rank_histogram: RankHistogram | None
+    labels: LabelTable | None = Field(None, description="label-wise metrics, when the gallery has labels")
 
 
 class NegativeItem(BaseModel):

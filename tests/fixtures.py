@@ -56,6 +56,7 @@ def write_precomp_fixture(
     cpi: int = 5,
     seed: int = 0,
     name: str = "coco_precomp",
+    labelled: bool = False,
 ) -> Path:
     """Write ``root/name/{split}_ims.npy`` and ``{split}_caps.txt`` for each split.
 
@@ -67,6 +68,7 @@ def write_precomp_fixture(
         cpi: captions per image.
         seed: seeds features and captions.
         name: folder name.
+        labelled: also write ``{split}_labels.json`` with :func:`fixture_labels`.
 
     Returns:
         The precomp folder.
@@ -78,7 +80,14 @@ def write_precomp_fixture(
         atomic_save_npy(folder / f"{split}_ims.npy", rng.standard_normal(shape).astype(np.float32))
         lines = fixture_captions(split, n, cpi, seed)
         atomic_write_text(folder / f"{split}_caps.txt", "".join(f"{c}\n" for c in lines))
+        if labelled:
+            atomic_write_json(folder / f"{split}_labels.json", fixture_labels(n))
     return folder
+
+
+def fixture_labels(n_images: int) -> list[list[str]]:
+    """Labels of image ``i``: ``group:{i % 3}`` and ``parity:{i % 2}``, so a test can count shared labels."""
+    return [[f"group:{i % 3}", f"parity:{i % 2}"] for i in range(n_images)]
 
 
 def write_karpathy_fixture(

@@ -13,6 +13,8 @@ import pytest
 from PIL import Image
 
 from aoq.cli.main import main
+from aoq.data.karpathy import read_karpathy
+from aoq.data.precomp import read_precomp
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
 from aoq.io import file_hashes, read_manifest
 from training.datasets.synth import writer
@@ -50,7 +52,7 @@ def test_same_arguments_give_byte_identical_files_whatever_the_worker_count(data
     again = tmp_path / "again"
     writer.write_dataset(again, SIZES, seed=3, workers=2, progress=False)
     first, second = file_hashes(dataset), file_hashes(again)
-    assert len(first) == 20 + 6 + 2  # PNGs, precomp files, Karpathy JSON, scenes.jsonl
+    assert len(first) == 20 + 9 + 2  # PNGs, precomp files (+ labels), Karpathy JSON, scenes.jsonl
     assert first == second
     assert (dataset / "manifest.json").read_bytes() == (again / "manifest.json").read_bytes()
     other = tmp_path / "other_seed"
@@ -308,3 +310,13 @@ def test_cli_rejects_bad_knobs_with_a_clear_message(tmp_path, capsys):
     assert main(["synth", "--out", str(tmp_path / "x"), "--caption-detail", "1.5"]) == 2
     assert "caption_detail must be in [0, 1], got 1.5" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_labels_are_the_object_classes_in_both_layouts(dataset):
+    scenes = [json.loads(line) for line in (dataset / "scenes.jsonl").read_text().splitlines()]
+    train = [s for s in scenes if s["split"] == "train"]
+    expected = [sorted({f"shape:{o['shape']}" for o in s["objects"]}) for s in sorted(train, key=lambda s: s["index"])]
+    assert json.loads((dataset / "precomp" / "train_labels.json").read_text()) == expected
+    assert read_precomp(dataset / "precomp", "train").labels == expected
+    karpathy = read_karpathy(dataset / "dataset_synth.json").split("train")
+    assert karpathy.labels == expected and all(expected)

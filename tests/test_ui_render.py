@@ -190,6 +190,17 @@ def test_metrics_table_rows():
             "<td>30.0</td><td>60.0</td><td>75.0</td><td>3.0</td><td>7.2</td><td>355.0</td>") in html
     assert "<td>aoq</td><td colspan=\"12\">not evaluated</td>" in html
     assert "<th>i2t R@1</th>" in html and "<th>t2i meanr</th>" in html
+    assert "Label-wise" not in html  # no model has labels
+
+
+def test_metrics_table_adds_label_wise_rows_when_present():
+    labels = {"k": 10, "n_labels": 6, "i2t": {"map_at_r": 0.5, "ndcg": 0.25},
+              "t2i": {"map_at_r": None, "ndcg": 0.125}}
+    html = render_metrics_table([MetricsOut.model_validate({"model": "goal", **METRICS, "labels": labels}),
+                                 MetricsOut.model_validate({"model": "baseline", **METRICS})])
+    assert "<th>i2t mAP@R</th>" in html and "<th>t2i NDCG@k</th>" in html
+    assert ("<td>goal</td><td>6</td><td>50.0</td><td>25.0</td><td>n/a</td><td>12.5</td><td>10</td>") in html
+    assert html.count("<td>baseline</td>") == 1  # recall table only
 
 
 # -- plots -------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 Protocols (``aoq.metrics``): ``full`` (every image of the split at once), ``1k5fold``
 (COCO "1K": the mean over 5 consecutive folds of 1,000 images) and ``5k`` (the first 5,000
 images). Every result names its protocol, so 1K and 5K numbers cannot be confused.
+``labels`` is the ``full`` protocol plus the label-wise metrics (mAP@R, NDCG@k, relevance = shared
+labels) of a split that carries labels.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ from pathlib import Path
 import torch
 
 from aoq.checkpoint import load_checkpoint
-from aoq.data.dataset import SplitData
+from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
 from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_split
-from aoq.metrics import evaluate_embeddings
+from aoq.metrics import evaluate_embeddings, label_metrics
 from aoq.models.joint import JointModel
 
 
@@ -30,14 +32,29 @@ def evaluate_model(
     image_size: int = 64,
     batch_size: int = 256,
     device: str | torch.device | None = None,
+    ndcg_k: int = 10,
 ) -> dict:
     """Embed ``split`` with ``model`` and compute R@1/5/10, medr, meanr both ways and rsum.
 
+    With ``protocol="labels"`` the recalls are those of ``full`` and the result also has
+    ``"labels"``: :func:`aoq.metrics.label_metrics` with NDCG cut-off ``ndcg_k``.
+
     Returns:
-        ``{"i2t": {...}, "t2i": {...}, "rsum": float, "protocol": str}``.
+        ``{"i2t": {...}, "t2i": {...}, "rsum": float, "protocol": str}`` (+ ``"labels"``).
+
+    Raises:
+        DataError: ``protocol="labels"`` on a split without labels.
     """
+    if protocol == "labels" and split.labels is None:
+        raise DataError(f"{split.source}: has no labels, so protocol 'labels' does not apply")
     img, cap = encode_split(model, vocab, split, batch_size=batch_size, device=device, image_size=image_size)
-    return evaluate_embeddings(img, cap, split.captions_per_image, protocol=protocol)
+    if protocol != "labels":
+        return evaluate_embeddings(img, cap, split.captions_per_image, protocol=protocol)
+    result = evaluate_embeddings(img, cap, split.captions_per_image, protocol="full")
+    targets = multi_hot(split.labels, label_vocabulary(split.labels))
+    result["labels"] = label_metrics(img, cap, targets, split.captions_per_image, k=ndcg_k)
+    result["labels"]["n_labels"] = int(targets.shape[1])
+    return {**result, "protocol": "labels"}
 
 
 def dev_validator(split: SplitData, vocab: Vocabulary, image_size: int = 64, batch_size: int = 256):
@@ -57,6 +74,7 @@ def evaluate_checkpoint(
     *,
     device: str | torch.device = "auto",
     batch_size: int = 256,
+    ndcg_k: int = 10,
 ) -> dict:
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
 
@@ -64,7 +82,7 @@ def evaluate_checkpoint(
         ckpt_dir: a checkpoint directory (``aoq.checkpoint``).
         split_name: ``train``/``dev``/``test`` (mapped through the checkpoint's data config) or a
             file-level split name such as ``testall``.
-        protocol: ``full``, ``1k5fold`` or ``5k``.
+        protocol: ``full``, ``1k5fold``, ``5k`` or ``labels`` (full + label-wise metrics).
         data_path: read the split from here instead of the checkpoint's ``data.path`` (same format).
 
     Returns:
@@ -83,7 +101,7 @@ def evaluate_checkpoint(
         data_cfg = data_cfg.model_copy(update={"path": str(data_path)})
     split = load_split(data_cfg, split_name)
     result = evaluate_model(ckpt.model, ckpt.vocab, split, protocol, image_size=data_cfg.image_size,
-                            batch_size=batch_size)
+                            batch_size=batch_size, ndcg_k=ndcg_k)
     return {
         "n_images": split.n_images,
         **result,
@@ -105,4 +123,12 @@ def format_table(result: dict) -> str:
     lines.append(f"rsum {result['rsum']:.2f}")
     if "vocabulary" in result:
         lines.append(f"unknown words: {format_coverage(result['vocabulary'])}")
+    labels = result.get("labels")
+    if labels:
+        ndcg = f"ndcg_at_{labels['k']}"
+        lines.append(f"label-wise ({labels['n_labels']} labels, relevance = shared labels; percent)")
+        lines.append(f"{'direction':<22}{'mAP@R':>9}{'NDCG@' + str(labels['k']):>10}{'queries':>9}")
+        for key, label in (("i2t", "image->text (i2t)"), ("t2i", "text->image (t2i)")):
+            m = labels[key]
+            lines.append(f"{label:<22}{100 * m['map_at_r']:>9.2f}{100 * m[ndcg]:>10.2f}{m['queries']:>9d}")
     return "\n".join(lines)

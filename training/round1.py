@@ -2,7 +2,9 @@
 
 A batch holds B positive pairs (image, caption), one item per training caption, so
 ``scores = img_emb @ cap_emb.T`` has the positives on its diagonal and the loss is
-``train.loss`` (max_violation = VSE++, sum, smooth_ap, infonce) from :mod:`training.losses`.
+``train.loss`` (max_violation = VSE++, sum, smooth_ap, infonce) from :mod:`training.losses`, or
+``goal``, the gradient objective of the ``goal`` section (:mod:`training.goal`). With
+``train.label_lambda > 0`` the label-prediction term of :mod:`training.labels` is added.
 
 With 5 captions per image a batch may hold two captions of the same image; the off-diagonal
 entry between them is then a true match treated as a negative. VSE++ and the public AOQ code
@@ -17,35 +19,62 @@ import torch
 from torch import Tensor
 
 from aoq.backbone_cache import input_modes, with_backbone_features
-from aoq.config import ExperimentConfig, TrainConfig
+from aoq.config import ConfigError, ExperimentConfig, GoalConfig, TrainConfig
+from aoq.data.dataset import label_vocabulary, multi_hot
 from aoq.data.load import load_split
 from aoq.data.loaders import PairDataset, collate_pairs
 from aoq.device import resolve_device, seed_everything
 from aoq.models.joint import JointModel, build_model, text_vocabulary
 from training.evaluate import dev_validator
+from training.goal import GoalSpec, goal_objective
+from training.labels import label_prediction_loss
 from training.losses import round1_loss
 from training.trainer import StepFn, TrainResult, epoch_loader, fit
 
 
-def round1_step(train_cfg: TrainConfig) -> StepFn:
+def goal_spec(goal_cfg: GoalConfig) -> GoalSpec:
+    """The :class:`training.goal.GoalSpec` of a run's ``goal`` section."""
+    return GoalSpec(**goal_cfg.model_dump())
+
+
+def round1_step(
+    train_cfg: TrainConfig, goal_cfg: GoalConfig | None = None, label_targets: Tensor | None = None
+) -> StepFn:
     """The trainer's ``step``: encode a :func:`collate_pairs` batch, score it, apply ``train.loss``.
 
+    Args:
+        train_cfg: the ``train`` section (loss, margin, tau, label_lambda).
+        goal_cfg: the ``goal`` section, used when ``train.loss == "goal"`` (default: its defaults).
+        label_targets: (n_images, L) multi-hot labels of the training images, needed when
+            ``train.label_lambda > 0`` (the model must then have a ``label_head``).
+
     Stats: ``pos`` (mean positive score) and ``hardest_neg`` (mean over captions of the
-    highest negative-image score), to watch the margin open up.
+    highest negative-image score), to watch the margin open up; ``label_bce`` with the label term.
     """
+    spec = goal_spec(goal_cfg or GoalConfig()) if train_cfg.loss == "goal" else None
+    use_labels = train_cfg.label_lambda > 0
+    if use_labels and label_targets is None:
+        raise ValueError("train.label_lambda > 0 needs the label targets of the training images")
 
     def step(model: JointModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
         device = next(model.parameters()).device
         img = model.encode_images(batch["images"].to(device, non_blocking=True))
         cap = model.encode_texts(batch["tokens"].to(device, non_blocking=True), batch["lengths"])
         scores = img @ cap.T
-        loss = round1_loss(train_cfg.loss, scores, margin=train_cfg.margin, tau=train_cfg.tau)
+        if spec is not None:
+            loss = goal_objective(img, cap, spec)
+        else:
+            loss = round1_loss(train_cfg.loss, scores, margin=train_cfg.margin, tau=train_cfg.tau)
+        stats: dict[str, float] = {}
+        if use_labels:
+            targets = label_targets[batch["image_ids"]].to(device)
+            label_loss = label_prediction_loss(model.label_head(img), model.label_head(cap), targets)
+            loss = loss + train_cfg.label_lambda * label_loss
+            stats["label_bce"] = float(label_loss.detach())
         with torch.no_grad():
             eye = torch.eye(scores.shape[0], dtype=torch.bool, device=scores.device)
-            stats = {
-                "pos": float(scores.diagonal().mean()),
-                "hardest_neg": float(scores.masked_fill(eye, -2.0).amax(dim=0).mean()),
-            }
+            stats["pos"] = float(scores.diagonal().mean())
+            stats["hardest_neg"] = float(scores.masked_fill(eye, -2.0).amax(dim=0).mean())
         return loss, stats
 
     return step
@@ -66,8 +95,17 @@ def train_round1(cfg: ExperimentConfig, run_dir: str | Path | None = None, *, pr
     dev = load_split(cfg.data, "dev")
     vocab = text_vocabulary(cfg.model, train.captions, cfg.data.vocab_threshold)
     device = resolve_device(cfg.train.device)
+    labels, targets = None, None
+    if cfg.train.label_lambda > 0:
+        if train.labels is None:
+            raise ConfigError(
+                f"train.label_lambda={cfg.train.label_lambda} needs labels, but {train.source} has none "
+                "(Karpathy JSON: a \"labels\" list per image; precomp: {split}_labels.json)"
+            )
+        labels = label_vocabulary(train.labels)
+        targets = torch.from_numpy(multi_hot(train.labels, labels))
     seed_everything(cfg.train.seed)
-    model = build_model(cfg.model, len(vocab), train.feature_dim).to(device)
+    model = build_model(cfg.model, len(vocab), train.feature_dim, n_labels=len(labels) if labels else None).to(device)
     # Frozen pretrained backbones: their features, cached once, stand in for pixels / tokens.
     train = with_backbone_features(model, train, vocab, progress=progress_bar)
     dev = with_backbone_features(model, dev, vocab, progress=progress_bar)
@@ -84,9 +122,9 @@ def train_round1(cfg: ExperimentConfig, run_dir: str | Path | None = None, *, pr
         model,
         vocab,
         make_loader,
-        round1_step(cfg.train),
+        round1_step(cfg.train, cfg.goal, targets),
         dev_validator(dev, vocab, image_size=cfg.data.image_size),
         role="round1",
-        extra={"loss": cfg.train.loss},
+        extra={"loss": cfg.train.loss, **({"labels": labels} if labels else {})},
         progress_bar=progress_bar,
     )

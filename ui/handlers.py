@@ -13,7 +13,13 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from backend.schemas import CompareImageOut, CompareTextOut, ExampleCaption, ExampleImage, FailureItem
+from backend.schemas import (
+    CompareImageOut,
+    CompareTextOut,
+    ExampleCaption,
+    ExampleImage,
+    FailureItem,
+)
 from ui import plots
 from ui.client import BackendClient, BackendError
 from ui.render import (

@@ -281,5 +281,28 @@ def render_metrics_table(all_metrics: Sequence[MetricsOut]) -> str:
                             for d in ("i2t", "t2i") for c in _TABLE_COLUMNS)
             rows.append(f"<tr><td>{escape(metrics.model)}</td><td>{escape(protocol)}</td>{cells}"
                         f"<td>{table.rsum:.1f}</td></tr>")
-    return (f'<table class="aoq-table"><tr><th>model</th><th>protocol</th>{head}<th>rsum</th></tr>'
+    table = (f'<table class="aoq-table"><tr><th>model</th><th>protocol</th>{head}<th>rsum</th></tr>'
+             + "".join(rows) + "</table>")
+    return table + render_label_table(all_metrics)
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
+
+
+def render_label_table(all_metrics: Sequence[MetricsOut]) -> str:
+    """mAP@R and NDCG@k of the models whose gallery has labels; empty when none has."""
+    rows = [
+        f"<tr><td>{escape(m.model)}</td><td>{m.labels.n_labels}</td>"
+        + "".join(f"<td>{_percent(getattr(getattr(m.labels, d), c))}</td>"
+                  for d in ("i2t", "t2i") for c in ("map_at_r", "ndcg"))
+        + f"<td>{m.labels.k}</td></tr>"
+        for m in all_metrics
+        if m.labels is not None
+    ]
+    if not rows:
+        return ""
+    head = "".join(f"<th>{d} {c}</th>" for d in ("i2t", "t2i") for c in ("mAP@R", "NDCG@k"))
+    return ('<p>Label-wise retrieval (relevance = shared labels, percent)</p>'
+            f'<table class="aoq-table aoq-labels"><tr><th>model</th><th>labels</th>{head}<th>k</th></tr>'
             + "".join(rows) + "</table>")

@@ -19,7 +19,9 @@ SHORTCUTS = {"loss": "train.loss", "epochs": "train.epochs", "seed": "train.seed
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser)
-    parser.add_argument("--loss", choices=ROUND1_LOSSES, help="round-1 loss (train.loss)")
+    parser.add_argument("--loss", choices=ROUND1_LOSSES,
+                        help="round-1 loss (train.loss); goal: the gradient objective chosen by "
+                             "--set goal.triplet=... --set goal.pair=... (docs/goal.md)")
     parser.add_argument("--out", help="run folder (out_dir); round 1 writes to OUT/round1")
     add_training_flags(parser, "train")
 
@@ -33,5 +35,6 @@ def run(args: argparse.Namespace) -> int:
         # Assigned, not parsed as YAML: a folder called "null" or "2024" stays a string.
         cfg.out_dir = args.out
     result = train_round1(cfg, progress_bar=not args.no_progress)
-    print_training_result("round 1", result, f"loss {cfg.train.loss}")
+    loss = cfg.train.loss + (f" ({cfg.goal.triplet}, {cfg.goal.pair})" if cfg.train.loss == "goal" else "")
+    print_training_result("round 1", result, f"loss {loss}")
     return 0

@@ -8,6 +8,7 @@ VSE++/SCAN/VSRN and of :mod:`aoq.metrics`). Images come as precomputed region fe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,9 @@ class SplitData:
             read-only memory map, so huge splits never have to fit in RAM. None for image-only data.
         caption_features: ``(n_captions, D)`` features of the captions from a frozen pretrained
             text backbone (``aoq.backbone_cache``), or None.
+        labels: optional labels per image (e.g. object classes, emoji groups), a list of
+            strings per image; captions inherit their image's labels. None when the dataset
+            has none (label-wise metrics and the label term need them).
     """
 
     name: str
@@ -43,6 +47,7 @@ class SplitData:
     source: str = ""
     extra: dict = field(default_factory=dict)
     caption_features: np.ndarray | None = None
+    labels: list[list[str]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.image_ids)
@@ -53,6 +58,8 @@ class SplitData:
         if self.caption_features is not None and self.caption_features.shape[0] != len(self.captions):
             raise DataError(f"{self.source}: {self.caption_features.shape[0]} caption feature rows for "
                             f"{len(self.captions)} captions")
+        if self.labels is not None and len(self.labels) != n:
+            raise DataError(f"{self.source}: {len(self.labels)} label lists for {n} images")
         if len(self.captions) != n * self.captions_per_image:
             raise DataError(
                 f"{self.source}: {len(self.captions)} captions for {n} images x "
@@ -91,6 +98,7 @@ class SplitData:
             source=self.source,
             extra=dict(self.extra),
             caption_features=None if self.caption_features is None else self.caption_features[: n * cpi],
+            labels=None if self.labels is None else self.labels[:n],
         )
 
     @property
@@ -113,3 +121,24 @@ class DatasetDescription:
                 f"{self.root}: unknown split {name!r}; available: {', '.join(sorted(self.splits))}"
             )
         return self.splits[name]
+
+
+def label_vocabulary(*label_lists: Sequence[Sequence[str]]) -> list[str]:
+    """The sorted set of every label in the given per-item label lists."""
+    return sorted({label for labels in label_lists for item in labels for label in item})
+
+
+def multi_hot(labels: Sequence[Sequence[str]], vocabulary: Sequence[str]) -> np.ndarray:
+    """``(n_items, len(vocabulary))`` float32 matrix, 1 where item i carries label j.
+
+    Raises:
+        ValueError: an item carries a label that is not in ``vocabulary``.
+    """
+    index = {label: j for j, label in enumerate(vocabulary)}
+    out = np.zeros((len(labels), len(vocabulary)), dtype=np.float32)
+    for i, item in enumerate(labels):
+        for label in item:
+            if label not in index:
+                raise ValueError(f"label {label!r} of item {i} is not in the label vocabulary")
+            out[i, index[label]] = 1.0
+    return out

@@ -9,7 +9,9 @@ Layout::
                  "sentences": [{"raw": "A man ...", "tokens": [...], ...}, ...],
                  "imgid": 0, "cocoid": 391895, "sentids": [...]}, ...]}
 
-Flickr30K/8K entries have no ``filepath`` (and no ``cocoid``). Splits are renamed to the ones the
+Flickr30K/8K entries have no ``filepath`` (and no ``cocoid``). An entry may carry
+``"labels": ["group:animals", ...]``, its image's labels (captions inherit them); either every
+entry of the file has the key or none has. Splits are renamed to the ones the
 rest of the project uses: ``train`` (COCO's ``restval`` joined to it, as VSE++/SCAN do: 113,287
 COCO training images), ``dev`` (Karpathy ``val``) and ``test``.
 """
@@ -71,7 +73,7 @@ def read_karpathy(
     root = json_path.parent if image_root is None else Path(image_root)
 
     columns: dict[str, dict[str, list[Any]]] = {
-        name: {"captions": [], "ids": [], "paths": []} for name in ("train", "dev", "test")
+        name: {"captions": [], "ids": [], "paths": [], "labels": []} for name in ("train", "dev", "test")
     }
     for k, entry in enumerate(data["images"]):
         where = f"{json_path}: images[{k}]"
@@ -80,8 +82,10 @@ def read_karpathy(
         column["captions"].extend(captions)
         column["ids"].append(image_id)
         column["paths"].append(path)
+        column["labels"].append(_read_labels(entry, where))
     if not any(c["ids"] for c in columns.values()):
         raise DataError(f"{json_path}: no images")
+    labelled = _check_labels_everywhere(data["images"], json_path)
     if check_files:
         _check_files([p for c in columns.values() for p in c["paths"]], root)
 
@@ -94,6 +98,7 @@ def read_karpathy(
             image_paths=c["paths"],
             source=f"{json_path} (split {name})",
             extra={"format": "karpathy", "json": str(json_path)},
+            labels=c["labels"] if labelled else None,
         )
         for name, c in columns.items()
         if c["ids"]
@@ -123,6 +128,26 @@ def _read_entry(entry: Any, where: str, root: Path, cpi: int) -> tuple[str, str,
     captions = [_sentence_text(s, f"{label}: sentence {j}") for j, s in enumerate(sentences[:cpi])]
     image_id = str(entry.get("cocoid", entry.get("imgid", filename)))
     return split, image_id, root / entry.get("filepath", "") / filename, captions
+
+
+def _read_labels(entry: dict, where: str) -> list[str]:
+    """The entry's ``labels`` (a list of non-empty strings), [] without the key."""
+    labels = entry.get("labels", [])
+    if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
+        raise DataError(f'{where}: "labels" must be a list of non-empty strings')
+    return labels
+
+
+def _check_labels_everywhere(entries: list, json_path: Path) -> bool:
+    """True when every entry has ``labels``, False when none has; a mix is an error."""
+    has = [isinstance(e, dict) and "labels" in e for e in entries]
+    if any(has) and not all(has):
+        first = has.index(False)
+        raise DataError(
+            f'{json_path}: images[{first}] has no "labels" but other entries do; '
+            "give every image a labels list (it may be empty) or none"
+        )
+    return all(has)
 
 
 def _sentence_text(sentence: Any, where: str) -> str:

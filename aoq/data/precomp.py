@@ -5,10 +5,14 @@ global features ``(N, D)``; ``{split}_caps.txt`` one caption per line, image by 
 ``im_div = captions // images`` captions belong to each image. Features are memory-mapped:
 COCO's 113K x 36 x 2048 float32 train split (~33 GB) is never read into RAM; the loaders copy
 one row at a time.
+
+Optional ``{split}_labels.json``: a JSON list with one list of label strings per image (in
+image order), read into ``SplitData.labels``; captions inherit their image's labels.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,7 @@ from aoq.data.dataset import DataError, SplitData
 
 IMS_SUFFIX = "_ims.npy"
 CAPS_SUFFIX = "_caps.txt"
+LABELS_SUFFIX = "_labels.json"
 
 
 def available_splits(root: str | Path) -> list[str]:
@@ -142,8 +147,30 @@ def read_precomp(
         features=features,
         source=f"{root} (split {split})",
         extra={"format": "precomp", "features_path": str(ims_path), "captions_path": str(caps_path)},
+        labels=read_labels(root / f"{split}{LABELS_SUFFIX}", int(features.shape[0])),
     )
     return data if max_images is None else data.subset(max_images)
+
+
+def read_labels(path: Path, n_images: int) -> list[list[str]] | None:
+    """``{split}_labels.json`` (a list of label lists, one per image), None when the file is absent.
+
+    Raises:
+        DataError: not valid JSON, not a list of lists of non-empty strings, wrong length.
+    """
+    if not path.is_file():
+        return None
+    try:
+        labels = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(labels, list) or not all(
+        isinstance(item, list) and all(isinstance(x, str) and x for x in item) for item in labels
+    ):
+        raise DataError(f"{path}: must be a JSON list with one list of label strings per image")
+    if len(labels) != n_images:
+        raise DataError(f"{path}: {len(labels)} label lists for {n_images} images")
+    return labels
 
 
 def _one_row_per_image(features: np.ndarray, cpi: int, path: Path) -> np.ndarray:

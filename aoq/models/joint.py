@@ -31,6 +31,9 @@ class JointModel(nn.Module):
         img_dim: the feature size the image encoder was built for (None for pixel models).
         embed_dim: the joint-space size.
         resnet_arch: the torchvision ResNet depth of a ResNet-backed ``cnn`` model, else None.
+        label_head: a linear classifier from the joint space to ``n_labels`` label logits, shared
+            by both modalities, present only for models trained with ``train.label_lambda > 0``
+            (retrieval never uses it).
 
     The weights of frozen pretrained backbones are left out of :meth:`state_dict` (they come from
     their packages; :meth:`backbone_identities` names them), so checkpoints and trainer states
@@ -45,6 +48,7 @@ class JointModel(nn.Module):
         img_dim: int | None,
         embed_dim: int,
         resnet_arch: str | None = None,
+        label_head: nn.Linear | None = None,
     ) -> None:
         super().__init__()
         self.image_encoder = image_encoder
@@ -53,6 +57,12 @@ class JointModel(nn.Module):
         self.img_dim = img_dim
         self.embed_dim = embed_dim
         self.resnet_arch = resnet_arch
+        self.label_head = label_head
+
+    @property
+    def n_labels(self) -> int | None:
+        """Size of the label vocabulary of :attr:`label_head`, None without one."""
+        return None if self.label_head is None else self.label_head.out_features
 
     def _encoders(self) -> Iterable[tuple[str, nn.Module]]:
         return (("image", self.image_encoder), ("text", self.text_encoder))
@@ -138,7 +148,12 @@ def vocabulary_from_dict(data: Any, source: str) -> Any:
 
 
 def build_model(
-    model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, *, resnet_arch: str | None = None
+    model_cfg: ModelConfig,
+    vocab_size: int,
+    img_dim: int | None,
+    *,
+    resnet_arch: str | None = None,
+    n_labels: int | None = None,
 ) -> JointModel:
     """Build a freshly initialised model from its configuration.
 
@@ -151,11 +166,20 @@ def build_model(
         img_dim: feature size of the precomputed image features (vse, vsrn); ignored for cnn.
         resnet_arch: cnn with ``model.resnet_weights`` only: build this bare ResNet instead of
             reading the weights file (used when a checkpoint supplies every weight).
+        n_labels: add a label classifier with this many outputs (``train.label_lambda > 0``),
+            built after the encoders so their initial weights do not depend on it.
 
     Raises:
         ValueError: a feature model without ``img_dim``.
         PretrainedPackageError: a pretrained encoder whose package is not installed.
     """
+    model = _encoders(model_cfg, vocab_size, img_dim, resnet_arch)
+    if n_labels:
+        model.label_head = nn.Linear(model_cfg.embed_dim, n_labels)
+    return model
+
+
+def _encoders(model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, resnet_arch: str | None) -> JointModel:
     kind, dim = model_cfg.image_encoder, model_cfg.embed_dim
     text = _text_encoder(model_cfg, vocab_size)
     if kind == "effnet_lite0":

@@ -68,7 +68,7 @@ def get_metrics(model: Annotated[str, Path(min_length=1, max_length=200)], snaps
     """Evaluation tables on the gallery split, training curves, cross-retrieval rank histogram."""
     report = snapshot.get(model).report
     return MetricsOut(model=model, tables=report.get("tables", {}), curves=report.get("curves", []),
-                      rank_histogram=report.get("rank_histogram"))
+                      rank_histogram=report.get("rank_histogram"), labels=report.get("labels"))
 
 
 @router.get("/negatives", response_model=NegativesOut, responses=ERRORS)

@@ -189,6 +189,10 @@ class Scene:
             "variant": self.variant,
         }
 
+    def labels(self) -> list[str]:
+        """The scene's object classes as labels (``"shape:circle"``, ...), sorted, each once."""
+        return sorted({f"shape:{o.shape}" for o in self.objects})
+
     def signature(self) -> tuple:
         """What a caption could tell apart: attributes and coarse positions of every object."""
         return tuple(sorted((o.shape, o.colour, o.size, round(o.x, 2), round(o.y, 2)) for o in self.objects))

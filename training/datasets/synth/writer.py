@@ -7,10 +7,12 @@ temporary sibling of the output folder that is renamed into place only once comp
 
 Layout of ``out``::
 
-    dataset_synth.json            Karpathy format (splits "train", "val", "test")
+    dataset_synth.json            Karpathy format (splits "train", "val", "test"); each image
+                                  entry has "labels", its object classes ("shape:circle", ...)
     images/{train,val,test}/*.png the rendered pictures
     precomp/{train,dev,test}_ims.npy   (N, N_REGIONS, FEATURE_DIM) float32 region features
     precomp/{train,dev,test}_caps.txt  5 captions per image, image order
+    precomp/{train,dev,test}_labels.json  labels per image: the scene's object classes
     scenes.jsonl                  one line per image: split, index, file, family, objects
     manifest.json                 kind "synthetic_dataset", arguments, per-file hashes
 """
@@ -48,7 +50,7 @@ from aoq.io import check_replaceable
 
 MANIFEST_KIND = "synthetic_dataset"
 #: bump when the same arguments would produce different files.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 #: precomp split name -> Karpathy split name (the Karpathy JSON calls the dev split "val").
 SPLITS: dict[str, str] = {"train": "train", "dev": "val", "test": "test"}
 _CHUNK_IMAGES = 64
@@ -70,6 +72,7 @@ class _Rendered:
     captions: list[str]
     features: np.ndarray
     scene: dict
+    labels: list[str]
 
 
 def image_filename(split: str, index: int) -> str:
@@ -158,6 +161,7 @@ def _write_split(
     )
     chunks = list(_chunks(split, n, seed, params, str(image_dir)))
     imgid = first_imgid
+    labels: list[list[str]] = [[] for _ in range(n)]
     with (
         open(root / "precomp" / f"{split}_caps.txt", "w", encoding="utf-8") as caps,
         tqdm(total=n, desc=f"synth {split}", unit="img", disable=not progress) as bar,
@@ -165,6 +169,7 @@ def _write_split(
         for rendered in _run(chunks, workers):
             for item in rendered:
                 features[item.index] = item.features
+                labels[item.index] = item.labels
                 caps.writelines(c + "\n" for c in item.captions)
                 sentids = list(range(imgid * CAPTIONS_PER_IMAGE, (imgid + 1) * CAPTIONS_PER_IMAGE))
                 entry = {
@@ -172,6 +177,7 @@ def _write_split(
                     "filename": item.filename,
                     "split": SPLITS[split],
                     "imgid": imgid,
+                    "labels": item.labels,
                     "sentids": sentids,
                     "sentences": [
                         {"raw": raw, "tokens": tokenize(raw), "sentid": sid, "imgid": imgid}
@@ -185,6 +191,7 @@ def _write_split(
             bar.update(len(rendered))
     features.flush()
     del features
+    (root / "precomp" / f"{split}_labels.json").write_text(json.dumps(labels) + "\n", encoding="utf-8")
     return imgid
 
 
@@ -225,7 +232,7 @@ def _render_chunk(chunk: _Chunk) -> list[_Rendered]:
             captions = caption_scene(
                 scene, rng_for(chunk.seed, chunk.split, STREAM_CAPTIONS, index), chunk.params.caption_detail
             )
-            out.append(_Rendered(index, filename, captions, extract_regions(image), scene.to_dict()))
+            out.append(_Rendered(index, filename, captions, extract_regions(image), scene.to_dict(), scene.labels()))
     return out
 
 
