@@ -10,14 +10,17 @@ from contextlib import asynccontextmanager
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend.config import Settings
-from backend.db import create_schema, make_engine, session_factory
+from backend.db import make_engine, session_factory
+from backend.decode import MemoryBudget
 from backend.deps import Service
 from backend.errors import ServiceError
 from backend.indexes import set_search_threads
+from backend.integrity import check_catalogue
 from backend.limits import BodyLimitMiddleware
 from backend.negatives import NegativesService
 from backend.querylog import QueryLogger
@@ -30,19 +33,29 @@ log = logging.getLogger(__name__)
 _FORM_OVERHEAD = 64 * 1024
 
 
-def start_service(settings: Settings) -> Service:
-    """Open the catalogue, check and load every model, start the background threads."""
+def start_service(settings: Settings, check: bool = True) -> Service:
+    """Check and open the catalogue, check and load every model, start the background threads.
+
+    Args:
+        check: run :func:`backend.integrity.check_catalogue` first (``aoq serve`` has run it
+            already, before the server starts, to report a bad catalogue in one line).
+
+    Raises:
+        CatalogueError: the catalogue is missing, damaged or not written by ``aoq index``.
+    """
     torch.set_num_threads(settings.torch_threads)
     set_search_threads(settings.faiss_threads)
-    engine = make_engine(settings.catalogue())
-    create_schema(engine)
+    if check:
+        check_catalogue(settings)
+    engine = make_engine(settings.catalogue(), create=False)
     sessions = session_factory(engine)
     registry = Registry(settings, sessions)
     registry.start()
     querylog = QueryLogger(sessions, enabled=settings.query_log)
     querylog.start()
     return Service(settings=settings, engine=engine, sessions=sessions, registry=registry, querylog=querylog,
-                   negatives=NegativesService(settings.data_dir, sessions))
+                   negatives=NegativesService(settings.data_dir, sessions),
+                   decode_budget=MemoryBudget(settings.decode_memory_budget_mb * 1024 * 1024))
 
 
 def stop_service(svc: Service) -> None:
@@ -58,7 +71,7 @@ def _problems(exc: RequestValidationError) -> list[dict]:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -74,17 +87,24 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Last resort only: every expected problem is a ServiceError or a validation error.
+        # The server closes the connection after a 500; saying so lets the client reconnect
+        # instead of sending its next request into a closed connection.
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500)
+        return JSONResponse({"detail": "internal error (logged on the server)"}, status_code=500,
+                            headers={"Connection": "close"})
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The application; models are loaded when it starts (lifespan), not when it is created."""
+def create_app(settings: Settings | None = None, check_catalogue: bool = True) -> FastAPI:
+    """The application; models are loaded when it starts (lifespan), not when it is created.
+
+    Args:
+        check_catalogue: check the catalogue at start-up (see :func:`start_service`).
+    """
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.service = start_service(settings)
+        app.state.service = start_service(settings, check=check_catalogue)
         try:
             yield
         finally:
@@ -97,6 +117,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _FORM_OVERHEAD)
+    if settings.cors_origins:
+        # Off unless configured: the UI calls the API from its server, not from the browser.
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", "Authorization"])
     _install_error_handlers(app)
     for module in (service, search, items, analysis):
         app.include_router(module.router)

@@ -191,7 +191,8 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
 
     img_emb, cap_emb = encode_split(ckpt.model, ckpt.vocab, split, batch_size=job.batch_size,
                                     image_size=cfg.data.image_size, progress=True)
-    meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split}
+    meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
+            "gallery_hash": catalogue.gallery_digest(ids, split.captions)}
     manifest = write_model_index(job.out / name, {"images": img_emb, "captions": cap_emb},
                                  {"images": ids.image_ids, "captions": ids.caption_ids}, job.spec, meta)
     cpi = split.captions_per_image

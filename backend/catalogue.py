@@ -64,6 +64,19 @@ def split_content_hash(split: SplitData, image_paths: list[str] | None) -> str:
     return h.hexdigest()
 
 
+def gallery_digest(ids: SplitIds, captions: list[str]) -> str:
+    """Identity of a gallery as the service serves it: its image, caption and caption-to-image
+    ids and every caption's text. ``aoq index`` records it in each index manifest; the server
+    recomputes it from the catalogue, so an edited or damaged caption row is detected."""
+    h = hashlib.sha256()
+    for array in (ids.image_ids, ids.caption_ids, ids.caption_image_ids):
+        h.update(np.ascontiguousarray(array, dtype="<i8").tobytes())
+    for text in captions:
+        encoded = text.encode("utf-8")
+        h.update(len(encoded).to_bytes(8, "little") + encoded)
+    return h.hexdigest()
+
+
 def get_or_create_dataset(
     session: Session, name: str, fmt: str, synthetic: bool, captions_per_image: int, data_config: dict[str, Any]
 ) -> Dataset:

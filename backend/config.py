@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The catalogue lives beside the indexes unless a URL is given.
@@ -42,6 +42,25 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1)
     #: uploads with more pixels are refused before decoding (decompression bombs).
     max_upload_pixels: int = Field(40_000_000, ge=1)
+    #: uploads are reduced to at most this many pixels on their longer side right after decoding,
+    #: before any conversion (every model's own image path then resizes further).
+    upload_max_side: int = Field(1024, ge=16)
+    #: memory that concurrent upload decodes may hold together (full-size decode buffers);
+    #: decodes beyond it wait their turn. One decode larger than the budget runs alone.
+    decode_memory_budget_mb: int = Field(512, ge=1)
+    #: a request's headers must arrive within this many seconds of its first byte, its body
+    #: within ``body_timeout_s`` of the headers; otherwise the connection is closed (408).
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(60.0, gt=0)
+    #: an idle kept-alive connection is closed after this many seconds.
+    keep_alive_s: int = Field(5, ge=1)
+    #: open connections beyond this are answered 503 and closed at once.
+    max_connections: int = Field(1000, ge=1)
+    #: bearer token of the admin endpoints (``POST /admin/reload``). Without one they answer only
+    #: when the service listens on a loopback address.
+    admin_token: SecretStr | None = None
+    #: browser origins allowed to call the API from their pages (CORS); none by default.
+    cors_origins: list[str] = Field(default_factory=list)
     #: record every query (time, endpoint, latency, model, k) in the catalogue; uploads never are.
     query_log: bool = True
     log_level: str = "info"

@@ -155,15 +155,22 @@ class QueryLog(Base):
     status: Mapped[int] = mapped_column(Integer)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, create: bool = True) -> Engine:
     """An engine for ``url``; SQLite files get WAL mode so ``aoq index`` can write while the
-    server reads, and a busy timeout instead of immediate "database is locked" errors."""
+    server reads, and a busy timeout instead of immediate "database is locked" errors.
+
+    With ``create=False`` (the server) a missing SQLite file is an error when connecting instead
+    of a new empty catalogue.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True)
     if parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        if create:
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        else:
+            parsed = parsed.set(database=f"file:{parsed.database}", query={**parsed.query, "mode": "rw", "uri": "true"})
+    engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30})
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:

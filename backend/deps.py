@@ -11,6 +11,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.config import Settings
+from backend.decode import MemoryBudget
 from backend.negatives import NegativesService
 from backend.querylog import QueryLogger
 from backend.registry import Registry, Snapshot
@@ -25,6 +26,8 @@ class Service:
     registry: Registry
     querylog: QueryLogger
     negatives: NegativesService
+    #: shared by concurrent upload decodes (``AOQ_DECODE_MEMORY_BUDGET_MB``).
+    decode_budget: MemoryBudget
 
 
 def get_service(request: Request) -> Service:

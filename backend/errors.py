@@ -10,7 +10,9 @@ from __future__ import annotations
 class ServiceError(Exception):
     """A request that cannot be answered, with its HTTP status and a clear message."""
 
-    def __init__(self, status_code: int, detail: str) -> None:
+    def __init__(self, status_code: int, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status_code = status_code
         self.detail = detail
+        #: extra response headers (``WWW-Authenticate`` of a 401).
+        self.headers = headers

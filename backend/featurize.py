@@ -19,53 +19,15 @@ Image paths by model kind:
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from aoq.checkpoint import Checkpoint
 from aoq.data.loaders import load_pixels
 from aoq.embed import encode_image_inputs, encode_texts
 from aoq.features import extract_regions
 from backend.errors import ServiceError
-
-ACCEPTED_FORMATS = ("PNG", "JPEG")
-
-
-def decode_upload(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode an uploaded PNG or JPEG, refusing anything else before it costs memory.
-
-    The pixel count is checked from the header, before decoding, so a small file that would
-    expand to gigabytes (a decompression bomb) is refused without being decompressed.
-
-    Raises:
-        ServiceError: 422 empty, not an image, corrupt/truncated, or too many pixels;
-            415 an image in another format.
-    """
-    if not data:
-        raise ServiceError(422, "the uploaded file is empty")
-    try:
-        image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        raise ServiceError(422, f"image refused as a possible decompression bomb ({exc})") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise ServiceError(422, "the uploaded file is not an image (PNG or JPEG expected)") from None
-    if image.format not in ACCEPTED_FORMATS:
-        raise ServiceError(415, f"the uploaded image is {image.format or 'of an unknown format'}; PNG or JPEG expected")
-    width, height = image.size
-    if width * height > max_pixels:
-        raise ServiceError(
-            422,
-            f"the uploaded image has {width}x{height} = {width * height} pixels, more than the limit of "
-            f"{max_pixels} (possible decompression bomb)",
-        )
-    try:
-        image.load()
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError) as exc:
-        raise ServiceError(422, f"the uploaded image is corrupt or truncated ({exc})") from None
-    return image
 
 
 def encode_text(checkpoint: Checkpoint, text: str) -> np.ndarray:

@@ -1,4 +1,9 @@
-"""Gallery image files as HTTP bodies: the original file, or a PNG thumbnail (cached)."""
+"""Gallery image files as HTTP bodies: the original file, or a PNG thumbnail (cached).
+
+Both are served only after the file's bytes were checked to decode: a PNG's chunk checksums
+(every chunk, pixel data included) must match, and a JPEG must decode to its end (at 1/8 scale,
+which reads every block). A file damaged on disk answers 404 instead of broken bytes.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,54 @@ from PIL import Image, UnidentifiedImageError
 from backend.errors import ServiceError
 
 MEDIA_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
+_DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+
+
+def check_decodes(data: bytes, max_pixels: int) -> None:
+    """Raise unless ``data`` is a whole, undamaged image of at most ``max_pixels`` pixels.
+
+    Raises:
+        OSError, ValueError, SyntaxError, EOFError, PIL errors: what Pillow found wrong.
+    """
+    with Image.open(io.BytesIO(data)) as image:
+        if image.width * image.height > max_pixels:
+            raise ValueError(f"{image.width}x{image.height} pixels exceed the limit of {max_pixels}")
+        if image.format == "PNG":
+            image.verify()  # the CRC of every chunk, without decompressing
+            return
+        if image.format == "JPEG":
+            image.draft(image.mode, (max(1, image.width // 8), max(1, image.height // 8)))
+        image.load()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        raise ServiceError(404, "the image file is missing from the data directory") from None
+    except OSError as exc:
+        raise ServiceError(404, f"the image file cannot be read ({exc.strerror})") from None
+
+
+def checked_file(path: Path, max_pixels: int) -> bytes:
+    """The file's bytes, once they are checked to decode.
+
+    Raises:
+        ServiceError: 404 when the file is missing or cannot be decoded.
+    """
+    data = _read(path)
+    try:
+        check_decodes(data, max_pixels)
+    except _DECODE_ERRORS as exc:
+        raise ServiceError(404, f"the image file cannot be decoded ({exc})") from None
+    return data
 
 
 @lru_cache(maxsize=2048)
 def _thumbnail(path: str, mtime_ns: int, size: int, max_pixels: int) -> bytes:
-    with Image.open(path) as image:
-        if image.width * image.height > max_pixels:
-            raise ValueError(f"{image.width}x{image.height} pixels exceed the limit of {max_pixels}")
+    data = _read(Path(path))
+    check_decodes(data, max_pixels)
+    with Image.open(io.BytesIO(data)) as image:
         image.thumbnail((size, size))
         out = io.BytesIO()
         image.convert("RGBA" if image.mode in ("RGBA", "LA", "P") else "RGB").save(out, format="PNG")
@@ -34,7 +80,7 @@ def thumbnail_png(path: Path, size: int, max_pixels: int) -> bytes:
         return _thumbnail(str(path), path.stat().st_mtime_ns, size, max_pixels)
     except FileNotFoundError:
         raise ServiceError(404, "the image file is missing from the data directory") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except _DECODE_ERRORS as exc:
         raise ServiceError(404, f"the image file cannot be decoded ({exc})") from None
 
 

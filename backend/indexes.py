@@ -194,6 +194,30 @@ def write_model_index(
     return manifest
 
 
+@dataclass(frozen=True)
+class FileStamp:
+    """What identifies a file's bytes without reading them: its inode and its size and times."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileStamp:
+        st = path.stat()
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def same_file(self, other: FileStamp) -> bool:
+        return (self.device, self.inode) == (other.device, other.inode)
+
+
+def _stamps(path: Path) -> dict[str, FileStamp]:
+    """Stamps of the files an index directory holds (missing files are left out)."""
+    return {f.name: FileStamp.of(f) for f in sorted(path.iterdir()) if f.is_file()}
+
+
 @dataclass
 class LoadedIndex:
     """A model's indexes and embeddings as loaded by the server (read-only after loading)."""
@@ -203,18 +227,37 @@ class LoadedIndex:
     faiss: dict[str, faiss.Index]
     embeddings: dict[str, np.ndarray]
     ids: dict[str, np.ndarray]
+    #: the files as they were when their hashes were verified (see :meth:`changed_in_place`).
+    stamps: dict[str, FileStamp]
 
     @property
     def config(self) -> dict[str, Any]:
         return self.manifest["config"]
+
+    def changed_in_place(self) -> list[str]:
+        """Files written to in place since they were verified: the same inode with another size or
+        time. The embeddings are memory-mapped, so such a write changes what is served. A file
+        replaced by a rename (a new inode, as ``aoq index`` does) is not listed: the mapping keeps
+        the old file's bytes."""
+        changed = []
+        for name, then in self.stamps.items():
+            try:
+                now = FileStamp.of(self.path / name)
+            except FileNotFoundError:
+                continue
+            if now.same_file(then) and now != then:
+                changed.append(name)
+        return changed
 
 
 def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
     """Verify (per-file hashes) and load a model's index directory.
 
     Raises:
-        ArtefactError: missing, foreign, corrupted directory or inconsistent contents.
+        ArtefactError: missing, foreign, corrupted directory, inconsistent contents, or files
+            that changed while they were being verified and loaded.
     """
+    stamps = _stamps(path) if path.is_dir() else {}
     manifest = read_manifest(path, kind=KIND)
     config = manifest["config"]
     indexes, embeddings, ids = {}, {}, {}
@@ -233,7 +276,9 @@ def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
                 f"ids {len(ids[modality])}, manifest {n}"
             )
         indexes[modality] = _maybe_gpu(index, use_gpu)
-    return LoadedIndex(path=path, manifest=manifest, faiss=indexes, embeddings=embeddings, ids=ids)
+    if _stamps(path) != stamps:
+        raise ArtefactError(f"{path}: files changed while the index was being loaded; load it again")
+    return LoadedIndex(path=path, manifest=manifest, faiss=indexes, embeddings=embeddings, ids=ids, stamps=stamps)
 
 
 def _search_value(params: dict[str, Any]) -> int | None:

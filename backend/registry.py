@@ -6,13 +6,22 @@ vector count and file hash as recorded in the catalogue, and the index's ids aga
 catalogue's gallery ids. A model failing any check is disabled with the reason (logged, and shown
 by ``/health`` and ``/models``) instead of serving wrong results (docs/serving.md, Design notes).
 
+The gallery's caption text and ids are checked too: ``aoq index`` records their digest
+(:func:`backend.catalogue.gallery_digest`) in each index manifest, so a caption edited in the
+catalogue (or a damaged row) disables the models of that gallery, on SQLite and PostgreSQL.
+
 A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
 an old index with a new catalogue inside one answer: requests in flight finish on the old
 snapshot while new ones see the new one.
+
+The embeddings are memory-mapped: on every tick the watcher looks for index files written in
+place (same inode, new size or time); one whose bytes no longer match its manifest hash
+disables its model at once, with the file named in the reason.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,13 +32,19 @@ import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
-from aoq.io import ArtefactError, read_manifest
+from aoq.io import ArtefactError, read_manifest, sha256_file
 from backend import catalogue
 from backend.catalogue import SplitIds
 from backend.config import Settings
 from backend.db import Model
 from backend.errors import ServiceError
-from backend.indexes import MODALITIES, LoadedIndex, load_model_index, read_generation
+from backend.indexes import (
+    MODALITIES,
+    FileStamp,
+    LoadedIndex,
+    load_model_index,
+    read_generation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +65,8 @@ class Gallery:
     captions: list[str]
     #: exact caption text -> its first position, to recognise queries that are gallery captions.
     text_positions: dict[str, int]
+    #: :func:`backend.catalogue.gallery_digest` of the ids and captions read from the catalogue.
+    digest: str
 
     def image_position(self, image_id: int) -> int | None:
         return _position(self.ids.image_ids, image_id)
@@ -123,6 +140,13 @@ class Snapshot:
         known = ", ".join(sorted(self.models)) or "none"
         raise ServiceError(404, f"unknown model {name!r}; served models: {known}")
 
+    def without(self, reasons: dict[str, str]) -> Snapshot:
+        """This snapshot with the models named in ``reasons`` disabled for those reasons."""
+        infos = [dataclasses.replace(i, enabled=False, disabled_reason=reasons[i.name]) if i.name in reasons else i
+                 for i in self.infos]
+        models = {name: m for name, m in self.models.items() if name not in reasons}
+        return Snapshot(generation=self.generation, models=models, infos=infos, loaded_at=self.loaded_at)
+
     def by_role(self, role: str) -> ServingModel | None:
         return next((m for m in self.models.values() if m.info.role == role), None)
 
@@ -163,7 +187,8 @@ class _Loader:
             positions: dict[str, int] = {}
             for p, text in enumerate(texts):
                 positions.setdefault(text, p)
-            self.galleries[key] = Gallery(dataset_id, dataset.name, split, dataset.synthetic, ids, texts, positions)
+            self.galleries[key] = Gallery(dataset_id, dataset.name, split, dataset.synthetic, ids, texts, positions,
+                                          catalogue.gallery_digest(ids, texts))
         return self.galleries[key]
 
     def checkpoint(self, row: Model) -> Checkpoint:
@@ -200,6 +225,15 @@ class _Loader:
             raise Disabled(
                 f"index {path} was built from checkpoint {str(built_from)[:12]} but the catalogue records "
                 f"{row.checkpoint_hash[:12]}; re-run aoq index"
+            )
+        indexed = loaded.config.get("gallery_hash")
+        if indexed is None:
+            raise Disabled(f"index {path} records no digest of its gallery's captions (built by an older aoq index); "
+                           f"re-run aoq index")
+        if indexed != gallery.digest:
+            raise Disabled(
+                f"caption text in the catalogue differs from what index {path} was built from (the catalogue "
+                f"was edited or damaged); re-run aoq index"
             )
         records = catalogue.index_records(self.session, row.id)
         expected = {"images": gallery.ids.image_ids, "captions": gallery.ids.caption_ids}
@@ -290,8 +324,33 @@ class Registry:
         except ArtefactError:
             return None
 
+    def check_files(self) -> dict[str, str]:
+        """Disable the served models whose index files were changed in place and no longer match
+        their manifest hashes; returns ``{model: reason}`` of those disabled now."""
+        with self._lock:
+            snapshot, reasons = self._snapshot, {}
+            for name, served in snapshot.models.items():
+                index = served.index
+                for file in index.changed_in_place():
+                    path = index.path / file
+                    if sha256_file(path) == index.manifest["files"].get(file):
+                        index.stamps[file] = FileStamp.of(path)  # touched, same bytes
+                        continue
+                    reasons[name] = (f"{path} was changed in place while being served (content hash mismatch); "
+                                     f"restore it or re-run aoq index")
+                    break
+            for name, reason in reasons.items():
+                log.error("model %r disabled: %s", name, reason)
+            if reasons:
+                self._snapshot = snapshot.without(reasons)
+            return reasons
+
     def _watch(self) -> None:
         while not self._stop.wait(self.settings.reload_poll_s):
+            try:
+                self.check_files()
+            except OSError:
+                log.exception("checking the served index files failed")
             on_disk = self._generation_on_disk()
             if on_disk is not None and on_disk != self._snapshot.generation:
                 log.info("index generation %s on disk (serving %s): reloading", on_disk, self._snapshot.generation)

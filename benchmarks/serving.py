@@ -108,7 +108,8 @@ def build_service(root: Path, n: int, source: Path | None) -> tuple[dict[str, st
         ids = catalogue.register_split(session, dataset, "test", split, None, None)
     embeddings = {"images": unit_rows(n, d, 1), "captions": unit_rows(n, d, 2)}
     manifest = write_model_index(index_dir / "bench", embeddings, {"images": ids.image_ids, "captions": ids.caption_ids},
-                                 IndexSpec("flat"), {"model": "bench", "checkpoint_hash": ckpt.content_hash})
+                                 IndexSpec("flat"), {"model": "bench", "checkpoint_hash": ckpt.content_hash,
+                                                     "gallery_hash": catalogue.gallery_digest(ids, split.captions)})
     with sessions() as session, session.begin():
         record_model(session, "bench", "aoq", "benchmark", ckpt, ids, manifest, {}, {}, None)
     bump_generation(index_dir, ["bench"])

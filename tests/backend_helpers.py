@@ -17,7 +17,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -39,6 +42,7 @@ from backend.build import IndexJob, index_models
 from backend.config import Settings
 from training.mining import mine_offline_negatives, save_mined
 
+REPO = Path(__file__).resolve().parents[1]
 SIZES = {"train": 24, "dev": 4, "test": 12}
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
@@ -130,24 +134,23 @@ def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, inde
 
 
 def free_socket(host: str = "127.0.0.1") -> socket.socket:
-    """A listening socket on a free port chosen by the kernel (no race between pick and bind)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((host, 0))
-    sock.listen(128)
-    return sock
+    """A listening socket on a free port chosen by the kernel (no race between pick and bind),
+    made as ``aoq serve`` makes its own."""
+    from backend.server import listen
+
+    return listen(host, 0)
 
 
 @contextlib.contextmanager
 def run_server(settings: Settings, timeout_s: float = 60.0) -> Iterator[str]:
-    """Start the real uvicorn server in a thread on 127.0.0.1 (random free port); yield its base
-    URL once it accepts requests; stop it cleanly on exit."""
-    import uvicorn
-
+    """Start the real uvicorn server (as ``aoq serve`` configures it) in a thread on 127.0.0.1
+    (random free port); yield its base URL once it accepts requests; stop it cleanly on exit."""
     from backend.app import create_app
+    from backend.server import make_server
 
     sock = free_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", access_log=False))
+    server = make_server(create_app(settings), settings.model_copy(update={"log_level": "warning"}))
     # uvicorn installs signal handlers only in the main thread; a test thread must not try.
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -204,3 +207,51 @@ def unit_vectors(n: int, d: int, seed: int = 0) -> np.ndarray:
     """``n`` random L2-normalised float32 rows."""
     x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def serve_env(fx: ServiceFixture, **settings: object) -> dict[str, str]:
+    """The environment of an ``aoq serve`` process for this fixture; ``settings`` become ``AOQ_*``."""
+    env = {**os.environ, "AOQ_CATALOGUE_URL": fx.catalogue_url, "AOQ_MODELS_DIR": str(fx.models_dir),
+           "AOQ_INDEX_DIR": str(fx.index_dir), "AOQ_DATA_DIR": str(fx.data_dir), "AOQ_RELOAD_POLL_S": "0",
+           "AOQ_LOG_LEVEL": "warning"}
+    env.update({f"AOQ_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+def start_serve(env: dict[str, str], port: int) -> subprocess.Popen:
+    """``aoq serve --port port`` as a child process (stdout and stderr captured as text)."""
+    return subprocess.Popen([sys.executable, "-m", "aoq.cli.main", "serve", "--port", str(port)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def serve_process(fx: ServiceFixture, timeout_s: float = 120.0, **settings: object) -> Iterator[tuple[int, subprocess.Popen]]:
+    """The real ``aoq serve`` in its own process on a free loopback port; yields ``(port, process)``
+    once ``/health`` answers; stops it with Ctrl+C (SIGINT) on exit."""
+    import httpx
+
+    probe = free_socket()
+    port = probe.getsockname()[1]
+    probe.close()
+    proc = start_serve(serve_env(fx, **settings), port)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                _, err = proc.communicate(timeout=30)
+                raise RuntimeError(f"aoq serve did not answer on port {port}:\n{err[-3000:]}")
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=30)

@@ -159,14 +159,14 @@ def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Pa
         found = client.post("/search/text", json={"query": example["text"], "model": "aoq", "k": 100}).json()
         truth = [h["rank"] for h in found["results"] if h["is_ground_truth"]]
         assert found["ground_truth_rank"] == truth[0]  # computed exactly, outside the HNSW list
-        reloaded = client.post("/admin/reload").json()
+        reloaded = client.post("/admin/reload", json={}).json()
         assert reloaded == {"generation": 1, "models": ["aoq", "baseline", "pixels"], "disabled": {}}
         # The same features, now said to come from an external detector (as COCO precomp):
         engine = make_engine(fx.catalogue_url)
         with engine.begin() as conn:
             conn.execute(update(Dataset).where(Dataset.name == "synth").values(synthetic=False))
         engine.dispose()
-        client.post("/admin/reload")
+        client.post("/admin/reload", json={})
         upload = {"file": ("q.png", (fx.data_dir / "synth/images/test/synth_test_000000.png").read_bytes(), "image/png")}
         refused = client.post("/search/image", data={"model": "aoq", "k": 3}, files=upload)
         assert refused.status_code == 422 and "external detector" in refused.json()["detail"]

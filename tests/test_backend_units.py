@@ -19,9 +19,10 @@ from aoq.io import ArtefactError
 from backend import catalogue, indexes
 from backend.catalogue import CatalogueError
 from backend.db import QueryLog, QueryRank, create_schema, make_engine, session_factory
+from backend.decode import decode_upload
 from backend.errors import ServiceError
 from backend.failures import failure_cases
-from backend.featurize import decode_upload, upload_refusal
+from backend.featurize import upload_refusal
 from backend.paths import safe_path
 from backend.querylog import QueryLogger
 from tests.backend_helpers import unit_vectors

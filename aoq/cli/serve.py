@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import socket
 import sys
 from pathlib import Path
 
@@ -23,42 +22,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between checks for a rebuilt index, 0 = never (env AOQ_RELOAD_POLL_S)")
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket, bound before any model is loaded so a busy port fails at once.
-
-    Raises:
-        OSError: the address is in use or cannot be bound.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from backend.app import create_app
     from backend.config import Settings
+    from backend.integrity import check_catalogue
+    from backend.server import listen, make_server
 
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     settings = Settings(**overrides)
     try:
-        sock = bind(settings.host, settings.port)
+        # Bound before any model is loaded, so a busy port fails at once.
+        sock = listen(settings.host, settings.port)
     except OSError as exc:
         why = "the port is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         print(f"aoq serve: error: cannot listen on {settings.host}:{settings.port}: {why}", file=sys.stderr)
         return 1
-    config = uvicorn.Config(create_app(settings), log_level=settings.log_level, access_log=False)
-    server = uvicorn.Server(config)
     try:
+        # Here rather than at application start-up, where a failure would end in a traceback.
+        check_catalogue(settings)
+        server = make_server(create_app(settings, check_catalogue=False), settings)
         server.run(sockets=[sock])
     finally:
         sock.close()

@@ -6,12 +6,12 @@ from typing import Annotated
 
 import numpy as np
 from fastapi import APIRouter, Path, Query
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import Response
 
 from backend import catalogue
 from backend.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from backend.errors import ServiceError
-from backend.images import media_type, thumbnail_png
+from backend.images import checked_file, media_type, thumbnail_png
 from backend.paths import safe_path
 from backend.schemas import (
     MAX_ID,
@@ -36,7 +36,8 @@ def get_image(
     image_id: ItemId, service: ServiceDep, session: SessionDep,
     size: Annotated[int | None, Query(ge=16, le=512, description="thumbnail: longer side in pixels (PNG)")] = None,
 ) -> Response:
-    """The image file (its own format), or a PNG thumbnail when ``size`` is given."""
+    """The image file (its own format), or a PNG thumbnail when ``size`` is given; either only
+    after the file was checked to decode (404 when it is missing or damaged)."""
     image = catalogue.get_image(session, image_id)
     if image is None:
         raise ServiceError(404, f"no image with id {image_id}")
@@ -47,9 +48,8 @@ def get_image(
     if size is not None:
         return Response(thumbnail_png(path, size, service.settings.max_upload_pixels), media_type="image/png",
                         headers=headers)
-    if not path.is_file():
-        raise ServiceError(404, f"image {image_id}: the file is missing from the data directory")
-    return FileResponse(path, media_type=media_type(path), headers=headers)
+    return Response(checked_file(path, service.settings.max_upload_pixels), media_type=media_type(path),
+                    headers=headers)
 
 
 @router.get("/captions/{caption_id}", response_model=CaptionOut, responses=ERRORS)

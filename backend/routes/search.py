@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, UploadFile
 from PIL import Image
 
+from backend.decode import decode_upload
 from backend.deps import ServiceDep, SnapshotDep, UrlsDep
 from backend.errors import ServiceError
-from backend.featurize import decode_upload
 from backend.registry import Snapshot
 from backend.schemas import (
     MAX_ID,
@@ -44,7 +44,8 @@ def _read_query_image(service: ServiceDep, image_id: int | None, file: UploadFil
     data = file.file.read(limit + 1)
     if len(data) > limit:
         raise ServiceError(413, f"the uploaded file is larger than the limit of {limit} bytes")
-    return decode_upload(data, service.settings.max_upload_pixels)
+    settings = service.settings
+    return decode_upload(data, settings.max_upload_pixels, settings.upload_max_side, service.decode_budget)
 
 
 def _pair(snapshot: Snapshot, models: list[str] | None) -> tuple[str, str]:

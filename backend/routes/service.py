@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from backend import catalogue
+from backend.access import require_admin
 from backend.deps import ServiceDep, SessionDep, SnapshotDep
-from backend.schemas import DatasetOut, HealthOut, ModelOut, ReloadOut, SplitCounts
+from backend.schemas import (
+    DatasetOut,
+    ErrorOut,
+    HealthOut,
+    ModelOut,
+    ReloadOut,
+    SplitCounts,
+)
 from backend.version import VERSION
 
 router = APIRouter(tags=["service"])
@@ -42,9 +50,14 @@ def list_datasets(session: SessionDep) -> list[DatasetOut]:
     ]
 
 
-@router.post("/admin/reload", response_model=ReloadOut)
+@router.post("/admin/reload", response_model=ReloadOut, dependencies=[Depends(require_admin)],
+             responses={code: {"model": ErrorOut} for code in (401, 403, 415)})
 def reload(service: ServiceDep) -> ReloadOut:
     """Re-check and reload every model now (a running server also reloads by itself when
-    ``aoq index`` writes a new ``index.json``). Requests in flight finish on the old indexes."""
+    ``aoq index`` writes a new ``index.json``). Requests in flight finish on the old indexes.
+
+    Admin only: a JSON request (``Content-Type: application/json``, e.g. body ``{}``) with
+    ``Authorization: Bearer <AOQ_ADMIN_TOKEN>``; without a configured token, only on a service
+    listening on a loopback address."""
     snapshot = service.registry.reload()
     return ReloadOut(generation=snapshot.generation, models=sorted(snapshot.models), disabled=snapshot.disabled)

@@ -1,0 +1,174 @@
+"""The HTTP server around the app: the listening socket, and uvicorn's h11 protocol with the
+guards a service exposed to a network needs.
+
+- **No Nagle stall.** asyncio sets ``TCP_NODELAY`` on accepted connections only when the
+  listening socket was created with protocol ``IPPROTO_TCP``; with protocol 0 every response
+  after the first on a kept-alive connection waited for the client's delayed ACK (~40 ms).
+  :func:`listen` creates it as a TCP socket, and each response's writes of one event-loop step
+  (status line and headers, body, end of message) leave in one ``send``.
+- **Read timeouts.** A request's headers must arrive within ``header_timeout_s`` of its first
+  byte (or of the connection opening) and its body within ``body_timeout_s`` of the headers;
+  otherwise the connection is answered 408 (when the headers were complete) and closed.
+  uvicorn itself only times out idle kept-alive connections, so half-sent requests were held
+  forever.
+- **Connection cap.** Beyond ``max_connections`` open connections, a new one is answered 503
+  and closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from backend.config import Settings
+
+_REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+_TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+#: h11 states of the client once its request has been read completely.
+_REQUEST_READ = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket (``IPPROTO_TCP``, so accepted connections get ``TCP_NODELAY``).
+
+    Raises:
+        OSError: the address is in use or cannot be bound.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+@dataclass(frozen=True)
+class Limits:
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+
+
+class _CoalescingTransport:
+    """Collects the writes of one event-loop step and sends them together.
+
+    uvicorn writes a response as separate pieces (headers, body, end of message); small
+    responses then leave as one TCP segment instead of two or three. Everything but ``write``
+    and closing is the real transport's.
+    """
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(bytes(data))
+
+    def flush(self) -> None:
+        if self._pending and not self._transport.is_closing():
+            self._transport.write(b"".join(self._pending))
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with read timeouts, a connection cap and coalesced writes."""
+
+    limits: Limits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._phase: str | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        if len(self.connections) > self.limits.max_connections:
+            self.transport.write(_REFUSED)
+            self.transport.close()
+            return
+        self._watch_request()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_request()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A pipelined request may already be half read; an idle connection is uvicorn's keep-alive.
+        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
+            self._disarm()
+        else:
+            self._watch_request()
+
+    def _watch_request(self) -> None:
+        """Arm the timer of the part of the request being read (headers or body), or disarm it."""
+        state = self.conn.their_state
+        if self.transport.is_closing() or state in _REQUEST_READ:
+            self._disarm()
+            return
+        phase = "headers" if state is h11.IDLE else "body"
+        if phase == self._phase:
+            return
+        self._disarm()
+        timeout = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
+        self._phase, self._deadline = phase, self.loop.call_later(timeout, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline, self._phase = None, None
+
+    def _timed_out(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        # The app has not answered yet (it is still waiting for the body): say why before closing.
+        if self._phase == "body" and (self.cycle is None or not self.cycle.response_started):
+            self.transport.write(_TIMED_OUT)
+        self._phase = None
+        self.transport.close()
+
+
+def protocol_class(settings: Settings) -> type[GuardedH11Protocol]:
+    """:class:`GuardedH11Protocol` with the limits of ``settings``."""
+    limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
+    return type("ServiceH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+
+
+def make_server(app: Any, settings: Settings) -> uvicorn.Server:
+    """The uvicorn server for ``app`` with the timeouts and limits of ``settings``."""
+    config = uvicorn.Config(
+        app, http=protocol_class(settings), log_level=settings.log_level, access_log=False,
+        timeout_keep_alive=settings.keep_alive_s,
+    )
+    return uvicorn.Server(config)

@@ -1,0 +1,132 @@
+"""Uploads are decoded within a memory budget: a small file that expands to a large image is
+reduced before any 8-bit or float conversion, and concurrent decodes share the budget.
+
+The server test reads the peak resident memory (``VmHWM``) of a real ``aoq serve`` process
+before and after six concurrent uploads of a 6300 x 6300 16-bit PNG (about 77 KB on disk).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from backend.decode import MemoryBudget, decode_cost, decode_upload
+from tests.backend_helpers import build_service_fixture, serve_process
+
+#: the budget the server test runs with, and the allowance on top of it for everything else a
+#: request holds (the upload bytes, the form parser, the model's own small tensors).
+BUDGET_MB = 256
+OTHER_MB = 200
+SIDE = 6300
+
+
+def big_png16(side: int = SIDE) -> bytes:
+    """A mostly flat 16-bit grey PNG: tiny on disk, ``side * side * 2`` bytes once decoded."""
+    pixels = np.zeros((side, side), dtype=np.uint16)
+    pixels[side // 4 : side // 2, side // 3 : side // 2] = 60000
+    pixels[side // 2 :, : side // 5] = 1234
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/<pid>/status")
+
+
+@pytest.mark.slow
+def test_six_concurrent_16_bit_uploads_stay_within_the_budget(tmp_path: Path):
+    fx = build_service_fixture(tmp_path)
+    data = big_png16()
+    assert len(data) < 200_000
+    small = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(small, format="PNG")
+    with serve_process(fx, decode_memory_budget_mb=BUDGET_MB) as (port, proc), \
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+        # Warm up both image paths (region extractor and CNN) with a small upload.
+        for model in ("aoq", "pixels"):
+            files = {"file": ("q.png", small.getvalue(), "image/png")}
+            assert client.post("/search/image", data={"model": model, "k": 3}, files=files).status_code == 200
+        before = _vm_hwm_mb(proc.pid)
+        statuses: list[int] = []
+
+        def upload(model: str) -> None:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as c:
+                r = c.post("/search/image", data={"model": model, "k": 3}, files={"file": ("big.png", data, "image/png")})
+                statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=upload, args=(("aoq", "pixels")[i % 2],)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        after = _vm_hwm_mb(proc.pid)
+    print(f"server peak RSS {before:.0f} MB before, {after:.0f} MB after six concurrent {SIDE}x{SIDE} 16-bit PNG "
+          f"uploads ({len(data) // 1000} KB each): +{after - before:.0f} MB (budget {BUDGET_MB} MB)")
+    assert statuses == [200] * 6
+    assert after - before <= BUDGET_MB + OTHER_MB
+
+
+# ----------------------------------------------------------------------------- units
+
+
+def _encoded(image: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt)
+    return out.getvalue()
+
+
+def test_large_uploads_are_reduced_to_the_working_side_keeping_their_mode():
+    image = decode_upload(big_png16(2000), max_pixels=40_000_000, max_side=500)
+    assert image.size == (500, 500) and image.mode == "I;16"
+    jpeg = Image.fromarray(np.random.default_rng(0).integers(0, 255, (1200, 1600, 3), dtype=np.uint8))
+    decoded = decode_upload(_encoded(jpeg, "JPEG"), max_pixels=40_000_000, max_side=400)
+    assert decoded.size == (400, 300) and decoded.mode == "RGB"
+
+
+def test_small_uploads_are_decoded_unchanged():
+    original = Image.fromarray(np.random.default_rng(1).integers(0, 255, (30, 40, 3), dtype=np.uint8))
+    decoded = decode_upload(_encoded(original, "PNG"), max_pixels=10_000, max_side=1024)
+    assert decoded.size == (40, 30) and np.array_equal(np.asarray(decoded), np.asarray(original))
+
+
+def test_decode_cost_counts_the_full_size_buffer_of_the_stored_mode():
+    assert decode_cost(Image.open(io.BytesIO(big_png16(1000))), max_side=100) == 1000 * 1000 * 2 + 100 * 100 * 4
+    rgb = Image.open(io.BytesIO(_encoded(Image.new("RGB", (300, 200)), "PNG")))
+    assert decode_cost(rgb, max_side=1024) == 300 * 200 * 4 * 2
+
+
+def test_memory_budget_admits_reservations_up_to_the_budget_and_queues_the_rest():
+    budget = MemoryBudget(100)
+    order: list[str] = []
+    entered, release = threading.Event(), threading.Event()
+
+    def second() -> None:
+        with budget.reserve(50):
+            order.append("second")
+            entered.set()
+            release.wait(10)
+
+    with budget.reserve(60):
+        waiting = threading.Thread(target=second)
+        waiting.start()
+        assert not entered.wait(0.3) and budget.in_use == 60  # 60 + 50 > 100: the second one waits
+        order.append("first done")
+    assert entered.wait(10) and budget.in_use == 50
+    release.set()
+    waiting.join(timeout=10)
+    assert order == ["first done", "second"] and budget.in_use == 0
+    # A reservation larger than the whole budget runs alone instead of never.
+    budget = MemoryBudget(100)
+    with budget.reserve(500):
+        assert budget.in_use == 100
+    assert budget.in_use == 0
