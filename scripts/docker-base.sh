@@ -70,7 +70,7 @@ prepare_torch_wheel() {
     return
   fi
   while read -r dir; do
-    [ -n "$dir" ] && [ -d "$dir" ] || continue
+    [ -d "$dir" ] || continue
     for wheel in "$dir"/$name; do
       if [ -f "$wheel" ]; then
         # a hard link when the folders share a file system (no 190 MB copy)
