@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[all,test]"
 	touch $(STAMP)
 
-# Chromium + chromedriver for the browser test, docker-compose to validate the compose file.
+# Chromium + chromedriver for the browser tests; docker-compose, docker.io and debootstrap for the
+# compose tests (validating the file, and building and running the stack).
 system-deps:
 	@bash scripts/system-deps.sh
 

@@ -14,6 +14,7 @@ import contextlib
 import fnmatch
 import http.server
 import json
+import os
 import re
 import shlex
 import shutil
@@ -32,16 +33,28 @@ REPO = Path(__file__).resolve().parents[1]
 SERVICES = {"db", "init", "backend", "ui"}
 
 
-@pytest.fixture(scope="module")
-def compose() -> dict:
-    """The compose file as ``docker-compose config`` normalises it."""
+#: the settings the compose file reads from the shell (its ${...} variables)
+COMPOSE_VARIABLES = ("AOQ_BASE_IMAGE", "AOQ_BIND", "AOQ_BACKEND_PORT", "AOQ_UI_PORT", "AOQ_PUBLIC_BACKEND_URL",
+                     "AOQ_ADMIN_TOKEN")
+
+
+def _config(*files: str, **settings: str) -> dict:
+    """The compose files as ``docker-compose config`` merges and normalises them, with ``settings``
+    as the only compose variables set in the shell."""
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose is not installed (make system-deps installs it); docker-compose.yml not validated")
-    out = subprocess.run([binary, "-f", str(REPO / "docker-compose.yml"), "config"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, f"docker-compose config rejects docker-compose.yml:\n{out.stderr}"
+    env = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARIABLES} | settings
+    argv = [binary, *(a for f in files for a in ("-f", str(REPO / f))), "config"]
+    out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"docker-compose config rejects {' + '.join(files)}:\n{out.stderr}"
     return yaml.safe_load(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    """docker-compose.yml with every setting at its default."""
+    return _config("docker-compose.yml")
 
 
 def _env(service: dict) -> dict[str, str]:
@@ -67,6 +80,18 @@ def _volume_of(service: dict, path: str) -> str | None:
         if path == target or path.startswith(target.rstrip("/") + "/"):
             return source
     return None
+
+
+def _ports(service: dict) -> set[tuple[str, int, int]]:
+    """(host address, published port, container port) of each published port."""
+    ports = set()
+    for port in service.get("ports", []):
+        if isinstance(port, str):  # docker-compose 1.x: "127.0.0.1:8000:8000/tcp"
+            host_ip, published, target = port.split("/")[0].rsplit(":", 2)
+        else:
+            host_ip, published, target = port.get("host_ip", ""), port["published"], port["target"]
+        ports.add((host_ip, int(published), int(target)))
+    return ports
 
 
 def _command(service: dict) -> list[str]:
@@ -96,13 +121,24 @@ def test_the_four_services_and_their_volumes(compose):
     assert len({services[n]["image"] for n in ("init", "backend", "ui")}) == 1
 
 
-def test_db_is_postgres_16_with_a_volume_and_a_health_check(compose):
-    db = compose["services"]["db"]
-    assert db["image"].startswith("postgres:16")
+def test_db_is_postgres_built_on_the_same_base_with_a_volume_and_a_health_check(compose):
+    services = compose["services"]
+    db = services["db"]
+    # Docker Hub may be unreachable: PostgreSQL is built from Debian's package on the project's base
+    assert Path(db["build"]["context"]).resolve() == REPO / "docker" / "postgres"
+    assert db["build"]["args"]["BASE_IMAGE"] == services["backend"]["build"]["args"]["BASE_IMAGE"]
+    dockerfile = (REPO / "docker" / "postgres" / "Dockerfile").read_text()
+    assert "PGDATA=/var/lib/postgresql/data" in dockerfile
     assert _mounts(db) == {"/var/lib/postgresql/data": "pgdata"}
-    test = " ".join(db["healthcheck"]["test"])
+    # the settings of the official image, read by the entry point that makes the cluster
     env = _env(db)
-    assert "pg_isready" in test and f"-U {env['POSTGRES_USER']}" in test and f"-d {env['POSTGRES_DB']}" in test
+    entrypoint = (REPO / "docker" / "postgres" / "entrypoint.sh").read_text()
+    assert {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"} == set(env)
+    assert all(f"${{{key}" in entrypoint for key in env)
+    test = db["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "pg_isready"]
+    assert f"-U {env['POSTGRES_USER']}" in " ".join(test) and f"-d {env['POSTGRES_DB']}" in " ".join(test)
+    assert "--host=127.0.0.1" in test  # over TCP, as the other services connect
 
 
 def test_init_and_backend_share_settings_volumes_and_the_db(compose):
@@ -138,16 +174,16 @@ def test_backend_serves_the_folders_the_demo_prepares(compose):
     assert Path(env["AOQ_INDEX_DIR"]) == run_dir / "index"
 
 
-def test_backend_starts_after_db_and_init_and_serves_on_all_interfaces(compose):
+def test_backend_starts_after_db_and_init_and_is_published_on_loopback(compose):
     backend = compose["services"]["backend"]
     assert backend["depends_on"] == {"db": {"condition": "service_healthy"},
                                      "init": {"condition": "service_completed_successfully"}}
     command = _command(backend)
     assert command[:2] == ["aoq", "serve"]
     args = _parse("serve", command[2:])
+    # all interfaces of the container, which the host publishes on 127.0.0.1 only
     assert args.host == "0.0.0.0" and args.port == 8000
-    assert {"published": 8000, "target": 8000} in [{k: int(v) for k, v in p.items() if k in ("published", "target")}
-                                                   for p in backend["ports"]]
+    assert _ports(backend) == {("127.0.0.1", 8000, 8000)}
 
 
 def test_ui_starts_after_a_healthy_backend_and_rewrites_urls_for_the_browser(compose):
@@ -159,8 +195,36 @@ def test_ui_starts_after_a_healthy_backend_and_rewrites_urls_for_the_browser(com
     assert args.backend == "http://backend:8000"  # the service name on the compose network
     assert args.public_backend_url == "http://localhost:8000"  # what the host's browser reaches
     assert args.host == "0.0.0.0" and args.port == 7860
-    assert any(int(p["target"]) == 7860 and int(p["published"]) == 7860 for p in ui["ports"])
+    assert _ports(ui) == {("127.0.0.1", 7860, 7860)}
     assert not _mounts(ui)  # the UI talks to the backend over HTTP only
+
+
+def test_exposing_the_stack_is_a_matter_of_settings():
+    exposed = _config("docker-compose.yml", AOQ_BIND="0.0.0.0", AOQ_BACKEND_PORT="9000", AOQ_UI_PORT="9001",
+                      AOQ_PUBLIC_BACKEND_URL="http://search.example:9000", AOQ_ADMIN_TOKEN="s3cret")
+    services = exposed["services"]
+    assert _ports(services["backend"]) == {("0.0.0.0", 9000, 8000)}
+    assert _ports(services["ui"]) == {("0.0.0.0", 9001, 7860)}
+    assert _parse("ui", _command(services["ui"])[2:]).public_backend_url == "http://search.example:9000"
+    assert _env(services["backend"])["AOQ_ADMIN_TOKEN"] == "s3cret"
+
+
+def test_the_admin_token_is_passed_on_only_when_set(compose):
+    # a null value: docker-compose takes it from the shell, and leaves it out when the shell has none
+    assert _env(compose["services"]["backend"])["AOQ_ADMIN_TOKEN"] is None
+
+
+def test_quick_variant_serves_the_folders_the_quick_demo_prepares(compose):
+    from training.demo import QUICK, demo_config
+
+    quick = _config("docker-compose.yml", "docker/quick.yml")["services"]
+    assert _command(quick["init"]) == [*_command(compose["services"]["init"]), "--quick"]
+    env = _env(quick["backend"])
+    run_dir = demo_config(QUICK, Path(env["AOQ_DATA_DIR"]), Path(env["AOQ_RUNS_DIR"])).run_dir
+    assert (Path(env["AOQ_MODELS_DIR"]), Path(env["AOQ_INDEX_DIR"])) == (run_dir / "models", run_dir / "index")
+    # only those two settings differ from the full stack
+    full = _env(compose["services"]["backend"])
+    assert {k for k in env if env[k] != full[k]} == {"AOQ_MODELS_DIR", "AOQ_INDEX_DIR"}
 
 
 @pytest.mark.parametrize("name", ["init", "backend", "ui"])
@@ -235,9 +299,9 @@ def test_ui_health_check_needs_the_page(compose):
 # ----------------------------------------------------------------------------- the image
 
 
-def _dockerfile() -> list[tuple[str, str]]:
-    """(instruction, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
-    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text())
+def _dockerfile(path: Path = REPO / "Dockerfile") -> list[tuple[str, str]]:
+    """(instruction, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
 
@@ -284,14 +348,58 @@ def test_ci_runs_the_same_setup_recipe():
     assert any('pip install --quiet -e ".[all,test]"' in line for line in install)
 
 
-def _copied() -> set[str]:
-    """Repository paths the Dockerfile copies into /app (sources of COPY lines)."""
+def _stages(path: Path = REPO / "Dockerfile") -> list[tuple[str, list[tuple[str, str]]]]:
+    """(FROM arguments, instructions) of each build stage; ARGs before the first FROM dropped."""
+    stages: list[tuple[str, list[tuple[str, str]]]] = []
+    for instruction, args in _dockerfile(path):
+        if instruction == "FROM":
+            stages.append((args, []))
+        elif stages:
+            stages[-1][1].append((instruction, args))
+    return stages
+
+
+def _copied(instructions: list[tuple[str, str]] | None = None) -> set[str]:
+    """Repository paths copied from the build context (sources of COPY lines without --from)."""
     copied = set()
-    for instruction, args in _dockerfile():
-        if instruction == "COPY":
-            parts = [p for p in shlex.split(args) if not p.startswith("--")]
+    for instruction, args in _dockerfile() if instructions is None else instructions:
+        words = shlex.split(args)
+        if instruction == "COPY" and not any(w.startswith("--from") for w in words):
+            parts = [p for p in words if not p.startswith("--")]
             copied.update(p.rstrip("/") for p in parts[:-1])
     return copied
+
+
+def test_base_image_is_one_build_argument_everywhere(compose):
+    default = "aoq-base:bookworm"
+    for dockerfile in (REPO / "Dockerfile", REPO / "docker" / "postgres" / "Dockerfile"):
+        assert _dockerfile(dockerfile)[0] == ("ARG", f"BASE_IMAGE={default}"), dockerfile
+        assert _stages(dockerfile)[0][0].split()[0] == "${BASE_IMAGE}"
+    # later stages build on earlier ones, never on another image
+    names = [args.split()[-1] for args, _ in _stages() if " AS " in args.upper()]
+    assert all(args.split()[0] in names for args, _ in _stages()[1:])
+    for service in compose["services"].values():
+        assert service["build"]["args"] == {"BASE_IMAGE": default}
+    assert f"AOQ_BASE_IMAGE:-{default}" in (REPO / "scripts" / "docker-base.sh").read_text()
+    assert _config("docker-compose.yml", AOQ_BASE_IMAGE="python:3.11-slim")["services"]["ui"]["build"]["args"] == {
+        "BASE_IMAGE": "python:3.11-slim"}
+
+
+def test_build_inputs_stay_in_the_build_stage():
+    stages = _stages()
+    setup = [i for i, (_, instructions) in enumerate(stages)
+             if any(ins == "RUN" and ["make", "setup"] in _commands(args) for ins, args in instructions)]
+    assert len(setup) == 1 and setup[0] < len(stages) - 1
+    build_stage = stages[setup[0]][1]
+    assert "docker/local" in _copied(build_stage)
+    # pip reads the settings scripts/docker-base.sh writes there (CA bundle, the CPU torch wheel)
+    make_setup = next(args for ins, args in build_stage if ins == "RUN" and ["make", "setup"] in _commands(args))
+    assert "PIP_CONFIG_FILE=/tmp/aoq-build/pip.conf" in make_setup
+    # the final image takes /app from the build stage and nothing from the build context
+    final = stages[-1][1]
+    assert _copied(final) == set()
+    build_name = stages[setup[0]][0].split()[-1]
+    assert ("COPY", f"--from={build_name} /app /app") in final
 
 
 def test_the_image_copies_everything_make_setup_needs():
