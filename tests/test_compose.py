@@ -215,7 +215,7 @@ def test_the_admin_token_is_passed_on_only_when_set(compose):
 
 
 def test_quick_variant_serves_the_folders_the_quick_demo_prepares(compose):
-    from training.demo import QUICK, demo_config
+    from aoq.cli.demo import QUICK, demo_config
 
     quick = _config("docker-compose.yml", "docker/quick.yml")["services"]
     assert _command(quick["init"]) == [*_command(compose["services"]["init"]), "--quick"]
