@@ -175,6 +175,7 @@ def _np(rng: random.Random, scene: Scene, obj: SceneObject, **kw: float) -> tupl
 
 
 def _full(rng: random.Random, scene: Scene, obj: SceneObject) -> tuple[str, Facts]:
+    """``a <size> <colour> <shape>``: every attribute named, as a contrastive caption needs."""
     v = _var(scene, obj)
     text = " ".join((_pick(rng, _SIZE_WORDS[obj.size]), _pick(rng, _COLOUR_WORDS[obj.colour]),
                      _shape_word(rng, obj.shape)))
