@@ -153,6 +153,9 @@ class Round2Config(OptimConfig):
     #: (training/sampling.py; normal_center=0.5 makes the top ranks rarer, as the paper tried).
     normal_center: float = Field(0.0, ge=0, le=1)
     normal_scale: float = Field(0.5, gt=0)
+    #: not in the paper: redraw offline negatives that the dataset's structured facts show to be
+    #: true of the anchor (false negatives); needs ``{split}_facts.jsonl`` (aoq synth writes it).
+    false_negative_filter: bool = False
     margin_online: float = 0.2
     margin_offline: float = 0.0
     alpha: float = Field(0.3, gt=0)

@@ -1,10 +1,15 @@
-"""Round-2 sampling (docs/method.md, Sampling): exact draws on hand-built lists, collisions, bounds, errors."""
+"""Round-2 sampling (docs/method.md, Sampling): exact draws on hand-built lists, collisions, bounds, errors,
+and the optional false-negative filter on hand-built facts."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from aoq.config import ConfigError, Round2Config
+from aoq.data.dataset import SplitData
+from aoq.data.facts import SplitFacts, facts_hold, index_facts, parse_fact
+from training.round2 import false_negative_check
 from training.sampling import draw_ranks, sample_offline_negatives
 
 
@@ -143,3 +148,70 @@ def test_depth_beyond_the_mined_lists_is_a_clear_error() -> None:
         sample_offline_negatives([8], IMG_TOP_CAPS, CAP_TOP_IMGS, 4, 2, np.random.default_rng(0))
     with pytest.raises(ValueError, match="sampling must be"):
         sample_offline_negatives([0], IMG_TOP_CAPS, CAP_TOP_IMGS, 4, 2, np.random.default_rng(0), "beta")
+
+
+# The false-negative filter (not in the paper). 3 images x 2 captions:
+# image 0 a red circle; image 1 a blue circle (its colour variant); image 2 a red circle and a green square.
+FACTS = SplitFacts(
+    images=[
+        ["count(1)", "shape(0,circle)", "colour(0,red)"],
+        ["count(1)", "shape(0,circle)", "colour(0,blue)"],
+        ["count(2)", "shape(0,circle)", "colour(0,red)", "shape(1,square)", "colour(1,green)"],
+    ],
+    captions=[
+        ["colour(?0,red)", "shape(?0,circle)"],  # 0 "a red circle"
+        ["count(1)", "colour(?0,red)", "shape(?0,circle)"],  # 1 "a single red circle"
+        ["shape(?0,circle)"],  # 2 "a circle": true of every image
+        ["colour(?0,blue)", "shape(?0,circle)"],  # 3 "a blue circle": states the change, false for 0
+        ["colour(?0,red)", "shape(?0,circle)", "colour(?1,green)", "shape(?1,square)"],  # 4
+        ["colour(?0,red)", "shape(?0,circle)"],  # 5 "a red circle": true of image 0
+    ],
+)
+FN_TOP_CAPS = np.array([[2, 3, 5, 4], [0, 1, 4, 5], [0, 1, 2, 3]], dtype=np.int32)
+FN_TOP_IMGS = np.array([[2, 1], [2, 1], [0, 2], [0, 2], [0, 1], [1, 0]], dtype=np.int32)
+
+
+def test_facts_hold_binds_distinct_objects_and_never_trusts_a_caption_without_facts() -> None:
+    truth = FACTS.caption_true_of(np.repeat(np.arange(6), 3), np.tile(np.arange(3), 6)).reshape(6, 3)
+    np.testing.assert_array_equal(truth, [
+        [1, 0, 1], [1, 0, 0], [1, 1, 1], [0, 1, 0], [0, 0, 1], [1, 0, 1],
+    ])
+    index = index_facts(FACTS.images[2])
+    two_red = [parse_fact("colour(?0,red)"), parse_fact("colour(?1,red)")]
+    assert not facts_hold(two_red, index)  # one red object cannot be two
+    assert facts_hold([parse_fact("colour(?0,red)"), parse_fact("colour(?1,green)")], index)
+    empty = SplitFacts(images=FACTS.images[:1], captions=[[], []])
+    assert not empty.caption_true_of([0], [0]).any()
+
+
+def test_false_negative_filter_skips_exactly_the_false_negatives() -> None:
+    # caption 0 (image 0): n=0 gives t_off 2 ("a circle", true of image 0) and i_off 2 (caption 0
+    # is true of image 2): redrawn; n=1 gives t_off 3 (true negative) but i_off 2 again: redrawn;
+    # n=3 gives t_off 4 and i_off 1, both true negatives: kept.
+    # caption 1 ("a single red circle"), n=1: t_off 3 and i_off 2 (which has two objects): both
+    # true negatives, near-duplicates that differ in what the captions say: kept at once.
+    rng = ScriptedRng([0, 1], [1], [3], [0, 1])
+    got = sample_offline_negatives([0, 1], FN_TOP_CAPS, FN_TOP_IMGS, 4, 2, rng, caption_true_of=FACTS.caption_true_of)
+    np.testing.assert_array_equal(got.rank, [3, 1])
+    np.testing.assert_array_equal(got.t_off, [4, 3])
+    np.testing.assert_array_equal(got.i_off, [1, 2])
+    assert (got.filtered, got.false_negatives, got.collisions) == (2, 0, 0)
+    assert rng.calls == [(0, 4, 2), (0, 4, 1), (0, 4, 1), (0, 2, 2)]
+    # off: the same first draw is kept, false negatives and all
+    off = sample_offline_negatives([0, 1], FN_TOP_CAPS, FN_TOP_IMGS, 4, 2, ScriptedRng([0, 1], [0, 1]))
+    np.testing.assert_array_equal(off.t_off, [2, 3])
+    assert (off.filtered, off.false_negatives) == (0, 0)
+    # bounded: after max_tries draws a false negative is kept and counted
+    stuck = sample_offline_negatives([0], FN_TOP_CAPS, FN_TOP_IMGS, 4, 2, ScriptedRng([0], [2], [0]),
+                                     max_tries=2, caption_true_of=FACTS.caption_true_of)
+    np.testing.assert_array_equal(stuck.t_off, [5])
+    assert (stuck.filtered, stuck.false_negatives) == (2, 1)
+
+
+def test_filter_on_without_facts_is_a_clear_error() -> None:
+    train = SplitData("train", ["a", "b"], 1, ["0", "1"], source="fixture (split train)")
+    assert false_negative_check(train, Round2Config()) is None
+    with pytest.raises(ConfigError, match="false_negative_filter needs structured facts"):
+        false_negative_check(train, Round2Config(false_negative_filter=True))
+    train.facts = SplitFacts(images=[["x"], ["y"]], captions=[["x"], ["y"]])
+    assert false_negative_check(train, Round2Config(false_negative_filter=True)) == train.facts.caption_true_of

@@ -18,12 +18,17 @@ from aoq.data.precomp import read_precomp
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
 from aoq.io import file_hashes, read_manifest
 from training.datasets.synth import writer
-from training.datasets.synth.captions import caption_scene
+from aoq.data.facts import facts_hold, index_facts, parse_fact
+from training.datasets.synth.captions import caption_family, caption_scene
+from training.datasets.synth.facts import scene_facts
+from training.family_metrics import within_family
 from training.datasets.synth.render import render_scene
 from training.datasets.synth.scenes import (
     COLOURS,
     STREAM_CAPTIONS,
     STREAM_RENDER,
+    Scene,
+    SceneObject,
     SceneParams,
     family_plan,
     rng_for,
@@ -52,7 +57,7 @@ def test_same_arguments_give_byte_identical_files_whatever_the_worker_count(data
     again = tmp_path / "again"
     writer.write_dataset(again, SIZES, seed=3, workers=2, progress=False)
     first, second = file_hashes(dataset), file_hashes(again)
-    assert len(first) == 20 + 9 + 2  # PNGs, precomp files (+ labels), Karpathy JSON, scenes.jsonl
+    assert len(first) == 20 + 12 + 2  # PNGs, precomp files (+ labels, facts), Karpathy JSON, scenes.jsonl
     assert first == second
     assert (dataset / "manifest.json").read_bytes() == (again / "manifest.json").read_bytes()
     other = tmp_path / "other_seed"
@@ -210,7 +215,7 @@ def test_captions_vary_and_mention_counts_attributes_and_relations():
         caption_scene(s, rng_for(0, "train", STREAM_CAPTIONS, k), params.caption_detail) for k, s in enumerate(scenes)
     ]
     assert all(len(c) == 5 for c in captions)
-    flat = [c.lower() for cs in captions for c in cs]
+    flat = [c.text.lower() for cs in captions for c in cs]
     assert len(set(flat)) > 0.95 * len(flat)
     assert len({" ".join(c.split()[:3]) for c in flat}) > 100, "many different openings"
     joined = " ".join(flat)
@@ -219,7 +224,7 @@ def test_captions_vary_and_mention_counts_attributes_and_relations():
     # Not exhaustive: in multi-object scenes some captions name fewer colours than there are.
     colour_words = re.compile("|".join(COLOURS))
     partial = sum(
-        len(set(colour_words.findall(c.lower()))) < len({o.colour for o in s.objects})
+        len(set(colour_words.findall(c.text.lower()))) < len({o.colour for o in s.objects})
         for s, cs in zip(scenes, captions)
         if len({o.colour for o in s.objects}) > 1
         for c in cs
@@ -233,7 +238,7 @@ def test_caption_detail_knob_makes_captions_more_specific():
 
     def stats(detail):
         caps = [
-            c.lower()
+            c.text.lower()
             for k, s in enumerate(scenes)
             for c in caption_scene(s, rng_for(0, "train", STREAM_CAPTIONS, k), detail)
         ]
@@ -309,6 +314,8 @@ def test_cli_rejects_bad_knobs_with_a_clear_message(tmp_path, capsys):
     assert "n_shapes must be in 2..8, got 12" in capsys.readouterr().err
     assert main(["synth", "--out", str(tmp_path / "x"), "--caption-detail", "1.5"]) == 2
     assert "caption_detail must be in [0, 1], got 1.5" in capsys.readouterr().err
+    assert main(["synth", "--out", str(tmp_path / "x"), "--contrast-captions", "6"]) == 2
+    assert "contrast_captions must be in 0..5, got 6" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
@@ -320,3 +327,111 @@ def test_labels_are_the_object_classes_in_both_layouts(dataset):
     assert read_precomp(dataset / "precomp", "train").labels == expected
     karpathy = read_karpathy(dataset / "dataset_synth.json").split("train")
     assert karpathy.labels == expected and all(expected)
+
+
+def _holds(facts, scene) -> bool:
+    return facts_hold([parse_fact(f) for f in facts], index_facts(scene_facts(scene)))
+
+
+def test_facts_are_written_and_readable_in_both_layouts(dataset):
+    scenes = [json.loads(line) for line in (dataset / "scenes.jsonl").read_text().splitlines()]
+    for split in writer.SPLITS:
+        rows = sorted((s for s in scenes if s["split"] == split), key=lambda s: s["index"])
+        facts = read_precomp(dataset / "precomp", split).facts
+        assert facts.images == [s["facts"] for s in rows]
+        assert facts.captions == [f for s in rows for f in s["caption_facts"]]
+        assert facts.family.tolist() == [s["family"] for s in rows]
+        assert facts.change == [s["variant"] for s in rows]
+        karpathy = read_karpathy(dataset / "dataset_synth.json").split(split).facts
+        assert (karpathy.images, karpathy.captions, karpathy.change) == (facts.images, facts.captions, facts.change)
+        assert karpathy.family.tolist() == facts.family.tolist()
+        # every caption is true of its own image, by its facts
+        n = len(rows)
+        assert facts.caption_true_of(np.arange(5 * n), np.arange(5 * n) // 5).all()
+        assert all(facts.captions) and all(facts.images)
+    assert read_precomp(dataset / "precomp", "train").subset(3).facts.captions == facts_of_first(dataset, 3)
+
+
+def facts_of_first(dataset, n):
+    return [f for line in (dataset / "scenes.jsonl").read_text().splitlines()[:n]
+            for f in json.loads(line)["caption_facts"]]
+
+
+def test_scene_facts_are_exact_for_a_hand_built_scene():
+    red = SceneObject("circle", "red", "large", 0.2, 0.5, 0.17, (220, 40, 40))
+    blue = SceneObject("square", "blue", "small", 0.8, 0.4, 0.07, (40, 80, 225))
+    scene = Scene("white", "plain", (red, blue), 0, "single")
+    assert scene_facts(scene) == [
+        "count(2)", "bg(white)", "texture(plain)", "several",
+        "shape(0,circle)", "colour(0,red)", "size(0,large)", "zone(0,left)",
+        "shape(1,square)", "colour(1,blue)", "size(1,small)", "zone(1,right)",
+        "left(0,1)", "bigger(0,1)", "largest(0)", "distinct_colours",
+    ]
+    assert _holds(["colour(?0,red)", "left(?0,?1)", "shape(?1,square)"], scene)
+    assert not _holds(["colour(?0,red)", "left(?1,?0)"], scene)  # "a red shape right of something"
+    assert not _holds(["colour(?0,red)", "colour(?1,red)"], scene)  # two red objects: variables are distinct
+    assert not _holds(["count(3)"], scene)
+
+
+_COLOUR_SYNONYMS = {"golden": "yellow", "violet": "purple", "rosy": "pink", "turquoise": "cyan", "teal": "cyan",
+                    "chocolate": "brown", **{c: c for c in COLOURS}}
+
+
+def test_caption_facts_name_exactly_the_colours_the_words_name():
+    """Facts are recorded while the words are chosen: a colour word in the text <=> a colour fact."""
+    params = SceneParams()
+    words = re.compile(r"\b(" + "|".join(_COLOUR_SYNONYMS) + r")\b")
+    checked = 0
+    for k, scene in enumerate(_scenes(params, 300)):
+        for caption in caption_scene(scene, rng_for(0, "train", STREAM_CAPTIONS, k), params.caption_detail):
+            named = {_COLOUR_SYNONYMS[w] for w in words.findall(caption.text.lower())}
+            stated = {f.split(",")[1][:-1] for f in caption.facts if f.startswith("colour(")}
+            assert named == stated, (caption.text, caption.facts)
+            assert _holds(caption.facts, scene)
+            checked += 1
+    assert checked == 1500
+
+
+def test_contrast_captions_state_the_change_and_are_false_for_the_sibling():
+    params = SceneParams(family_share=1.0, max_variants=3)
+    plain = contrasted = 0
+    for family, (start, size) in enumerate(family_plan(400, params, 0, "train")):
+        scenes = sample_family(params, 0, "train", family, size)
+        ordinary = caption_family(scenes, 0, "train", start, params.caption_detail)
+        contrast = caption_family(scenes, 0, "train", start, params.caption_detail, contrast=2)
+        for k, scene in enumerate(scenes):
+            assert contrast[k][:3] == ordinary[k][:3]  # only the last two captions are replaced
+            for j in (3, 4):
+                caption = contrast[k][j]
+                assert _holds(caption.facts, scene)
+                if caption == ordinary[k][j] or scene.variant == "single":
+                    plain += 1
+                    continue
+                contrasted += 1
+                if k == 0:  # the base against the variant it targets
+                    target = scenes[1 + (j - 3) % (size - 1)]
+                    assert not _holds(caption.facts, target)
+                else:
+                    assert not any(_holds(caption.facts, s) for m, s in enumerate(scenes) if m != k)
+    assert contrasted > 0.9 * (plain + contrasted)
+
+
+def test_within_family_recall_ranks_only_family_members_ties_against():
+    sims = np.full((5, 10), 9.0)  # out-of-family scores are high: they must be ignored
+    sims[0, :6] = [0.9, 0.1, 0.5, 0.2, 0.3, 0.3]  # base: hit (0.9 > 0.5)
+    sims[1, :6] = [0.7, 0.0, 0.7, 0.1, 0.0, 0.0]  # colour: tie 0.7 = 0.7, a miss
+    sims[2, :6] = [0.1, 0.1, 0.1, 0.1, 0.2, 0.8]  # count: hit
+    family, change = [7, 7, 7, 8, 9], ["base", "colour", "count", "single", "single"]
+    got = within_family(sims, family, change, captions_per_image=2)
+    # caption queries: c0 hit (0.9 > 0.7), c1 tie with image 2 (miss), c2 hit, c3 miss (0.1 < 0.2),
+    # c4 miss (0.2 < 0.3), c5 hit
+    assert got == {
+        "all": {"i2t_r1": pytest.approx(200 / 3), "t2i_r1": 50.0, "images": 3.0, "mean_family_size": 3.0},
+        "base": {"i2t_r1": 100.0, "t2i_r1": 50.0, "images": 1.0, "mean_family_size": 3.0},
+        "colour": {"i2t_r1": 0.0, "t2i_r1": 50.0, "images": 1.0, "mean_family_size": 3.0},
+        "count": {"i2t_r1": 100.0, "t2i_r1": 50.0, "images": 1.0, "mean_family_size": 3.0},
+    }
+    constant = within_family(np.zeros((5, 10)), family, change, captions_per_image=2)
+    assert constant["all"]["i2t_r1"] == constant["all"]["t2i_r1"] == 0.0
+    with pytest.raises(ValueError, match="need sims"):
+        within_family(np.zeros((5, 9)), family, change, captions_per_image=2)

@@ -52,7 +52,7 @@ from aoq.mined import MinedNegatives, load_mined
 from aoq.models.joint import JointModel, build_model, text_vocabulary
 from training.evaluate import dev_validator
 from training.losses import round2_loss
-from training.sampling import OfflineNegatives, check_lists, sample_offline_negatives
+from training.sampling import CaptionTrueOf, OfflineNegatives, check_lists, sample_offline_negatives
 from training.trainer import StepFn, TrainResult, epoch_loader, fit
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,33 @@ def uses_derived_pairs(r2: Round2Config) -> bool:
     return r2.loss != "offline_triplet" and r2.variant != "online_quin"
 
 
-def epoch_negatives(mined: MinedNegatives, r2: Round2Config, epoch: int) -> OfflineNegatives:
-    """The offline items of every training caption for ``epoch``: a pure function of the seed."""
+def epoch_negatives(
+    mined: MinedNegatives, r2: Round2Config, epoch: int, caption_true_of: CaptionTrueOf | None = None
+) -> OfflineNegatives:
+    """The offline items of every training caption for ``epoch``: a pure function of the seed
+    (and of the facts, when ``caption_true_of`` filters false negatives)."""
     rng = np.random.default_rng([r2.seed, epoch, 2])  # 2: round 2, apart from any other stream
     return sample_offline_negatives(
         np.arange(mined.cap_top_imgs.shape[0]), mined.img_top_caps, mined.cap_top_imgs, r2.h_t, r2.h_i,
-        rng, r2.sampling, center=r2.normal_center, scale=r2.normal_scale,
+        rng, r2.sampling, center=r2.normal_center, scale=r2.normal_scale, caption_true_of=caption_true_of,
     )
+
+
+def false_negative_check(train: SplitData, r2: Round2Config) -> CaptionTrueOf | None:
+    """The filter of ``round2.false_negative_filter`` (not in the paper), or None when it is off.
+
+    Raises:
+        ConfigError: the filter is on but the training split has no facts.
+    """
+    if not r2.false_negative_filter:
+        return None
+    if train.facts is None:
+        raise ConfigError(
+            f"round2.false_negative_filter needs structured facts beside the training split "
+            f"({train.source}: no train_facts.jsonl / Karpathy \"facts\"); regenerate with aoq synth "
+            f"or set round2.false_negative_filter=false"
+        )
+    return train.facts.caption_true_of
 
 
 class Round2Dataset(Dataset):
@@ -265,8 +285,13 @@ def train_round2(
     image_mode, text_mode = input_modes(model)
     dataset = Round2Dataset(train, vocab, image_mode, cfg.data.image_size, uses_derived_pairs(r2), text_mode)
 
+    true_of = false_negative_check(train, r2)
+
     def make_loader(epoch: int, generator: torch.Generator, skip: int):
-        negatives = epoch_negatives(mined, r2, epoch)
+        negatives = epoch_negatives(mined, r2, epoch, true_of)
+        if true_of is not None:
+            log.info("round 2 epoch %d: %d offline draws redrawn as false negatives, %d still false negatives",
+                     epoch + 1, negatives.filtered, negatives.false_negatives)
         if negatives.collisions:
             log.warning("round 2 epoch %d: %d derived pairs are positives (h_i=1)", epoch + 1, negatives.collisions)
         dataset.set_negatives(negatives)

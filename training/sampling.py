@@ -26,18 +26,29 @@ until ``0 <= n < h_t`` (bounded; the rare leftovers are clipped). The defaults `
 about 95% of draws fall in the top list. The paper (supplement) tried a normal distribution to
 make the very top ranks, which may be false negatives, *less* likely; ``center=0.5`` does that.
 
+False-negative filter (optional, **not in the paper**): given ``caption_true_of(captions, images)``
+(e.g. :meth:`aoq.data.facts.SplitFacts.caption_true_of`), a draw is also redrawn when ``t_off``
+is true of the anchor image ``i`` or the anchor caption ``c`` is true of ``i_off``: such an
+"offline negative" is a second positive. The redraw shares the collision loop, so it is bounded by
+``max_tries`` draws in all; rejected draws are counted in :attr:`OfflineNegatives.filtered`, and
+rows that still hold a false negative after the last draw in
+:attr:`OfflineNegatives.false_negatives`. Without the callable nothing changes, draw for draw.
+
 Everything comes from one seeded ``np.random.Generator``, so an epoch's negatives are a pure
 function of the seed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 Sampling = Literal["uniform", "normal"]
+#: ``f(caption_ids, image_ids) -> bool array``: caption k is true of image k (a false negative).
+CaptionTrueOf = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,8 @@ class OfflineNegatives:
         i_off_tilde: the image id of ``t_off``.
         rank: the rank ``n`` drawn in the image's caption list.
         collisions: captions whose ``(i_off, t_off)`` still belong together (h_i = 1 only).
+        filtered: draws rejected because ``t_off`` or ``i_off`` was a false negative (filter on).
+        false_negatives: captions that still hold a false negative after ``max_tries`` draws.
     """
 
     t_off: np.ndarray
@@ -59,6 +72,8 @@ class OfflineNegatives:
     i_off_tilde: np.ndarray
     rank: np.ndarray
     collisions: int = 0
+    filtered: int = 0
+    false_negatives: int = 0
 
 
 def draw_ranks(
@@ -123,6 +138,7 @@ def sample_offline_negatives(
     center: float = 0.0,
     scale: float = 0.5,
     max_tries: int = 10,
+    caption_true_of: CaptionTrueOf | None = None,
 ) -> OfflineNegatives:
     """Sample ``(t_off, i_off, t~_off, i~_off)`` for each caption id in ``captions``.
 
@@ -134,6 +150,7 @@ def sample_offline_negatives(
         rng: the only source of randomness.
         sampling, center, scale: rank distribution (module docstring).
         max_tries: draws of ``n`` per caption before the collision fallback.
+        caption_true_of: the optional false-negative filter (module docstring); None = off.
 
     Raises:
         ValueError: bad depths (see :func:`check_lists`), caption ids out of range.
@@ -147,19 +164,37 @@ def sample_offline_negatives(
     t_off = np.empty(c.size, dtype=np.int64)
     i_off = np.empty(c.size, dtype=np.int64)
     todo = np.arange(c.size)
+    filtered = 0
     for _ in range(max_tries):
         if not todo.size:
             break
         n[todo] = draw_ranks(rng, todo.size, h_t, sampling, center, scale)
         t_off[todo] = img_top_caps[image[todo], n[todo]]
         i_off[todo] = cap_top_imgs[c[todo], n[todo] * h_i // h_t]
-        todo = todo[t_off[todo] // cpi == i_off[todo]]
+        redraw = t_off[todo] // cpi == i_off[todo]
+        if caption_true_of is not None:
+            false_negative = _false_negatives(caption_true_of, c[todo], image[todo], t_off[todo], i_off[todo])
+            filtered += int(false_negative.sum())
+            redraw |= false_negative
+        todo = todo[redraw]
     collisions = 0
     if todo.size:
+        todo = todo[t_off[todo] // cpi == i_off[todo]]  # the fallback is for collisions only
         top = np.asarray(cap_top_imgs[c[todo], :h_i], dtype=np.int64)  # (m, h_i)
         free = top != (t_off[todo] // cpi)[:, None]
         has_free = free.any(axis=1)
         i_off[todo[has_free]] = top[has_free, free[has_free].argmax(axis=1)]
         collisions = int((~has_free).sum())
+    false_negatives = 0
+    if caption_true_of is not None:
+        false_negatives = int(_false_negatives(caption_true_of, c, image, t_off, i_off).sum())
     t_off_tilde = i_off * cpi + rng.integers(0, cpi, size=c.size)
-    return OfflineNegatives(t_off, i_off, t_off_tilde, t_off // cpi, n, collisions)
+    return OfflineNegatives(t_off, i_off, t_off_tilde, t_off // cpi, n, collisions, filtered, false_negatives)
+
+
+def _false_negatives(
+    caption_true_of: CaptionTrueOf, c: np.ndarray, image: np.ndarray, t_off: np.ndarray, i_off: np.ndarray
+) -> np.ndarray:
+    """Rows whose offline caption is true of the anchor image or whose anchor caption is true
+    of the offline image."""
+    return np.asarray(caption_true_of(t_off, image), dtype=bool) | np.asarray(caption_true_of(c, i_off), dtype=bool)

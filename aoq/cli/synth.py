@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="texture / colour / size jitter scale, 0..2 (default: %(default)s)")
     knobs.add_argument("--caption-detail", type=_float, default=defaults.caption_detail,
                        help="probability of each optional extra fact in a caption, 0..1 (default: %(default)s)")
+    knobs.add_argument("--contrast-captions", type=_int_at_least(0), default=defaults.contrast_captions,
+                       help="captions per family member (0..5) that state what tells it apart from a sibling, "
+                            "checked false for that sibling (default: %(default)s)")
     knobs.add_argument("--min-objects", type=_int_at_least(1), default=defaults.min_objects,
                        help="objects per scene, at least (default: %(default)s)")
     knobs.add_argument("--max-objects", type=_int_at_least(1), default=defaults.max_objects,
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             max_objects=args.max_objects,
             max_variants=args.max_variants,
             caption_detail=args.caption_detail,
+            contrast_captions=args.contrast_captions,
         )
     except ValueError as exc:
         raise ConfigError(f"aoq synth arguments: {exc}") from exc

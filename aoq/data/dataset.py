@@ -11,8 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from aoq.data.facts import SplitFacts
 
 
 class DataError(ValueError):
@@ -36,6 +40,9 @@ class SplitData:
         labels: optional labels per image (e.g. object classes, emoji groups), a list of
             strings per image; captions inherit their image's labels. None when the dataset
             has none (label-wise metrics and the label term need them).
+        facts: optional structured facts of the images and captions, with family ids and
+            change kinds of near-duplicates (:mod:`aoq.data.facts`); None when the dataset has
+            none (the round-2 false-negative filter and the within-family metric need them).
     """
 
     name: str
@@ -48,6 +55,7 @@ class SplitData:
     extra: dict = field(default_factory=dict)
     caption_features: np.ndarray | None = None
     labels: list[list[str]] | None = None
+    facts: "SplitFacts | None" = None
 
     def __post_init__(self) -> None:
         n = len(self.image_ids)
@@ -99,6 +107,7 @@ class SplitData:
             extra=dict(self.extra),
             caption_features=None if self.caption_features is None else self.caption_features[: n * cpi],
             labels=None if self.labels is None else self.labels[:n],
+            facts=None if self.facts is None else self.facts.subset(n, cpi),
         )
 
     @property

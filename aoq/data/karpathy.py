@@ -23,7 +23,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from aoq.data.dataset import DataError, DatasetDescription, SplitData
+from aoq.data.facts import SplitFacts, check_facts
 
 #: Karpathy split label -> project split name.
 SPLIT_NAMES: dict[str, str] = {"train": "train", "restval": "train", "val": "dev", "test": "test"}
@@ -73,7 +76,7 @@ def read_karpathy(
     root = json_path.parent if image_root is None else Path(image_root)
 
     columns: dict[str, dict[str, list[Any]]] = {
-        name: {"captions": [], "ids": [], "paths": [], "labels": []} for name in ("train", "dev", "test")
+        name: {"captions": [], "ids": [], "paths": [], "labels": [], "entries": []} for name in ("train", "dev", "test")
     }
     for k, entry in enumerate(data["images"]):
         where = f"{json_path}: images[{k}]"
@@ -83,9 +86,11 @@ def read_karpathy(
         column["ids"].append(image_id)
         column["paths"].append(path)
         column["labels"].append(_read_labels(entry, where))
+        column["entries"].append(entry)
     if not any(c["ids"] for c in columns.values()):
         raise DataError(f"{json_path}: no images")
     labelled = _check_labels_everywhere(data["images"], json_path)
+    with_facts = _check_labels_everywhere(data["images"], json_path, key="facts")
     if check_files:
         _check_files([p for c in columns.values() for p in c["paths"]], root)
 
@@ -99,6 +104,7 @@ def read_karpathy(
             source=f"{json_path} (split {name})",
             extra={"format": "karpathy", "json": str(json_path)},
             labels=c["labels"] if labelled else None,
+            facts=_read_facts(c["entries"], captions_per_image, f"{json_path} (split {name})") if with_facts else None,
         )
         for name, c in columns.items()
         if c["ids"]
@@ -138,16 +144,29 @@ def _read_labels(entry: dict, where: str) -> list[str]:
     return labels
 
 
-def _check_labels_everywhere(entries: list, json_path: Path) -> bool:
-    """True when every entry has ``labels``, False when none has; a mix is an error."""
-    has = [isinstance(e, dict) and "labels" in e for e in entries]
+def _check_labels_everywhere(entries: list, json_path: Path, key: str = "labels") -> bool:
+    """True when every entry has ``key``, False when none has; a mix is an error."""
+    has = [isinstance(e, dict) and key in e for e in entries]
     if any(has) and not all(has):
         first = has.index(False)
         raise DataError(
-            f'{json_path}: images[{first}] has no "labels" but other entries do; '
-            "give every image a labels list (it may be empty) or none"
+            f'{json_path}: images[{first}] has no "{key}" but other entries do; '
+            f"give every image a {key} list (it may be empty) or none"
         )
     return all(has)
+
+
+def _read_facts(entries: list[dict], cpi: int, where: str) -> SplitFacts:
+    """The ``facts`` of a split's entries and of their first ``cpi`` sentences."""
+    captions = [s.get("facts", []) if isinstance(s, dict) else [] for e in entries for s in e["sentences"][:cpi]]
+    has_family = all("family" in e for e in entries)
+    facts = SplitFacts(
+        [e["facts"] for e in entries],
+        captions,
+        np.asarray([e["family"] for e in entries], dtype=np.int64) if has_family else None,
+        [e["change"] for e in entries] if all("change" in e for e in entries) else None,
+    )
+    return check_facts(facts, len(entries), cpi, where)
 
 
 def _sentence_text(sentence: Any, where: str) -> str:

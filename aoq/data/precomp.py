@@ -8,6 +8,8 @@ one row at a time.
 
 Optional ``{split}_labels.json``: a JSON list with one list of label strings per image (in
 image order), read into ``SplitData.labels``; captions inherit their image's labels.
+Optional ``{split}_facts.jsonl``: structured facts of images and captions, read into
+``SplitData.facts`` (:mod:`aoq.data.facts`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from aoq.data.dataset import DataError, SplitData
+from aoq.data.facts import read_facts_file
 
 IMS_SUFFIX = "_ims.npy"
 CAPS_SUFFIX = "_caps.txt"
 LABELS_SUFFIX = "_labels.json"
+FACTS_SUFFIX = "_facts.jsonl"
 
 
 def available_splits(root: str | Path) -> list[str]:
@@ -148,6 +152,7 @@ def read_precomp(
         source=f"{root} (split {split})",
         extra={"format": "precomp", "features_path": str(ims_path), "captions_path": str(caps_path)},
         labels=read_labels(root / f"{split}{LABELS_SUFFIX}", int(features.shape[0])),
+        facts=read_facts_file(root / f"{split}{FACTS_SUFFIX}", int(features.shape[0]), im_div),
     )
     return data if max_images is None else data.subset(max_images)
 

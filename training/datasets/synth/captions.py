@@ -5,7 +5,13 @@ the count, another one spatial relation, another groups the objects by colour or
 synonyms, word order (``A left of B`` / ``B right of A``), optional attributes and surface style
 (capital letter, final period) vary, so the text side cannot be parsed by a fixed pattern.
 Whether a caption happens to mention what tells a scene apart from its family members is left to
-chance, which is what makes near-duplicate scenes hard negatives.
+chance, which is what makes near-duplicate scenes hard negatives, unless ``contrast_captions``
+asks for captions that state the difference (:func:`caption_family`).
+
+Every caption comes with the facts it states (:mod:`aoq.data.facts`; ``?k`` is object ``k`` of
+the scene it was written for), recorded as the text is built, so a caption's facts are exactly
+what its words claim and can be checked against any other scene's ground facts
+(:func:`training.datasets.synth.facts.scene_facts`).
 """
 
 from __future__ import annotations
@@ -13,8 +19,18 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
-from training.datasets.synth.scenes import Scene, SceneObject
+from aoq.data.facts import facts_hold, index_facts, parse_fact
+from training.datasets.synth.facts import ZONE_NAMES, relation, relation_fact, scene_facts
+from training.datasets.synth.scenes import (
+    PERTURBATIONS,
+    STREAM_CAPTIONS,
+    STREAM_CONTRAST,
+    Scene,
+    SceneObject,
+    rng_for,
+)
 
 CAPTIONS_PER_IMAGE = 5
 
@@ -85,6 +101,16 @@ _NOUNS = (("shape", "shapes"), ("object", "objects"), ("figure", "figures"), ("i
 _PREFIXES = ("", "", "", "a picture of ", "an image of ", "a drawing of ", "a photo of ", "there is ")
 
 
+Facts = tuple[str, ...]
+
+
+class Caption(NamedTuple):
+    """A caption's text and the facts it states (sorted, each once)."""
+
+    text: str
+    facts: Facts
+
+
 def _pick(rng: random.Random, options: Sequence[str]) -> str:
     return rng.choice(options)
 
@@ -115,95 +141,139 @@ def _noun(rng: random.Random, plural: bool) -> str:
     return _pick(rng, _NOUNS)[1 if plural else 0]
 
 
-def _bare(rng: random.Random, obj: SceneObject, p_size: float = 0.5, p_colour: float = 0.9) -> str:
+def _var(scene: Scene, obj: SceneObject) -> str:
+    """The fact variable of ``obj``: its index in the scene it belongs to."""
+    return f"?{scene.objects.index(obj)}"
+
+
+def _bare(
+    rng: random.Random, scene: Scene, obj: SceneObject, p_size: float = 0.5, p_colour: float = 0.9
+) -> tuple[str, Facts]:
     """``[size] [colour] shape`` without an article; the shape word may be a generic noun when a
     colour is named ("a red shape")."""
-    words = []
+    v = _var(scene, obj)
+    words, facts = [], []
     if _chance(rng, p_size):
         words.append(_pick(rng, _SIZE_WORDS[obj.size]))
+        facts.append(f"size({v},{obj.size})")
     has_colour = _chance(rng, p_colour)
     if has_colour:
         words.append(_pick(rng, _COLOUR_WORDS[obj.colour]))
+        facts.append(f"colour({v},{obj.colour})")
     generic = has_colour and _chance(rng, 0.1)
-    words.append(_noun(rng, False) if generic else _shape_word(rng, obj.shape))
-    return " ".join(words)
+    if generic:
+        words.append(_noun(rng, False))
+    else:
+        words.append(_shape_word(rng, obj.shape))
+        facts.append(f"shape({v},{obj.shape})")
+    return " ".join(words), tuple(facts)
 
 
-def _np(rng: random.Random, obj: SceneObject, **kw: float) -> str:
-    return _article(_bare(rng, obj, **kw))
+def _np(rng: random.Random, scene: Scene, obj: SceneObject, **kw: float) -> tuple[str, Facts]:
+    text, facts = _bare(rng, scene, obj, **kw)
+    return _article(text), facts
 
 
-def _background(rng: random.Random, scene: Scene) -> str:
+def _full(rng: random.Random, scene: Scene, obj: SceneObject) -> tuple[str, Facts]:
+    """``a <size> <colour> <shape>``: every attribute named, as a contrastive caption needs."""
+    v = _var(scene, obj)
+    text = " ".join((_pick(rng, _SIZE_WORDS[obj.size]), _pick(rng, _COLOUR_WORDS[obj.colour]),
+                     _shape_word(rng, obj.shape)))
+    return _article(text), (f"size({v},{obj.size})", f"colour({v},{obj.colour})", f"shape({v},{obj.shape})")
+
+
+def _zone(rng: random.Random, scene: Scene, obj: SceneObject) -> tuple[str, Facts]:
+    return _pick(rng, _ZONE_WORDS[obj.zone()]), (f"zone({_var(scene, obj)},{ZONE_NAMES[obj.zone()]})",)
+
+
+def _background(rng: random.Random, scene: Scene) -> tuple[str, Facts]:
     words = [_pick(rng, _BACKGROUND_WORDS[scene.background])]
+    facts = [f"bg({scene.background})"]
     if _chance(rng, 0.3):
         words.insert(0, _pick(rng, _TEXTURE_WORDS[scene.texture]))
-    return _article(" ".join(words)) + " " + _pick(rng, ("background", "background", "backdrop", "surface"))
+        facts.append(f"texture({scene.texture})")
+    text = _article(" ".join(words)) + " " + _pick(rng, ("background", "background", "backdrop", "surface"))
+    return text, tuple(facts)
 
 
 def _join(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def _relation(a: SceneObject, b: SceneObject) -> str:
-    """Where ``a`` is relative to ``b`` along the axis on which they are furthest apart."""
-    dx, dy = a.x - b.x, a.y - b.y
-    if abs(dx) >= abs(dy):
-        return "left" if dx < 0 else "right"
-    return "above" if dy < 0 else "below"
-
-
 _INVERSE = {"left": "right", "right": "left", "above": "below", "below": "above"}
 
+#: what a template returns: its text and the facts the text states.
+_Said = tuple[str, Facts]
 
-def _count(rng: random.Random, scene: Scene, detail: float) -> str:
+
+def _count(rng: random.Random, scene: Scene, detail: float) -> _Said:
     n = len(scene.objects)
+    count = (f"count({n})",)
     if n == 1:
-        return _pick(
-            rng,
+        noun1, (bg1, f1) = _noun(rng, False), _background(rng, scene)
+        noun2 = _noun(rng, False)
+        noun3, (bg3, f3) = _noun(rng, False), _background(rng, scene)
+        (bg4, f4), noun4 = _background(rng, scene), _noun(rng, False)
+        return rng.choice(
             (
-                f"a single {_noun(rng, False)} on {_background(rng, scene)}",
-                f"just one {_noun(rng, False)} in the picture",
-                f"only one {_noun(rng, False)} is visible on {_background(rng, scene)}",
-                f"{_background(rng, scene)} with one {_noun(rng, False)}",
-            ),
+                (f"a single {noun1} on {bg1}", count + f1),
+                (f"just one {noun2} in the picture", count),
+                (f"only one {noun3} is visible on {bg3}", count + f3),
+                (f"{bg4} with one {noun4}", count + f4),
+            )
         )
     num, nouns = _number(rng, n), _noun(rng, True)
-    text = _pick(
-        rng,
+    bg1, f1 = _background(rng, scene)
+    what = _pick(rng, ("image", "picture", "scene"))
+    bg3, f3 = _background(rng, scene)
+    how = _pick(rng, ("placed", "scattered", "arranged"))
+    bg4, f4 = _background(rng, scene)
+    kind = _pick(rng, ("picture", "scene", "drawing"))
+    text, facts = rng.choice(
         (
-            f"{num} {nouns} on {_background(rng, scene)}",
-            f"there are {num} {nouns} in this {_pick(rng, ('image', 'picture', 'scene'))}",
-            f"{_background(rng, scene)} with {num} {nouns}",
-            f"{num} {nouns} {_pick(rng, ('placed', 'scattered', 'arranged'))} on {_background(rng, scene)}",
-            f"a {_pick(rng, ('picture', 'scene', 'drawing'))} showing {num} different {nouns}",
-        ),
+            (f"{num} {nouns} on {bg1}", count + f1),
+            (f"there are {num} {nouns} in this {what}", count),
+            (f"{bg3} with {num} {nouns}", count + f3),
+            (f"{num} {nouns} {how} on {bg4}", count + f4),
+            (f"a {kind} showing {num} different {nouns}", count),
+        )
     )
     if _chance(rng, detail):
         named = rng.sample(scene.objects, 2 if _chance(rng, detail) else 1)
-        text += _pick(rng, (", including ", ", among them ")) + _join([_np(rng, o) for o in named])
-    return text
+        text += _pick(rng, (", including ", ", among them "))
+        said = [_np(rng, scene, o) for o in named]
+        text += _join([t for t, _ in said])
+        facts += tuple(f for _, fs in said for f in fs)
+    return text, facts
 
 
-def _single(rng: random.Random, scene: Scene, detail: float) -> str:
+def _single(rng: random.Random, scene: Scene, detail: float) -> _Said:
     obj = rng.choice(scene.objects)
-    text = _pick(rng, _PREFIXES) + _np(rng, obj)
+    prefix = _pick(rng, _PREFIXES)
+    np_, facts = _np(rng, scene, obj)
+    text = prefix + np_
     if _chance(rng, 0.6):
-        text += " " + _pick(rng, _ZONE_WORDS[obj.zone()])
+        zone, zf = _zone(rng, scene, obj)
+        text += " " + zone
+        facts += zf
     n = len(scene.objects)
     if n > 1 and _chance(rng, detail):
         others = _pick(rng, ("another", "one other")) if n == 2 else f"{_cardinal(rng, n - 1)} other"
         text += _pick(rng, (" among ", " and ", " with ")) + f"{others} {_noun(rng, n > 2)}"
+        facts += (f"count({n})",)
     elif n > 1 and _chance(rng, 0.3):
         text += _pick(rng, (" among other shapes", " and some other shapes", " with a few other objects"))
-    return text
+        facts += ("several",)
+    return text, facts
 
 
-def _relational(rng: random.Random, scene: Scene, detail: float) -> str:
+def _relational(rng: random.Random, scene: Scene, detail: float) -> _Said:
     a, b = rng.sample(scene.objects, 2)
-    rel = _relation(a, b)
+    rel = relation(a, b)
     words = _pick(rng, _RELATION_WORDS[rel])
     inverse = _pick(rng, _RELATION_WORDS[_INVERSE[rel]])
-    na, nb = _np(rng, a, p_size=0.3 + 0.3 * detail), _np(rng, b, p_size=0.3 + 0.3 * detail)
+    (na, fa), (nb, fb) = (_np(rng, scene, a, p_size=0.3 + 0.3 * detail),
+                          _np(rng, scene, b, p_size=0.3 + 0.3 * detail))
     verb = _pick(rng, ("is", "sits", "is placed", "appears"))
     text = _pick(
         rng,
@@ -215,26 +285,32 @@ def _relational(rng: random.Random, scene: Scene, detail: float) -> str:
             f"{nb} with {na} {words} it",
         ),
     )
+    facts = fa + fb + (relation_fact(rel, _var(scene, a), _var(scene, b)),)
     rest = len(scene.objects) - 2
     if rest and _chance(rng, detail):
         text += _pick(rng, (", and ", ", plus ")) + ("one more shape" if rest == 1 else f"{_cardinal(rng, rest)} more shapes")
-    return text
+        facts += (f"count({len(scene.objects)})",)
+    return text, facts
 
 
-def _enumeration(rng: random.Random, scene: Scene, detail: float) -> str:
+def _enumeration(rng: random.Random, scene: Scene, detail: float) -> _Said:
     p_size = 0.7 if _chance(rng, detail) else 0.0
-    parts = [_np(rng, obj, p_size=p_size, p_colour=0.95) for obj in rng.sample(scene.objects, len(scene.objects))]
-    text = _join(parts)
+    said = [_np(rng, scene, obj, p_size=p_size, p_colour=0.95) for obj in rng.sample(scene.objects, len(scene.objects))]
+    text = _join([t for t, _ in said])
     if _chance(rng, 0.3):
         text = _pick(rng, ("a picture with ", "an image containing ", "this scene shows ")) + text
-    return text
+    # naming every object says there is nothing else
+    return text, tuple(f for _, fs in said for f in fs) + (f"count({len(scene.objects)})",)
 
 
-def _grouped(rng: random.Random, scene: Scene, detail: float) -> str:
+def _grouped(rng: random.Random, scene: Scene, detail: float) -> _Said:
     """Counts per colour or per shape: "two red shapes and a blue one", "two circles and a star"."""
     n = len(scene.objects)
     by_colour = _chance(rng, 0.5)
+    attribute = "colour" if by_colour else "shape"
     groups = Counter(o.colour if by_colour else o.shape for o in scene.objects)
+    # every object is counted in its group, so the groups say what each object is and how many
+    facts = tuple(f"{attribute}({_var(scene, o)},{getattr(o, attribute)})" for o in scene.objects) + (f"count({n})",)
     if len(groups) == 1:
         (key,) = groups
         if by_colour:
@@ -244,14 +320,15 @@ def _grouped(rng: random.Random, scene: Scene, detail: float) -> str:
                     f"{_number(rng, n)} {_noun(rng, True)}, all of them {_pick(rng, _COLOUR_WORDS[key])}",
                     f"{_number(rng, n)} {_pick(rng, _COLOUR_WORDS[key])} {_noun(rng, True)}",
                 ),
-            )
-        return _pick(
-            rng,
-            (
-                f"{_number(rng, n)} {_shape_word(rng, key, plural=True)} of different colors",
-                f"{_number(rng, n)} {_shape_word(rng, key, plural=True)}",
-            ),
-        )
+            ), facts
+        different = f"{_number(rng, n)} {_shape_word(rng, key, plural=True)} of different colors"
+        plain = f"{_number(rng, n)} {_shape_word(rng, key, plural=True)}"
+        text = _pick(rng, (different, plain))
+        if text is different:
+            if len({o.colour for o in scene.objects}) == n:
+                return text, facts + ("distinct_colours",)
+            text = text.removesuffix(" of different colors")  # it would not be true
+        return text, facts
     parts = []
     items = list(groups.items())
     for key, count in rng.sample(items, len(items)):
@@ -262,60 +339,74 @@ def _grouped(rng: random.Random, scene: Scene, detail: float) -> str:
         else:
             word = _shape_word(rng, key, plural=count > 1)
             parts.append(_article(word) if count == 1 else f"{_number(rng, count)} {word}")
-    return _join(parts)
+    return _join(parts), facts
 
 
-def _partial(rng: random.Random, scene: Scene, detail: float) -> str:
+def _partial(rng: random.Random, scene: Scene, detail: float) -> _Said:
     """One object named, the others only counted."""
     n = len(scene.objects)
     obj = rng.choice(scene.objects)
     rest = n - 1
     others = "another shape" if rest == 1 else f"{_cardinal(rng, rest)} other {_noun(rng, True)}"
-    return _pick(
-        rng,
+    num1, noun1, (np1, f1) = _number(rng, n), _noun(rng, True), _np(rng, scene, obj)
+    num2, noun2, (np2, f2) = _number(rng, n), _noun(rng, True), _np(rng, scene, obj)
+    np3, f3 = _np(rng, scene, obj)
+    np4, f4 = _np(rng, scene, obj)
+    text, facts = rng.choice(
         (
-            f"one of the {_number(rng, n)} {_noun(rng, True)} is {_np(rng, obj)}",
-            f"{_number(rng, n)} {_noun(rng, True)}, one of which is {_np(rng, obj)}",
-            f"{_np(rng, obj)} and {others}",
-            f"{_np(rng, obj)} together with {others}",
-        ),
+            (f"one of the {num1} {noun1} is {np1}", f1),
+            (f"{num2} {noun2}, one of which is {np2}", f2),
+            (f"{np3} and {others}", f3),
+            (f"{np4} together with {others}", f4),
+        )
     )
+    return text, facts + (f"count({n})",)
 
 
-def _sizes(rng: random.Random, scene: Scene, detail: float) -> str:
+def _sizes(rng: random.Random, scene: Scene, detail: float) -> _Said:
     """A size comparison between two objects of different size classes."""
     order = {"small": 0, "medium": 1, "large": 2}
     pairs = [
         (a, b) for a in scene.objects for b in scene.objects if order[a.size] > order[b.size]
     ]
     big, small = rng.choice(pairs)
-    nb, ns = _np(rng, big, p_size=0.0), _np(rng, small, p_size=0.0)
+    (nb, fb), (ns, fs) = _np(rng, scene, big, p_size=0.0), _np(rng, scene, small, p_size=0.0)
+    bigger = (f"bigger({_var(scene, big)},{_var(scene, small)})",)
     largest = max(order[o.size] for o in scene.objects)
+    word1 = _pick(rng, ("bigger", "larger"))
+    bare2, f2 = _bare(rng, scene, small, p_size=0.0)
+    word3 = _pick(rng, ("bigger", "larger", "much larger"))
+    bare3, f3 = _bare(rng, scene, big, p_size=0.0)
     options = [
-        f"{nb} {_pick(rng, ('bigger', 'larger'))} than {ns}",
-        f"{nb} and a smaller {_bare(rng, small, p_size=0.0)}",
-        f"{ns} next to a {_pick(rng, ('bigger', 'larger', 'much larger'))} {_bare(rng, big, p_size=0.0)}",
+        (f"{nb} {word1} than {ns}", fb + fs + bigger),
+        (f"{nb} and a smaller {bare2}", fb + f2 + bigger),
+        (f"{ns} next to a {word3} {bare3}", fs + f3 + bigger),
     ]
     if order[big.size] == largest and sum(order[o.size] == largest for o in scene.objects) == 1:
-        options.append(f"the {_pick(rng, ('largest', 'biggest'))} {_noun(rng, False)} is {nb}")
-    return _pick(rng, options)
+        word4 = _pick(rng, ("largest", "biggest"))
+        options.append((f"the {word4} {_noun(rng, False)} is {nb}", fb + (f"largest({_var(scene, big)})",)))
+    return rng.choice(options)
 
 
-def _lone(rng: random.Random, scene: Scene, detail: float) -> str:
+def _lone(rng: random.Random, scene: Scene, detail: float) -> _Said:
     """The only object of a one-object scene, placed and on its background."""
     obj = scene.objects[0]
-    np_ = _np(rng, obj, p_size=0.8)
-    return _pick(
-        rng,
+    np_, f = _np(rng, scene, obj, p_size=0.8)
+    zone1, z1 = _zone(rng, scene, obj)
+    bg1, b1 = _background(rng, scene)
+    bg2, b2 = _background(rng, scene)
+    zone2, z2 = _zone(rng, scene, obj)
+    bg3, b3 = _background(rng, scene)
+    return rng.choice(
         (
-            f"{np_} {_pick(rng, _ZONE_WORDS[obj.zone()])} of {_background(rng, scene)}",
-            f"{_background(rng, scene)} with {np_} {_pick(rng, _ZONE_WORDS[obj.zone()])}",
-            f"{np_} alone on {_background(rng, scene)}",
-        ),
+            (f"{np_} {zone1} of {bg1}", f + z1 + b1),
+            (f"{bg2} with {np_} {zone2}", f + b2 + z2),
+            (f"{np_} alone on {bg3}", f + b3 + ("count(1)",)),
+        )
     )
 
 
-_Template = Callable[[random.Random, Scene, float], str]
+_Template = Callable[[random.Random, Scene, float], _Said]
 
 
 #: kinds that name one object or only a count ("vague") lose weight as ``detail`` grows; kinds
@@ -364,16 +455,21 @@ def _mentions_background(text: str) -> bool:
     return any(word in text for word in (" background", " backdrop", " surface"))
 
 
-def _caption(rng: random.Random, scene: Scene, template: _Template, detail: float) -> str:
+def _caption(rng: random.Random, scene: Scene, template: _Template, detail: float) -> _Said:
     """One caption of ``template``, with the background added with probability ``detail``."""
-    text = template(rng, scene, detail)
+    text, facts = template(rng, scene, detail)
     if not _mentions_background(text) and _chance(rng, detail):
-        text += " on " + _background(rng, scene)
-    return text
+        background, more = _background(rng, scene)
+        text, facts = text + " on " + background, facts + more
+    return text, facts
 
 
-def caption_scene(scene: Scene, rng: random.Random, detail: float, n: int = CAPTIONS_PER_IMAGE) -> list[str]:
-    """``n`` captions of ``scene``.
+def _finish(rng: random.Random, said: _Said) -> Caption:
+    return Caption(_style(rng, said[0]), tuple(sorted(set(said[1]))))
+
+
+def caption_scene(scene: Scene, rng: random.Random, detail: float, n: int = CAPTIONS_PER_IMAGE) -> list[Caption]:
+    """``n`` captions of ``scene``, each with the facts it states.
 
     Caption kinds are drawn by weight, each at most twice (then with replacement if a scene
     has too few kinds); a duplicate sentence is redrawn when possible. ``detail`` (0..1) is the
@@ -385,13 +481,83 @@ def caption_scene(scene: Scene, rng: random.Random, detail: float, n: int = CAPT
     order = _weighted_sample(rng, kinds, min(n, 2 * len(kinds)))
     order += rng.choices([t for t, _ in kinds], [w for _, w in kinds], k=n - len(order))
     seen: set[str] = set()
-    captions: list[str] = []
+    captions: list[Caption] = []
     for template in order:
-        text = _caption(rng, scene, template, detail)
+        said = _caption(rng, scene, template, detail)
         for _ in range(10):
-            if text not in seen:
+            if said[0] not in seen:
                 break
-            text = _caption(rng, scene, template, detail)
-        seen.add(text)
-        captions.append(_style(rng, text))
+            said = _caption(rng, scene, template, detail)
+        seen.add(said[0])
+        captions.append(_finish(rng, said))
     return captions
+
+
+#: draws of a contrastive caption before the image keeps its ordinary one.
+_CONTRAST_TRIES = 20
+
+
+def _contrast(rng: random.Random, scene: Scene, kind: str, changed: tuple[int, ...], detail: float) -> _Said:
+    """A caption of ``scene`` that states its side of a ``kind`` change on objects ``changed``.
+
+    colour / shape / size / position: the changed object with every attribute (and its place
+    for position); relation: the two swapped objects, fully named, and where one is relative to
+    the other; count: the number of objects (a count caption).
+    """
+    if kind == "count":
+        return _count(rng, scene, detail)
+    objs = [scene.objects[k] for k in changed]
+    if kind == "relation":
+        a, b = rng.sample(objs, 2)
+        rel = relation(a, b)
+        (na, fa), (nb, fb) = _full(rng, scene, a), _full(rng, scene, b)
+        fact = (relation_fact(rel, _var(scene, a), _var(scene, b)),)
+        if _chance(rng, 0.5):
+            return f"{na} {_pick(rng, _RELATION_WORDS[rel])} {nb}", fa + fb + fact
+        return f"{nb} {_pick(rng, _RELATION_WORDS[_INVERSE[rel]])} {na}", fa + fb + fact
+    obj = objs[0]
+    text, facts = _full(rng, scene, obj)
+    text = _pick(rng, _PREFIXES) + text
+    if kind == "position" or _chance(rng, 0.5):
+        zone, zf = _zone(rng, scene, obj)
+        text, facts = text + " " + zone, facts + zf
+    return text, facts
+
+
+def caption_family(scenes: Sequence[Scene], seed: int, split: str, first_index: int, detail: float,
+                   contrast: int = 0) -> list[list[Caption]]:
+    """Captions of a family's images (``scenes[0]`` its base), image ``first_index`` first.
+
+    Each image gets :func:`caption_scene`'s captions. With ``contrast > 0`` and more than one
+    image, its last ``contrast`` captions are replaced by captions that state what tells it
+    apart from a sibling, kept only when their facts are false for that sibling: a variant
+    states its own change (false for every sibling), the base states its side of one variant's
+    change, variant after variant (false for that variant). A contrastive caption that cannot
+    be made false after ``_CONTRAST_TRIES`` draws leaves the ordinary caption in place.
+    """
+    out = [
+        caption_scene(scene, rng_for(seed, split, STREAM_CAPTIONS, first_index + k), detail)
+        for k, scene in enumerate(scenes)
+    ]
+    if contrast == 0 or len(scenes) < 2:
+        return out
+    ground = [index_facts(scene_facts(s)) for s in scenes]
+    for k, scene in enumerate(scenes):
+        rng = rng_for(seed, split, STREAM_CONTRAST, first_index + k)
+        for j in range(contrast):
+            if k == 0:  # the base: its side of variant 1, 2, ... in turn
+                target = 1 + j % (len(scenes) - 1)
+                kind, changed, against = scenes[target].variant, scenes[target].changed, [target]
+            else:
+                kind, changed = scene.variant, scene.changed
+                against = [m for m in range(len(scenes)) if m != k]
+            if kind not in PERTURBATIONS:
+                continue  # a sibling drawn as an independent scene: no one change to state
+            texts = {c.text.lower().rstrip(".") for c in out[k]}
+            for _ in range(_CONTRAST_TRIES):
+                said = _caption(rng, scene, lambda r, s, d: _contrast(r, s, kind, changed, d), detail)
+                query = [parse_fact(f) for f in set(said[1])]
+                if said[0].lower() not in texts and not any(facts_hold(query, ground[m]) for m in against):
+                    out[k][len(out[k]) - contrast + j] = _finish(rng, said)
+                    break
+    return out

@@ -64,7 +64,7 @@ PERTURBATIONS: dict[str, float] = {
 SPLIT_CODES: dict[str, int] = {"train": 0, "dev": 1, "test": 2}
 
 #: random streams of :func:`rng_for`.
-STREAM_PLAN, STREAM_FAMILY, STREAM_RENDER, STREAM_CAPTIONS = 0, 1, 2, 3
+STREAM_PLAN, STREAM_FAMILY, STREAM_RENDER, STREAM_CAPTIONS, STREAM_CONTRAST = 0, 1, 2, 3, 4
 
 #: gap between objects' bounding squares and from the picture's edge, as a fraction of the side:
 #: objects never touch, so each one is a separate connected component in the pixels.
@@ -93,6 +93,9 @@ class SceneParams:
         caption_detail: probability of each optional extra fact in a caption (the background,
             the number of other objects, one more object): higher = more specific captions =
             easier retrieval.
+        contrast_captions: how many of each family member's captions (the last ones) state
+            what tells it apart from a sibling, checked to be false for that sibling (0 = none:
+            captions are drawn without regard to the family).
     """
 
     image_size: int = 64
@@ -104,6 +107,7 @@ class SceneParams:
     max_objects: int = 4
     max_variants: int = 3
     caption_detail: float = 0.8
+    contrast_captions: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -123,6 +127,10 @@ class SceneParams:
             (
                 0.0 <= self.caption_detail <= 1.0,
                 f"caption_detail must be in [0, 1], got {self.caption_detail}",
+            ),
+            (
+                0 <= self.contrast_captions <= 5,
+                f"contrast_captions must be in 0..5, got {self.contrast_captions}",
             ),
         ]
         for ok, message in checks:
@@ -159,13 +167,17 @@ class SceneObject:
 @dataclass(frozen=True)
 class Scene:
     """A picture's content. ``family`` groups a base with its variants; ``variant`` is ``"base"``,
-    ``"single"`` (no family) or the perturbation kind that made it from its base."""
+    ``"single"`` (no family) or the perturbation kind that made it from its base. ``changed``
+    holds the indices of the objects the change touched: the same in the base and the variant
+    for ``colour``, ``shape``, ``size``, ``position`` and ``relation`` (two objects); for
+    ``count`` the added object's index in the variant or the removed one's in the base."""
 
     background: str
     texture: str
     objects: tuple[SceneObject, ...]
     family: int
     variant: str
+    changed: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         """JSON-ready description (``scenes.jsonl``); floats rounded so the file is readable."""
@@ -187,6 +199,7 @@ class Scene:
             "objects": objects,
             "family": self.family,
             "variant": self.variant,
+            "changed": list(self.changed),
         }
 
     def labels(self) -> list[str]:
@@ -319,6 +332,7 @@ def _perturb(base: Scene, kind: str, params: SceneParams, rng: random.Random) ->
     objs = list(base.objects)
     i = rng.randrange(len(objs))
     o = objs[i]
+    changed: tuple[int, ...] = (i,)
     if kind == "colour":
         choices = [c for c in params.colours if c != o.colour]
         colour = rng.choice(choices)
@@ -341,6 +355,7 @@ def _perturb(base: Scene, kind: str, params: SceneParams, rng: random.Random) ->
             if new is None:
                 return None
             objs.append(new)
+            changed = (len(objs) - 1,)
         else:
             return None
     elif kind == "relation":
@@ -351,6 +366,7 @@ def _perturb(base: Scene, kind: str, params: SceneParams, rng: random.Random) ->
         j = rng.choice(others)
         p = objs[j]
         objs[i], objs[j] = replace(o, x=p.x, y=p.y), replace(p, x=o.x, y=o.y)
+        changed = (i, j)
         rest = [q for k, q in enumerate(objs) if k not in (i, j)]
         if not (_fits(objs[i], rest + [objs[j]]) and _fits(objs[j], rest)):
             return None
@@ -361,4 +377,4 @@ def _perturb(base: Scene, kind: str, params: SceneParams, rng: random.Random) ->
         objs[i] = moved
     else:
         raise ValueError(f"unknown perturbation {kind!r}")
-    return Scene(base.background, base.texture, tuple(objs), base.family, kind)
+    return Scene(base.background, base.texture, tuple(objs), base.family, kind, changed)

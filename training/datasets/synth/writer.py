@@ -8,12 +8,15 @@ temporary sibling of the output folder that is renamed into place only once comp
 Layout of ``out``::
 
     dataset_synth.json            Karpathy format (splits "train", "val", "test"); each image
-                                  entry has "labels", its object classes ("shape:circle", ...)
+                                  entry has "labels", its object classes ("shape:circle", ...),
+                                  "facts", "family", "change", and each sentence its "facts"
     images/{train,val,test}/*.png the rendered pictures
     precomp/{train,dev,test}_ims.npy   (N, N_REGIONS, FEATURE_DIM) float32 region features
     precomp/{train,dev,test}_caps.txt  5 captions per image, image order
     precomp/{train,dev,test}_labels.json  labels per image: the scene's object classes
-    scenes.jsonl                  one line per image: split, index, file, family, objects
+    precomp/{train,dev,test}_facts.jsonl  facts per image and per caption, family, change kind
+    scenes.jsonl                  one line per image: split, index, file, family, objects,
+                                  facts of the image and of each caption
     manifest.json                 kind "synthetic_dataset", arguments, per-file hashes
 """
 
@@ -34,10 +37,10 @@ from tqdm import tqdm
 from aoq.data.vocab import tokenize
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
 from aoq.io import ArtefactError, atomic_dir, read_manifest, write_manifest
-from training.datasets.synth.captions import CAPTIONS_PER_IMAGE, caption_scene
+from training.datasets.synth.captions import CAPTIONS_PER_IMAGE, Caption, caption_family
+from training.datasets.synth.facts import scene_facts
 from training.datasets.synth.render import png_bytes, render_scene
 from training.datasets.synth.scenes import (
-    STREAM_CAPTIONS,
     STREAM_RENDER,
     SceneParams,
     family_plan,
@@ -50,7 +53,7 @@ from aoq.io import check_replaceable
 
 MANIFEST_KIND = "synthetic_dataset"
 #: bump when the same arguments would produce different files.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 #: precomp split name -> Karpathy split name (the Karpathy JSON calls the dev split "val").
 SPLITS: dict[str, str] = {"train": "train", "dev": "val", "test": "test"}
 _CHUNK_IMAGES = 64
@@ -69,10 +72,11 @@ class _Chunk:
 class _Rendered:
     index: int
     filename: str
-    captions: list[str]
+    captions: list[Caption]
     features: np.ndarray
     scene: dict
     labels: list[str]
+    facts: list[str]
 
 
 def image_filename(split: str, index: int) -> str:
@@ -164,13 +168,17 @@ def _write_split(
     labels: list[list[str]] = [[] for _ in range(n)]
     with (
         open(root / "precomp" / f"{split}_caps.txt", "w", encoding="utf-8") as caps,
+        open(root / "precomp" / f"{split}_facts.jsonl", "w", encoding="utf-8") as facts,
         tqdm(total=n, desc=f"synth {split}", unit="img", disable=not progress) as bar,
     ):
         for rendered in _run(chunks, workers):
             for item in rendered:
                 features[item.index] = item.features
                 labels[item.index] = item.labels
-                caps.writelines(c + "\n" for c in item.captions)
+                caption_facts = [list(c.facts) for c in item.captions]
+                facts.write(json.dumps({"facts": item.facts, "captions": caption_facts, "family": item.scene["family"],
+                                        "change": item.scene["variant"]}, sort_keys=True) + "\n")
+                caps.writelines(c.text + "\n" for c in item.captions)
                 sentids = list(range(imgid * CAPTIONS_PER_IMAGE, (imgid + 1) * CAPTIONS_PER_IMAGE))
                 entry = {
                     "filepath": f"images/{SPLITS[split]}",
@@ -178,14 +186,18 @@ def _write_split(
                     "split": SPLITS[split],
                     "imgid": imgid,
                     "labels": item.labels,
+                    "facts": item.facts,
+                    "family": item.scene["family"],
+                    "change": item.scene["variant"],
                     "sentids": sentids,
                     "sentences": [
-                        {"raw": raw, "tokens": tokenize(raw), "sentid": sid, "imgid": imgid}
-                        for raw, sid in zip(item.captions, sentids)
+                        {"raw": c.text, "tokens": tokenize(c.text), "sentid": sid, "imgid": imgid, "facts": f}
+                        for c, f, sid in zip(item.captions, caption_facts, sentids)
                     ],
                 }
                 karpathy.write(("" if imgid == 0 else ",\n") + json.dumps(entry, sort_keys=True))
-                record = {"split": split, "index": item.index, "filename": item.filename, **item.scene}
+                record = {"split": split, "index": item.index, "filename": item.filename, **item.scene,
+                          "facts": item.facts, "caption_facts": caption_facts}
                 scenes.write(json.dumps(record, sort_keys=True) + "\n")
                 imgid += 1
             bar.update(len(rendered))
@@ -222,19 +234,19 @@ def _render_chunk(chunk: _Chunk) -> list[_Rendered]:
     """Scenes, PNG files, captions and features of one chunk (runs in a worker process)."""
     out = []
     for family, start, size in chunk.families:
-        for offset, scene in enumerate(sample_family(chunk.params, chunk.seed, chunk.split, family, size)):
+        scenes = sample_family(chunk.params, chunk.seed, chunk.split, family, size)
+        captions = caption_family(scenes, chunk.seed, chunk.split, start, chunk.params.caption_detail,
+                                  chunk.params.contrast_captions)
+        for offset, scene in enumerate(scenes):
             index = start + offset
             image = render_scene(scene, chunk.params, rng_for(chunk.seed, chunk.split, STREAM_RENDER, index))
             filename = image_filename(chunk.split, index)
             data = png_bytes(image)
             with open(os.path.join(chunk.image_dir, filename), "wb") as fh:
                 fh.write(data)
-            captions = caption_scene(
-                scene, rng_for(chunk.seed, chunk.split, STREAM_CAPTIONS, index), chunk.params.caption_detail
-            )
-            out.append(_Rendered(index, filename, captions, extract_regions(image), scene.to_dict(), scene.labels()))
+            out.append(_Rendered(index, filename, captions[offset], extract_regions(image), scene.to_dict(),
+                                 scene.labels(), scene_facts(scene)))
     return out
-
 
 
 def ensure_dataset(out: str | Path, sizes: dict[str, int], seed: int = 0, workers: int | None = None,
