@@ -95,9 +95,9 @@ class OptimConfig(_Strict):
     #: then the cap); None = train every epoch (docs/training.md, Budgets).
     patience: int | None = Field(None, ge=1)
     #: collapse guard: stop with TrainingCollapsed after this many consecutive epochs whose dev
-    #: rsum is at or below chance, or whose positive and hardest-negative scores are equal;
-    #: 0 = off (docs/training.md, Collapse guard).
-    collapse_epochs: int = Field(2, ge=0)
+    #: rsum is at chance, or (small dev sets) whose positive and hardest-negative scores are
+    #: equal; 0 = off (training/guards.py, docs/training.md Collapse guard).
+    collapse_epochs: int = Field(3, ge=0)
 
 
 class TrainConfig(OptimConfig):

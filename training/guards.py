@@ -1,9 +1,16 @@
 """Checks the trainer runs after every epoch: the collapse guard and early stopping.
 
-Collapse guard (``collapse_epochs``): an epoch *looks collapsed* when its dev rsum is at or
-below chance (``dev_chance_rsum``, the expected rsum of random scores, :func:`aoq.metrics.chance_rsum`)
-or when the mean positive and hardest-negative training scores are equal (every item embedded
-to about the same point: with max_violation the loss then sits at exactly 2 x margin x batch).
+Collapse guard (``collapse_epochs``): an epoch *looks collapsed* when
+
+* the dev set is large enough for chance to be told apart (chance rsum, the expected rsum of
+  random scores from :func:`aoq.metrics.chance_rsum`, at most 100: about 32 images or more) and
+  its dev rsum is at most twice chance; or
+* the dev set is smaller and the mean positive and hardest-negative training scores are equal
+  within 0.01 (every item embedded to about the same point; with max_violation the loss then
+  sits at 2 x margin x batch). On a large dev set this alone is not enough: a healthy run passes
+  through equal means once, while its positives overtake the negatives, with dev recall far
+  above chance.
+
 After ``collapse_epochs`` such epochs in a row, :class:`TrainingCollapsed` stops the run, before
 anything downstream (mining, round 2) reads its checkpoints.
 
@@ -16,7 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 #: |mean positive - mean hardest negative| below this counts as "equal" (scores lie in [-1, 1]).
-EQUAL_SCORES = 1e-4
+EQUAL_SCORES = 0.01
+#: dev sets whose chance rsum is above this are too small for the chance test.
+MAX_CHANCE_RSUM = 100.0
+#: dev rsum at most this many times chance counts as "at chance".
+CHANCE_FACTOR = 2.0
 
 
 class TrainingCollapsed(RuntimeError):
@@ -24,13 +35,16 @@ class TrainingCollapsed(RuntimeError):
 
 
 def collapse_reason(record: dict[str, Any]) -> str | None:
-    """Why one epoch's metrics record looks collapsed, or None."""
+    """Why one epoch's metrics record looks collapsed (module docstring), or None."""
+    chance = record.get("dev_chance_rsum")
+    if chance is not None and chance <= MAX_CHANCE_RSUM:
+        rsum = record["dev_rsum"]
+        if rsum <= CHANCE_FACTOR * chance:
+            return f"dev rsum {rsum:.2f} at chance (chance {chance:.2f})"
+        return None
     pos, neg = record.get("train_pos"), record.get("train_hardest_neg")
     if pos is not None and neg is not None and abs(pos - neg) < EQUAL_SCORES:
         return f"positive and hardest-negative scores equal ({pos:.4f} vs {neg:.4f})"
-    chance = record.get("dev_chance_rsum")
-    if chance is not None and record.get("dev_rsum", float("inf")) <= chance:
-        return f"dev rsum {record['dev_rsum']:.2f} at or below chance ({chance:.2f})"
     return None
 
 
