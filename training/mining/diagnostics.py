@@ -27,7 +27,6 @@ result carries a warning.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
@@ -37,8 +36,6 @@ from aoq.config import Round2Config
 from training.depth import round2_depths
 from training.losses import adaptive_weights
 from training.sampling import sample_offline_negatives
-
-log = logging.getLogger(__name__)
 
 KIND = "hardness_diagnostics"
 #: batches sampled by default: enough anchors for stable medians, a small fraction of mining's cost.
