@@ -91,6 +91,13 @@ class OptimConfig(_Strict):
     save_every_steps: int = Field(200, ge=1)
     #: stop an epoch after this many batches (smoke tests, quick demos); None = full epoch.
     max_steps_per_epoch: int | None = Field(None, ge=1)
+    #: early stopping: stop once dev rsum has not improved for this many epochs (``epochs`` is
+    #: then the cap); None = train every epoch (docs/training.md, Budgets).
+    patience: int | None = Field(None, ge=1)
+    #: collapse guard: stop with TrainingCollapsed after this many consecutive epochs whose dev
+    #: rsum is at chance, or (small dev sets) whose positive and hardest-negative scores are
+    #: equal; 0 = off (training/guards.py, docs/training.md Collapse guard).
+    collapse_epochs: int = Field(3, ge=0)
 
 
 class TrainConfig(OptimConfig):
@@ -145,8 +152,15 @@ class Round2Config(OptimConfig):
     init: Literal["scratch", "finetune"] = "scratch"
     #: init="finetune": the checkpoint whose weights round 2 starts from (the round-1 model).
     init_from: str | None = None
+    #: ``absolute``: sample offline negatives from the top ``h_t`` / ``h_i`` of the mined lists;
+    #: ``relative``: ``h_t = round(h_rel * captions / batch_size)`` and
+    #: ``h_i = round(h_rel * images / batch_size)`` of the training split (docs/method.md, Sampling).
+    depth: Literal["absolute", "relative"] = "absolute"
     h_t: int = Field(300, ge=1)
     h_i: int = Field(60, ge=1)
+    #: depth="relative": the depth as a share of the split per batch (COCO's 300 / (566K / 128)
+    #: is about 0.07).
+    h_rel: float | None = Field(None, gt=0)
     sampling: Literal["uniform", "normal"] = "uniform"
     #: sampling="normal": rank n = floor(|x|), x ~ Normal(normal_center * h_t, normal_scale * h_t),
     #: redrawn until n < h_t; the defaults are a half-normal, hardest ranks most likely
@@ -184,6 +198,10 @@ class ExperimentConfig(_Strict):
                 f"model.image_encoder=effnet_lite0 reads 224x224 images; set data.image_size=224 "
                 f"(got {self.data.image_size})"
             )
+        if self.round2.depth == "relative":
+            if self.round2.h_rel is None:
+                raise ValueError("round2.depth=relative needs round2.h_rel (e.g. 0.07)")
+            return self  # the depths depend on the split's size: checked against the mined lists
         if self.round2.h_t > self.mining.top_captions:
             raise ValueError(
                 f"round2.h_t={self.round2.h_t} exceeds mining.top_captions={self.mining.top_captions}"

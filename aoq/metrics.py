@@ -9,12 +9,13 @@ among its captions. Text->image (t2i): one query per caption. R@K is the percent
 with rank < K, ``medr = floor(median(rank)) + 1``, ``meanr = mean(rank) + 1``, and rsum adds the
 six recalls.
 
-Tie rule: the rank of a positive is the number of candidates with a STRICTLY greater score,
-counted exactly against the positive's own score, so a candidate scoring exactly as high as the
-positive does not push it down (ties count in the positive's favour). Without ties this equals
-the usual ``argsort`` position used by the VSE++ code; with ties argsort would depend on the
-sort's arbitrary order. For i2t the candidates above the best positive are necessarily
-negatives, so the rank is the number of negatives above the best caption.
+Tie rule (pessimistic): the rank of a positive is the number of NEGATIVE candidates whose score
+is greater than OR EQUAL to the positive's, counted exactly against the positive's own score. A
+negative tied with the positive ranks above it, so constant scores (a collapsed model) give
+recall 0, at or below chance, never a perfect score. Without ties this equals the usual
+``argsort`` position used by the VSE++ code; with ties argsort would depend on the sort's
+arbitrary order. For i2t the other captions of the same image are positives and never count,
+so the rank is the number of negatives scored at or above the best caption.
 
 Everything is computed in blocks through a "sims function" ``fn(image_slice, caption_slice)``
 returning that block of scores, so a 5,000 x 25,000 matrix never needs more than a few tens of
@@ -74,7 +75,7 @@ def _block(fn: SimsFn, rows: slice, cols: slice) -> np.ndarray:
 def _check_positives(positives: np.ndarray) -> None:
     # A NaN positive would compare False against everything and rank first. Scanning every
     # score for NaN would cost as much as ranking, so only the (few) positives are checked;
-    # a NaN negative is never counted above a positive.
+    # a NaN negative compares False and is never counted above a positive.
     if np.isnan(positives).any():
         raise ValueError("similarity scores of positive pairs contain NaN: ranks would be meaningless")
 
@@ -99,7 +100,9 @@ def _i2t_ranks(fn: SimsFn, n_images: int, cpi: int) -> np.ndarray:
         positives = block[local[:, None], own]
         _check_positives(positives)
         best = positives.max(axis=1)
-        ranks[rows] = np.count_nonzero(block > best[:, None], axis=1)
+        # Pessimistic ties: every candidate >= the best positive, minus the positives themselves.
+        at_or_above = np.count_nonzero(block >= best[:, None], axis=1)
+        ranks[rows] = at_or_above - np.count_nonzero(positives >= best[:, None], axis=1)
     return ranks
 
 
@@ -114,7 +117,8 @@ def _t2i_ranks(fn: SimsFn, n_images: int, cpi: int) -> np.ndarray:
         # blockwise (e.g. a matrix product) is never compared with a differently rounded copy.
         positive = block[caption // cpi, caption - cols.start]
         _check_positives(positive)
-        ranks[cols] = np.count_nonzero(block > positive[None, :], axis=0)
+        # >= counts the positive itself once: subtract it (pessimistic ties).
+        ranks[cols] = np.count_nonzero(block >= positive[None, :], axis=0) - 1
     return ranks
 
 
@@ -124,9 +128,9 @@ def _t2i_ranks_array(sims: np.ndarray, cpi: int) -> np.ndarray:
     caption = np.arange(n_captions)
     positive = sims[caption // cpi, caption]
     _check_positives(positive)
-    ranks = np.zeros(n_captions, dtype=np.int64)
+    ranks = np.full(n_captions, -1, dtype=np.int64)  # the positive itself is counted once below
     for rows in _blocks(n_images, n_captions):
-        ranks += np.count_nonzero(sims[rows] > positive[None, :], axis=0)
+        ranks += np.count_nonzero(sims[rows] >= positive[None, :], axis=0)
     return ranks
 
 
@@ -138,7 +142,7 @@ def _ranks(source: np.ndarray | SimsFn, n_images: int, cpi: int) -> tuple[np.nda
 
 
 def i2t_ranks(sims: np.ndarray, captions_per_image: int = 5) -> np.ndarray:
-    """0-based rank of every image query: negatives scored strictly above its best caption.
+    """0-based rank of every image query: negatives scored at or above its best caption.
 
     Returns:
         int64 array of shape (n_images,).
@@ -148,7 +152,7 @@ def i2t_ranks(sims: np.ndarray, captions_per_image: int = 5) -> np.ndarray:
 
 
 def t2i_ranks(sims: np.ndarray, captions_per_image: int = 5) -> np.ndarray:
-    """0-based rank of every caption query: images scored strictly above the caption's own image.
+    """0-based rank of every caption query: other images scored at or above the caption's own image.
 
     Returns:
         int64 array of shape (n_captions,).
@@ -183,6 +187,23 @@ def t2i(sims: np.ndarray, captions_per_image: int = 5) -> dict[str, float]:
 def rsum(i2t_metrics: dict[str, float], t2i_metrics: dict[str, float]) -> float:
     """The six recalls added: R@1 + R@5 + R@10 of both directions."""
     return float(sum(m[k] for m in (i2t_metrics, t2i_metrics) for k in ("r1", "r5", "r10")))
+
+
+def chance_rsum(n_images: int, captions_per_image: int = 5) -> float:
+    """Expected rsum of a uniformly random ranking (random scores, no ties) on a full set.
+
+    i2t: the best of ``cpi`` positives among ``N = cpi * n`` captions is in the top K with
+    probability ``1 - C(N - cpi, K) / C(N, K)``; t2i: ``min(K, n) / n``.
+    """
+    _check_layout(n_images, n_images * captions_per_image, captions_per_image)
+    n_captions = n_images * captions_per_image
+    total = 0.0
+    for k in (1, 5, 10):
+        miss = 1.0
+        for j in range(min(k, n_captions)):  # C(N - cpi, K) / C(N, K) as a product
+            miss *= max(0, n_captions - captions_per_image - j) / (n_captions - j)
+        total += 100.0 * ((1.0 - miss) + min(k, n_images) / n_images)
+    return total
 
 
 def _evaluate(source: np.ndarray | SimsFn, n_images: int, cpi: int) -> dict:
@@ -337,10 +358,10 @@ def pair_ranks(sims: np.ndarray, captions_per_image: int = 5) -> tuple[np.ndarra
 
     Reading of the AOQ supplement: on COCO 5K each pair is ranked "against the 4,999 negative
     pairs that share the same text" (r_i) and "the 24,995 negative pairs that share the same
-    image" (r_t). So, with strictly-greater counting as everywhere in this module:
+    image" (r_t). So, with the pessimistic tie rule of this module (ties rank above the pair):
 
-    * ``r_i[c] = 1 + #{images j != k : S(j, c) > S(k, c)}`` (= the t2i rank of c, plus one);
-    * ``r_t[c] = 1 + #{captions c' not of image k : S(k, c') > S(k, c)}`` — the other captions
+    * ``r_i[c] = 1 + #{images j != k : S(j, c) >= S(k, c)}`` (= the t2i rank of c, plus one);
+    * ``r_t[c] = 1 + #{captions c' not of image k : S(k, c') >= S(k, c)}`` — the other captions
       of image k are positives, not negatives, and are left out.
 
     Returns:
@@ -357,8 +378,8 @@ def pair_ranks(sims: np.ndarray, captions_per_image: int = 5) -> tuple[np.ndarra
         own = (rows.start + local)[:, None] * cpi + np.arange(cpi)
         positives = block[local[:, None], own]  # (rows, cpi)
         _check_positives(positives)
-        above_all = np.count_nonzero(block[:, None, :] > positives[:, :, None], axis=2)
-        above_own = np.count_nonzero(positives[:, None, :] > positives[:, :, None], axis=2)
+        above_all = np.count_nonzero(block[:, None, :] >= positives[:, :, None], axis=2)
+        above_own = np.count_nonzero(positives[:, None, :] >= positives[:, :, None], axis=2)
         r_t[own.ravel()] = (above_all - above_own).ravel() + 1
     return r_i, r_t
 

@@ -3,6 +3,7 @@ hardest images (written by the miner, read by round 2 and by the service's negat
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from aoq.io import (
     ArtefactError,
     atomic_dir,
     atomic_save_npy,
+    atomic_write_json,
     read_manifest,
     write_manifest,
 )
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 KIND = "mined_negatives"
 IMG_FILE = "img_top_caps.npy"
 CAP_FILE = "cap_top_imgs.npy"
+#: hardness diagnostics of the lists at the round-1 model (training/mining/diagnostics.py).
+DIAGNOSTICS_FILE = "diagnostics.json"
 
 
 @dataclass
@@ -50,6 +54,12 @@ class MinedNegatives:
     def checkpoint_hash(self) -> str | None:
         return self.manifest.get("checkpoint_hash")
 
+    @property
+    def diagnostics(self) -> dict | None:
+        """The hardness diagnostics written with the lists (None for artefacts without them)."""
+        path = self.path / DIAGNOSTICS_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
+
 
 def save_mined(
     directory: str | Path,
@@ -57,8 +67,10 @@ def save_mined(
     cap_top_imgs: np.ndarray,
     manifest_extra: dict[str, Any] | None = None,
     config: Any = None,
+    diagnostics: dict[str, Any] | None = None,
 ) -> dict:
-    """Write the artefact atomically: both arrays (int32 ``.npy``) and ``manifest.json``.
+    """Write the artefact atomically: both arrays (int32 ``.npy``), ``diagnostics.json`` when
+    given, and ``manifest.json`` (whose hashes cover every file).
 
     ``manifest_extra`` typically holds ``checkpoint_hash``; the H values and shapes are added
     here. Returns the manifest.
@@ -72,6 +84,8 @@ def save_mined(
     with atomic_dir(directory) as tmp:
         atomic_save_npy(tmp / IMG_FILE, np.asarray(img_top_caps, dtype=np.int32))
         atomic_save_npy(tmp / CAP_FILE, np.asarray(cap_top_imgs, dtype=np.int32))
+        if diagnostics is not None:
+            atomic_write_json(tmp / DIAGNOSTICS_FILE, diagnostics)
         manifest = write_manifest(tmp, KIND, config, **extra)
     return manifest
 

@@ -327,12 +327,15 @@ def search(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarray, n
 def full_rank(embeddings: np.ndarray, query: np.ndarray, positions: np.ndarray) -> int:
     """1-based rank, over the whole gallery, of the best of the items at ``positions``.
 
-    Ties count in the query's favour (items scoring strictly higher push it down), as in the
-    evaluation code.
+    Ties count against the ground truth: every other item scoring at least as high pushes it
+    down, the pessimistic rule of ``aoq.metrics`` (docs/evaluation.md, Ties), so the service
+    and ``aoq evaluate`` agree and a collapsed model cannot show rank 1.
     """
     scores = np.asarray(embeddings @ query.astype(np.float32), dtype=np.float32)
-    best = float(scores[positions].max())
-    return int((scores > best).sum()) + 1
+    truth = np.zeros(scores.shape[0], dtype=bool)
+    truth[positions] = True
+    best = scores[truth].max()
+    return int(np.count_nonzero(scores[~truth] >= best)) + 1
 
 
 def read_generation(index_dir: Path) -> dict[str, Any] | None:

@@ -4,8 +4,8 @@ Measured in one run on one random float32 score matrix (default 5,000 images x 2
 captions, the COCO 5K size):
 
 (a) ``aoq.metrics.evaluate_sims``: i2t and t2i ranks, recalls, medr, meanr, rsum;
-(b) a per-query loop with the same tie rule (for each query, count the scores strictly above
-    its positive); its ranks must equal (a)'s exactly;
+(b) a per-query loop with the same tie rule (for each query, count the negatives scoring at
+    or above its positive: ties count against it); its ranks must equal (a)'s exactly;
 (c) the VSE++/SCAN/VSRN evaluation loop: one ``argsort`` per query, rank = position of the
     positive. It agrees with (a) except where a score ties the positive (see the tie rule in
     ``aoq/metrics.py``); the share of equal ranks is printed.
@@ -30,11 +30,14 @@ from aoq.metrics import evaluate_sims, i2t_ranks, t2i_ranks  # noqa: E402
 
 
 def loop_ranks(sims: np.ndarray, cpi: int) -> tuple[np.ndarray, np.ndarray]:
-    """(b): one query at a time, strictly-greater counting."""
+    """(b): one query at a time, negatives at or above the positive (pessimistic ties)."""
     n_images, n_captions = sims.shape
-    forward = np.array([(sims[k] > sims[k, cpi * k : cpi * k + cpi].max()).sum() for k in range(n_images)])
+    forward = np.empty(n_images, dtype=np.int64)
+    for k in range(n_images):
+        own = sims[k, cpi * k : cpi * k + cpi]
+        forward[k] = (sims[k] >= own.max()).sum() - (own >= own.max()).sum()
     by_caption = np.ascontiguousarray(sims.T)  # a fair loop reads contiguous columns
-    backward = np.array([(by_caption[c] > by_caption[c, c // cpi]).sum() for c in range(n_captions)])
+    backward = np.array([(by_caption[c] >= by_caption[c, c // cpi]).sum() - 1 for c in range(n_captions)])
     return forward, backward
 
 

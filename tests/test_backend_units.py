@@ -112,13 +112,16 @@ def test_search_threads_apply_in_every_worker_thread():
     assert seen == [1]
 
 
-def test_full_rank_counts_strictly_higher_scores():
+def test_full_rank_counts_ties_against_the_truth():
     emb = np.array([[1, 0], [0.6, 0.8], [0, 1], [0.6, 0.8]], dtype=np.float32)
     query = np.array([0.6, 0.8], dtype=np.float32)
-    # items 1 and 3 tie at the top: a tie does not push the ground truth down
-    assert indexes.full_rank(emb, query, np.array([3])) == 1
+    # scores 0.6, 1.0, 0.8, 1.0: items 1 and 3 tie at the top, so the tie pushes the truth down
+    assert indexes.full_rank(emb, query, np.array([3])) == 2
+    assert indexes.full_rank(emb, query, np.array([1, 3])) == 1  # tied truths do not count
     assert indexes.full_rank(emb, query, np.array([0])) == 4  # 0.6 < 0.8 (x2) and < 0.8 for item 2
     assert indexes.full_rank(emb, query, np.array([0, 2])) == 3  # best of the two
+    # a collapsed gallery: every other item ties, the truth ranks last
+    assert indexes.full_rank(np.ones((5, 2), dtype=np.float32), query, np.array([2])) == 5
 
 
 def _write(tmp_path: Path, spec=indexes.IndexSpec()) -> Path:

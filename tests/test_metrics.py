@@ -24,21 +24,22 @@ TINY = np.array(
 def test_tiny_ranks_by_hand():
     # image 0: best caption 0.5, one negative above (0.9) -> 1; image 1: best 0.95 beats all -> 0
     assert M.i2t_ranks(TINY).tolist() == [1, 0]
-    # caption 0: image 1 scores 0.7 > 0.1 -> 1; captions 2, 3 tie (0.2 = 0.2, 0.3 = 0.3) -> 0;
-    # caption 9: image 0 scores 0.45 > 0.35 -> 1; all others beat the other image.
-    assert M.t2i_ranks(TINY).tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    # caption 0: image 1 scores 0.7 > 0.1 -> 1; captions 2, 3 tie (0.2 = 0.2, 0.3 = 0.3) and a
+    # tie ranks above the positive -> 1; caption 9: image 0 scores 0.45 > 0.35 -> 1; all others
+    # beat the other image.
+    assert M.t2i_ranks(TINY).tolist() == [1, 0, 1, 1, 0, 0, 0, 0, 0, 1]
     assert M.i2t_ranks(TINY).dtype == np.int64 and M.t2i_ranks(TINY).dtype == np.int64
 
 
 def test_tiny_metrics_by_hand():
     # i2t ranks [1, 0]: median 0.5 -> floor 0 -> medr 1 (an even count), mean 0.5 -> meanr 1.5
     assert M.i2t(TINY) == {"r1": 50.0, "r5": 100.0, "r10": 100.0, "medr": 1.0, "meanr": 1.5}
-    # t2i ranks: eight 0s and two 1s
-    assert M.t2i(TINY) == {"r1": 80.0, "r5": 100.0, "r10": 100.0, "medr": 1.0, "meanr": pytest.approx(1.2)}
-    assert M.rsum(M.i2t(TINY), M.t2i(TINY)) == 530.0
+    # t2i ranks: six 0s and four 1s
+    assert M.t2i(TINY) == {"r1": 60.0, "r5": 100.0, "r10": 100.0, "medr": 1.0, "meanr": pytest.approx(1.4)}
+    assert M.rsum(M.i2t(TINY), M.t2i(TINY)) == 510.0
     result = M.evaluate_sims(TINY)
     assert set(result) == {"i2t", "t2i", "rsum"}
-    assert result["rsum"] == 530.0 and result["i2t"] == M.i2t(TINY)
+    assert result["rsum"] == 510.0 and result["i2t"] == M.i2t(TINY)
 
 
 def designed_t2i(ranks: list[int]) -> np.ndarray:
@@ -77,23 +78,39 @@ def test_medr_even_count_floors_the_median():
 # --------------------------------------------------------------------------- ties
 
 
-def test_ties_count_in_favour_of_the_positive():
-    # all equal: nothing is strictly above any positive, so every query ranks first
+def test_ties_count_against_the_positive():
+    # all equal: every negative ties the positive and ranks above it
     flat = np.ones((3, 15))
-    assert M.i2t_ranks(flat).tolist() == [0, 0, 0]
-    assert M.t2i_ranks(flat).tolist() == [0] * 15
-    assert M.i2t(flat)["r1"] == 100.0 and M.t2i(flat)["r1"] == 100.0
-    # one negative ties the best positive, one is strictly above: rank 1, not 2
+    assert M.i2t_ranks(flat).tolist() == [10, 10, 10]  # the 10 captions of the other 2 images
+    assert M.t2i_ranks(flat).tolist() == [2] * 15  # the 2 other images
+    assert M.i2t(flat)["r1"] == 0.0 and M.t2i(flat)["r1"] == 0.0
+    # one negative ties the best positive, one is strictly above: rank 2
     sims = np.zeros((2, 10))
-    sims[0, :5] = [0.2, 0.5, 0.1, 0.1, 0.1]
-    sims[0, 5:] = [0.5, 0.6, 0.5, 0.0, 0.0]
+    sims[0, :5] = [0.2, 0.5, 0.1, 0.1, 0.5]  # two positives share the best score: neither counts
+    sims[0, 5:] = [0.5, 0.6, 0.4, 0.0, 0.0]
     sims[1, 5:] = 1.0
-    assert M.i2t_ranks(sims)[0] == 1
-    # caption 1: its image scores 0.5 and image 1 ties it at 0.5 -> rank 0
+    assert M.i2t_ranks(sims)[0] == 2
+    # caption 1: its image scores 0.5 and image 1 ties it at 0.5 -> rank 1
     sims[1, 1] = 0.5
-    assert M.t2i_ranks(sims)[1] == 0
-    sims[1, 1] = 0.51
     assert M.t2i_ranks(sims)[1] == 1
+    sims[1, 1] = 0.49
+    assert M.t2i_ranks(sims)[1] == 0
+
+
+def test_constant_scores_give_no_better_than_chance():
+    # A collapsed model: 100 images, 500 captions, every score 0. Pessimistic ties put every
+    # negative above the positive: i2t rank = 500 - 5 own captions = 495, t2i rank = 99.
+    # (A uniformly random tie-break would give R@1 = 5/500 = 1% for i2t and 1/100 for t2i;
+    # the pessimistic rule gives 0, never more than chance.)
+    result = M.evaluate_sims(np.zeros((100, 500)), captions_per_image=5)
+    assert result["i2t"] == {"r1": 0.0, "r5": 0.0, "r10": 0.0, "medr": 496.0, "meanr": 496.0}
+    assert result["t2i"] == {"r1": 0.0, "r5": 0.0, "r10": 0.0, "medr": 100.0, "meanr": 100.0}
+    assert result["rsum"] == 0.0
+    # the embeddings path (blockwise products) follows the same rule
+    emb = M.evaluate_embeddings(np.ones((100, 4)), np.ones((500, 4)), 5)
+    assert emb["rsum"] == 0.0 and emb["i2t"]["medr"] == 496.0
+    # and so does the cross-retrieval rank: r_i = 100, r_t = 496 -> max(5 * 100 - 4, 496) = 496
+    assert set(M.cross_retrieval_ranks(np.zeros((100, 500))).tolist()) == {496}
 
 
 def test_equals_argsort_convention_without_ties():
@@ -115,13 +132,14 @@ def naive_i2t_ranks(sims, cpi):
     ranks = []
     for k in range(sims.shape[0]):
         best = max(sims[k, c] for c in range(cpi * k, cpi * k + cpi))
-        ranks.append(sum(1 for c in range(sims.shape[1]) if sims[k, c] > best))
+        ranks.append(sum(1 for c in range(sims.shape[1]) if c // cpi != k and sims[k, c] >= best))
     return ranks
 
 
 def naive_t2i_ranks(sims, cpi):
     return [
-        sum(1 for j in range(sims.shape[0]) if sims[j, c] > sims[c // cpi, c]) for c in range(sims.shape[1])
+        sum(1 for j in range(sims.shape[0]) if j != c // cpi and sims[j, c] >= sims[c // cpi, c])
+        for c in range(sims.shape[1])
     ]
 
 
@@ -255,13 +273,13 @@ def test_nan_positive_is_rejected():
 
 def test_pair_and_cross_retrieval_ranks_by_hand():
     r_i, r_t = M.pair_ranks(TINY)
-    assert r_i.tolist() == [2, 1, 1, 1, 1, 1, 1, 1, 1, 2]  # t2i ranks + 1
+    assert r_i.tolist() == [2, 1, 2, 2, 1, 1, 1, 1, 1, 2]  # t2i ranks + 1
     # image 0's negatives are captions 5-9: [.9, .35, .05, 0, .45]; its other captions never count
     # caption 0 (.1): .9 .35 .45 above -> 4; caption 1 (.5): .9 -> 2; caption 4 (.4): .9 .45 -> 3
     # image 1's negatives are captions 0-4: [.7, .1, .2, .3, 0]
     assert r_t.tolist() == [4, 2, 4, 4, 3, 1, 2, 2, 2, 2]
     # max(5 r_i - 4, r_t)
-    assert M.cross_retrieval_ranks(TINY).tolist() == [6, 2, 4, 4, 3, 1, 2, 2, 2, 6]
+    assert M.cross_retrieval_ranks(TINY).tolist() == [6, 2, 6, 6, 3, 1, 2, 2, 2, 6]
 
 
 def test_cross_retrieval_ranks_equal_a_naive_loop(monkeypatch):
@@ -271,8 +289,8 @@ def test_cross_retrieval_ranks_equal_a_naive_loop(monkeypatch):
     expected = []
     for c in range(45):
         k = c // 5
-        r_i = 1 + sum(1 for j in range(9) if j != k and sims[j, c] > sims[k, c])
-        r_t = 1 + sum(1 for d in range(45) if d // 5 != k and sims[k, d] > sims[k, c])
+        r_i = 1 + sum(1 for j in range(9) if j != k and sims[j, c] >= sims[k, c])
+        r_t = 1 + sum(1 for d in range(45) if d // 5 != k and sims[k, d] >= sims[k, c])
         expected.append(max(5 * r_i - 4, r_t))
     assert M.cross_retrieval_ranks(sims).tolist() == expected
 
@@ -282,7 +300,7 @@ def test_rank_histogram():
     assert M.rank_histogram(ranks) == {
         "1": 1, "2-5": 7, "6-20": 3, "21-100": 2, "101-200": 2, ">200": 2,
     }
-    assert list(M.rank_histogram(M.cross_retrieval_ranks(TINY)).values()) == [1, 7, 2, 0, 0, 0]
+    assert list(M.rank_histogram(M.cross_retrieval_ranks(TINY)).values()) == [1, 5, 4, 0, 0, 0]
     # custom bins; rank 4 falls in no bin and is not counted
     assert M.rank_histogram(ranks, bins=((1, 3), (5, None))) == {"1-3": 6, ">4": 9}
 
@@ -300,3 +318,13 @@ def test_rank_histogram():
 def test_rank_histogram_rejects_bad_input(ranks, bins, message):
     with pytest.raises(ValueError, match=message):
         M.rank_histogram(ranks, bins)
+
+
+def test_chance_rsum_matches_the_mean_of_random_rankings():
+    # 4 images x 2 captions: i2t P(rank < 1) = 2/8, P(rank < 5) = 1 - C(6,5)/C(8,5) = 1 - 6/56;
+    # K = 10 > 8 captions -> 1; t2i: 1/4, 1, 1.
+    expected = 100 * (2 / 8 + (1 - 6 / 56) + 1) + 100 * (1 / 4 + 1 + 1)
+    assert M.chance_rsum(4, 2) == pytest.approx(expected)
+    rng = np.random.default_rng(0)
+    runs = [M.evaluate_sims(rng.standard_normal((4, 8)), 2)["rsum"] for _ in range(4000)]
+    assert np.mean(runs) == pytest.approx(expected, abs=3.0)

@@ -66,9 +66,36 @@ def test_end_to_end_then_skips_then_reruns_only_round2(tmp_path, synth, capsys):
     again = run_pipeline(load_config(cfg_path), progress_bar=False)
     assert set(again.status.values()) == {"skipped"}
 
+    lists = (result.run_dir / "mined" / "img_top_caps.npy").read_bytes()
     changed = run_pipeline(load_config(cfg_path, ["round2.margin_online=0.1"]), progress_bar=False)
-    assert changed.status == {"round1": "skipped", "mine": "skipped", "publish:baseline": "skipped",
+    # the margin enters the hardness diagnostics: they are recomputed, the lists are not re-mined
+    assert changed.status == {"round1": "skipped", "mine": "ran", "publish:baseline": "skipped",
                               "round2:aoq": "ran", "publish:aoq": "ran", "compare": "ran"}
+    assert (result.run_dir / "mined" / "img_top_caps.npy").read_bytes() == lists
+    diag = json.loads((result.run_dir / "mined" / "diagnostics.json").read_text())
+    assert diag["settings"]["margin_online"] == 0.1
+    assert "diagnostics.json" in json.loads((result.run_dir / "mined" / "manifest.json").read_text())["files"]
+    # a round-2 key the diagnostics do not read leaves the mined lists alone
+    longer = run_pipeline(load_config(cfg_path, ["round2.margin_online=0.1", "round2.epochs=3"]), progress_bar=False)
+    assert longer.status["mine"] == "skipped" and longer.status["round2:aoq"] == "ran"
+
+
+def test_changed_config_moves_an_interrupted_stage_aside(tmp_path, synth, caplog):
+    cfg_path = _config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1})
+    result = run_pipeline(load_config(cfg_path), progress_bar=False)
+    # round 2 interrupted before the ledger recorded it, then the config changed: the old code
+    # kept the folder and round 2 refused ("started with mined negatives ... now given ...")
+    ledger_path = result.run_dir / "pipeline.json"
+    ledger = json.loads(ledger_path.read_text())
+    del ledger["stages"]["round2:aoq"]
+    ledger_path.write_text(json.dumps(ledger))
+    changed = run_pipeline(load_config(cfg_path, ["mining.top_captions=15"]), progress_bar=False)
+    assert changed.status["mine"] == "ran" and changed.status["round2:aoq"] == "ran"
+    stale = list(result.run_dir.glob("round2.stale-*"))
+    assert len(stale) == 1 and (stale[0] / "best" / "manifest.json").is_file()
+    used = json.loads((result.run_dir / "round2" / "mined.json").read_text())["content_hash"]
+    assert used == json.loads((result.run_dir / "mined" / "manifest.json").read_text())["content_hash"]
+    assert any("moved it aside to" in r.getMessage() and "round2.stale-" in r.getMessage() for r in caplog.records)
 
 
 def test_cli_arms_and_table(tmp_path, synth, capsys):

@@ -1,11 +1,14 @@
-"""`aoq report`: the results page and its figures come from the run files, means over seeds."""
+"""`aoq report`: the results page and its figures come from the run files, means over paired seeds."""
 
 import json
 import statistics
 
+import numpy as np
 import pytest
+import yaml
 
 from aoq.cli.main import main as aoq
+from training.report import paired_bootstrap, parse_seeds
 
 TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "train.epochs=2", "train.batch_size=16", "train.lr_decay_epochs=1",
@@ -13,21 +16,44 @@ TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "mining.top_captions=20", "mining.top_images=5", "round2.h_t=10", "round2.h_i=2"]
 
 
+def test_parse_seeds():
+    assert parse_seeds("0-4") == (0, 1, 2, 3, 4)
+    assert parse_seeds("0,2, 5-6") == (0, 2, 5, 6)
+    for bad in ("", "a", "1,1", "0-x"):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+
+
+def test_paired_bootstrap_interval():
+    d = [1.0, 2.0, 3.0, 4.0, 10.0]
+    mean, low, high = paired_bootstrap(d, samples=20_000)
+    assert mean == 4.0
+    # the exact bootstrap distribution of the mean of 5 draws; its 2.5/97.5 percentiles by enumeration
+    grid = np.array(np.meshgrid(*[d] * 5)).reshape(5, -1).mean(axis=0)
+    assert low == pytest.approx(np.percentile(grid, 2.5), abs=0.15)
+    assert high == pytest.approx(np.percentile(grid, 97.5), abs=0.15)
+    assert paired_bootstrap([2.5]) == (2.5, 2.5, 2.5)
+    assert paired_bootstrap(d) == paired_bootstrap(d)  # fixed generator: a reproducible page
+
+
 @pytest.mark.slow
-def test_report_from_two_tiny_seeds(tmp_path):
+def test_report_from_two_tiny_synthetic_seeds(tmp_path):
     out, figures = tmp_path / "docs" / "results.md", tmp_path / "docs" / "figures"
-    args = ["report", "--run", "--seeds", "0,1", "--runs", str(tmp_path / "runs"), "--data", str(tmp_path / "data"),
-            "--train", "40", "--dev", "8", "--test", "8", "--out", str(out), "--figures", str(figures)]
+    args = ["report", "--run", "--synth", "--seeds", "0,1", "--runs", str(tmp_path / "runs"), "--data",
+            str(tmp_path / "data"), "--train", "40", "--dev", "8", "--test", "8", "--out", str(out),
+            "--figures", str(figures)]
     assert aoq(args + [a for o in TINY for a in ("--set", o)]) == 0
     text = out.read_text()
     # The table's means are the means of the seeds' comparison files (tiny test split: "full").
     rsums = [json.loads((tmp_path / "runs" / f"seed{s}" / "comparison" / "comparison.json").read_text())
              ["aoq"]["full"]["rsum"] for s in (0, 1)]
     row = next(line for line in text.splitlines() if line.startswith("| AdapOffQuin"))
-    assert row.rstrip(" |").endswith(f"{statistics.fmean(rsums):.1f} ± {statistics.stdev(rsums):.1f}")
+    assert f"| {statistics.fmean(rsums):.1f} ± {statistics.stdev(rsums):.1f} |" in row
     for heading in ("## full test split, mean ± std over seeds", "## Training cost per batch",
-                    "## Mining diagnostics (seed 0)"):
+                    "## Hardness diagnostics and training budget per method",
+                    "## Mining diagnostics from the scene records (seed0)"):
         assert heading in text
+    assert "aoq report --run --config configs/synthetic.yaml --seeds 0,1 --arms offtri,offquin,aoq" in text
     for name in ("r1_curves.png", "rank_histogram.png"):
         assert (figures / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"](figures/{name})" in text
@@ -35,3 +61,40 @@ def test_report_from_two_tiny_seeds(tmp_path):
     out.unlink()
     assert aoq(args[:1] + args[2:] + [a for o in TINY for a in ("--set", o)]) == 0
     assert row in out.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["karpathy", "precomp"])
+def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
+    from tests.fixtures import write_karpathy_fixture, write_precomp_fixture
+
+    if fmt == "karpathy":
+        path = write_karpathy_fixture(tmp_path / "k", "flickr30k", {"train": 16, "val": 4, "test": 4}, image_size=16)
+        data = {"format": "karpathy", "path": str(path), "image_size": 16}
+        model = {"image_encoder": "cnn", "cnn_width": 4}
+    else:
+        path = write_precomp_fixture(tmp_path / "p", {"train": 16, "dev": 4, "test": 4}, regions=3, dim=12)
+        data, model = {"format": "precomp", "path": str(path)}, {"image_encoder": "vse"}
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "fixture", "data": {**data, "name": f"fixture-{fmt}", "vocab_threshold": 1},
+        "model": {**model, "embed_dim": 8, "word_dim": 8},
+        "train": {"epochs": 2, "batch_size": 16},
+        "mining": {"top_captions": 10, "top_images": 3},
+        "round2": {"epochs": 2, "batch_size": 16, "h_t": 4, "h_i": 2},
+    }))
+    out = tmp_path / "results.md"
+    assert aoq(["report", "--config", str(config), "--seeds", "0-1", "--arms", "aoq", "--run", "--runs",
+                str(tmp_path / "runs"), "--out", str(out), "--figures", str(tmp_path / "fig")]) == 0
+    text = out.read_text()
+    assert text.startswith(f"# Results on `fixture-{fmt}`")
+    diag = [json.loads((tmp_path / "runs" / f"seed{s}" / "mined" / "diagnostics.json").read_text()) for s in (0, 1)]
+    mean_gap = statistics.fmean(d["image_anchors"]["on_minus_off"] for d in diag)
+    diag_row = next(line for line in text.splitlines() if line.startswith("| AdapOffQuin") and "/" in line)
+    assert f"{mean_gap:+.3f} / " in diag_row and "| 4 / 2 |" in diag_row
+    # the interval of the paired differences
+    res = [json.loads((tmp_path / "runs" / f"seed{s}" / "comparison" / "comparison.json").read_text()) for s in (0, 1)]
+    diffs = [r["aoq"]["full"]["rsum"] - r["baseline"]["full"]["rsum"] for r in res]
+    mean, low, high = paired_bootstrap(diffs)
+    assert f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]" in text
+    assert "Mining diagnostics from the scene records" not in text

@@ -19,7 +19,7 @@ from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_split
-from aoq.metrics import evaluate_embeddings, label_metrics
+from aoq.metrics import chance_rsum, evaluate_embeddings, label_metrics
 from aoq.models.joint import JointModel
 
 
@@ -58,10 +58,13 @@ def evaluate_model(
 
 
 def dev_validator(split: SplitData, vocab: Vocabulary, image_size: int = 64, batch_size: int = 256):
-    """The trainer's ``validate`` function: full-protocol metrics of a model on the dev split."""
+    """The trainer's ``validate`` function: full-protocol metrics of a model on the dev split, plus
+    ``chance_rsum`` (the expected rsum of random scores on it, read by the collapse guard)."""
+    chance = chance_rsum(split.n_images, split.captions_per_image)
 
     def validate(model: JointModel) -> dict:
-        return evaluate_model(model, vocab, split, "full", image_size=image_size, batch_size=batch_size)
+        result = evaluate_model(model, vocab, split, "full", image_size=image_size, batch_size=batch_size)
+        return {**result, "chance_rsum": chance}
 
     return validate
 

@@ -256,6 +256,18 @@ def offline_quintuplet(
     )
 
 
+def adaptive_weights(
+    i2t_ref: Tensor, i2t_on: Tensor, t2i_ref: Tensor, t2i_on: Tensor, alpha: float = 0.3, beta: float = 1.5
+) -> tuple[Tensor, Tensor]:
+    """The adaptive weights of Eq. 5, ``(w_i, w_t)``, each of shape (B,), differentiable.
+
+    ``w_i = beta - (S(i,t_off) - S(i,t_on)) / alpha`` and ``w_t = beta - (S(i_off,t) - S(i_on,t)) / alpha``,
+    with ``i2t_ref = S(i,t_off)`` and ``t2i_ref = S(i_off,t)`` (S(i,t) for the "w/o OfflineAdap" ablation).
+    """
+    _check_positive(alpha=alpha)
+    return beta - (i2t_ref - i2t_on) / alpha, beta - (t2i_ref - t2i_on) / alpha
+
+
 def adaptive_offline_quintuplet(
     scores: Tensor,
     i2t_off: Tensor,
@@ -294,8 +306,7 @@ def adaptive_offline_quintuplet(
     positive = scores.diagonal()
     i2t_on, t2i_on = online_hard_negatives(scores)
     i2t_ref, t2i_ref = (i2t_off, t2i_off) if adapt_from == "offline" else (positive, positive)
-    weight_image = beta - (i2t_ref - i2t_on) / alpha
-    weight_caption = beta - (t2i_ref - t2i_on) / alpha
+    weight_image, weight_caption = adaptive_weights(i2t_ref, i2t_on, t2i_ref, t2i_on, alpha, beta)
     online = (
         weight_image * F.relu(margin_online - positive + i2t_on)
         + weight_caption * F.relu(margin_online - positive + t2i_on)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from training.stages import Stage, StageLedger, run_stages
 log = logging.getLogger(__name__)
 
 #: keys that change where or how fast a stage runs, not what it computes.
-RUNTIME_KEYS = {"device", "num_workers", "save_every_steps", "block_size"}
+RUNTIME_KEYS = {"device", "num_workers", "save_every_steps", "block_size", "collapse_epochs"}
 #: round-2 arm name -> overrides of the ``round2`` section; "aoq" is the configured method, the
 #: others are the paper's comparisons (Table 2) and ablations (Table 3).
 KNOWN_ARMS: dict[str, dict[str, Any]] = {
@@ -50,6 +51,9 @@ KNOWN_ARMS: dict[str, dict[str, Any]] = {
     "finetune": {"loss": "adaptive_offline_quintuplet", "init": "finetune"},
 }
 DEFAULT_ARMS: dict[str, dict[str, Any]] = {"aoq": {}}
+#: round-2 keys the mined artefact's hardness diagnostics depend on (training/mining/diagnostics.py).
+DIAGNOSTIC_KEYS = ("batch_size", "seed", "depth", "h_t", "h_i", "h_rel", "sampling", "normal_center",
+                   "normal_scale", "margin_online", "margin_offline", "alpha", "beta")
 COMPARISON_KIND = "comparison"
 
 
@@ -88,6 +92,17 @@ def dataset_identity(cfg: ExperimentConfig) -> dict[str, Any]:
     }
 
 
+def seeded_config(cfg: ExperimentConfig, seed: int) -> ExperimentConfig:
+    """``cfg`` with ``train.seed = round2.seed = seed`` and its run folder ``<run dir>/seed<seed>``
+    (``aoq pipeline --seed``, ``aoq report``): seeds of one config never share a folder."""
+    run_dir = cfg.run_dir / f"seed{seed}"
+    return cfg.model_copy(update={
+        "train": cfg.train.model_copy(update={"seed": seed}),
+        "round2": cfg.round2.model_copy(update={"seed": seed}),
+        "out_dir": str(run_dir),
+    })
+
+
 def arm_config(cfg: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
     """The run config with one arm's ``round2`` overrides applied (validated)."""
     r2 = Round2Config.model_validate({**cfg.round2.model_dump(), **overrides})
@@ -98,14 +113,32 @@ def _checkpoint_hash(path: Path) -> str:
     return read_manifest(path, kind=None, verify=False)["content_hash"]
 
 
+#: written into a training stage's folder when it starts: the inputs it is being built from.
+STAGE_INPUTS = "stage_inputs.json"
+
+
 def _fresh(stage_dir: Path, ledger: StageLedger, name: str, inputs: dict[str, Any]) -> None:
-    """Remove a stage's work folder when it was built from other inputs, so the trainer or
-    miner starts over instead of refusing (or resuming) state that belongs to another config.
-    A folder without a ledger entry is an interrupted first run: it is kept and resumed."""
-    entry = ledger.entries.get(name)
-    if entry and entry.get("input_hash") != sha256_json(inputs) and stage_dir.exists():
-        log.info("stage %s: inputs changed, discarding %s", name, stage_dir)
-        shutil.rmtree(stage_dir)
+    """Move a stage's work folder aside when it was built from other inputs, so the trainer starts
+    over instead of refusing (or resuming) state that belongs to another config.
+
+    The folder's own ``stage_inputs.json`` says what it was started with (an interrupted run
+    too); without it, the ledger entry of a finished run does. A folder with neither is an
+    interrupted first run and is resumed. The old folder is kept as ``<name>.stale-<time>``.
+    """
+    want = sha256_json(inputs)
+    try:
+        started = json.loads((stage_dir / STAGE_INPUTS).read_text())["input_hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        started = (ledger.entries.get(name) or {}).get("input_hash")
+    if stage_dir.exists() and started is not None and started != want:
+        stale = stage_dir.with_name(f"{stage_dir.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        while stale.exists():
+            stale = stale.with_name(stale.name + "x")
+        stage_dir.rename(stale)
+        log.warning("stage %s: its inputs changed since %s was started; moved it aside to %s and "
+                    "running the stage again", name, stage_dir, stale)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(stage_dir / STAGE_INPUTS, {"stage": name, "input_hash": want})
 
 
 def publish(source: Path, target: Path, role: str, extra: dict[str, Any]) -> None:
@@ -199,7 +232,8 @@ def run_pipeline(
     teacher = Path(cfg.mining.teacher) if cfg.mining.teacher else round1_dir / "best"
 
     def mine_inputs() -> dict[str, Any]:
-        return {"checkpoint": _checkpoint_hash(teacher), "data": data_id, "mining": _section(cfg.mining)}
+        return {"checkpoint": _checkpoint_hash(teacher), "data": data_id, "mining": _section(cfg.mining),
+                "diagnostics": {k: getattr(cfg.round2, k) for k in DIAGNOSTIC_KEYS}}
 
     stages = [
         Stage("round1", round1_dir / "best", round1_inputs, run_round1),

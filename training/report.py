@@ -1,10 +1,12 @@
-"""The experiment report ``docs/results.md``: several seeds of the pipeline, baseline vs OffTri vs
-OffQuin vs AdapOffQuin, generated from the run files only.
+"""The experiment report ``docs/results.md``: several paired seeds of the pipeline on any dataset,
+the baseline against round-2 arms (default OffTri, OffQuin, AdapOffQuin), from the run files only.
 
-``aoq report --run`` first runs (or resumes, stage by stage) one pipeline per seed on a synthetic
-set with a 5,000-image test split, so that the full 5K and the COCO-style 5-fold 1K protocols both
-apply; without ``--run`` it only reads finished runs. Every figure in the report is computed
-here from ``comparison/comparison.json``, ``metrics.jsonl`` and the checkpoints.
+``aoq report --run`` first runs (or resumes, stage by stage) one pipeline per seed: the config's
+own dataset, or with ``--synth`` a synthetic set generated for the report (by default with a
+5,000-image test split, so that the full 5K and the COCO-style 5-fold 1K protocols both apply).
+Seeds are paired: every arm of a seed shares that seed's data, round-1 model and mined lists.
+Without ``--run`` it only reads finished runs. Every figure in the report is computed here from
+``comparison/comparison.json``, ``metrics.jsonl``, ``mined/diagnostics.json`` and the checkpoints.
 """
 
 from __future__ import annotations
@@ -26,57 +28,95 @@ from aoq.io import atomic_write_bytes, atomic_write_text
 
 log = logging.getLogger(__name__)
 
-#: display name -> pipeline arm (``models/<arm>``); "baseline" is round 1.
-METHODS: dict[str, str] = {
-    "Baseline (VSE++ max violation)": "baseline",
-    "OffTri (Eq. 3)": "offtri",
-    "OffQuin (Eq. 4)": "offquin",
-    "AdapOffQuin (Eq. 5, AOQ)": "aoq",
+#: pipeline arm (``models/<arm>``) -> display name; "baseline" is round 1.
+LABELS: dict[str, str] = {
+    "baseline": "Baseline (VSE++ max violation)",
+    "offtri": "OffTri (Eq. 3)",
+    "offquin": "OffQuin (Eq. 4)",
+    "aoq": "AdapOffQuin (Eq. 5, AOQ)",
+    "only_offline": "OnlyOffline (ablation)",
+    "online_quin": "OnlineQuin (ablation)",
+    "no_offline_adapt": "w/o OfflineAdap (ablation)",
+    "finetune": "AdapOffQuin, finetuned from round 1",
 }
-ARMS = ("aoq", "offtri", "offquin")
-#: protocol -> heading; "full" is used only when the test split is too small for the others.
+ARMS = ("offtri", "offquin", "aoq")
+#: protocol -> heading, in the order the report shows them.
 PROTOCOLS = {
     "5k": "5K protocol (all 5,000 test images)",
     "1k5fold": "1K protocol (mean of 5 folds of 1,000 test images)",
     "full": "full test split",
 }
 KEYS = (("i2t", "r1"), ("i2t", "r5"), ("i2t", "r10"), ("t2i", "r1"), ("t2i", "r5"), ("t2i", "r10"))
+BOOTSTRAP_SAMPLES = 10_000
 
 
 @dataclass
 class ReportSetup:
-    """What the report runs: the config, seeds, dataset sizes and folders."""
+    """What the report runs: the config, seeds, arms, early stopping, the data and folders.
+
+    ``synth``: generate a synthetic set of ``train``/``dev``/``test`` images under ``data_dir``
+    and run on it; otherwise the config's own ``data`` section is used as is.
+    """
 
     config: Path
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    arms: tuple[str, ...] = ARMS
     runs_root: Path = Path("runs/report")
+    synth: bool = False
     data_dir: Path = Path("data/report")
     train: int = 4000
     dev: int = 500
     test: int = 5000
     overrides: tuple[str, ...] = ()
+    #: early stopping on dev rsum for both rounds (``epochs`` caps it); None keeps the config's.
+    patience: int | None = 3
+
+    @property
+    def methods(self) -> dict[str, str]:
+        """arm -> label, baseline first."""
+        return {arm: LABELS.get(arm, arm) for arm in ("baseline", *self.arms)}
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0,2,5"`` -> (0, 2, 5); ranges and lists may mix."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        low, _, high = part.partition("-")
+        try:
+            seeds += list(range(int(low), int(high) + 1)) if high else [int(low)]
+        except ValueError:
+            raise ValueError(f"--seeds: cannot read {part!r}; use e.g. 0-4 or 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: give distinct seeds, e.g. 0-4")
+    return tuple(seeds)
 
 
 def seed_config(setup: ReportSetup, seed: int) -> ExperimentConfig:
-    """The config of one seed: the synthetic config on the report's dataset, seeded."""
-    cfg = load_config(setup.config, [*setup.overrides, f"train.seed={seed}", f"round2.seed={seed}"])
-    cfg.name = f"seed{seed}"
-    cfg.out_dir = str(setup.runs_root / "{name}")
-    cfg.data = cfg.data.model_copy(update={"path": str(setup.data_dir / "precomp")})
-    return cfg
+    """The config of one seed: the report's overrides and patience, seeded, in ``<runs>/seed<N>``."""
+    from training.pipeline import seeded_config
+
+    patience = [] if setup.patience is None else [f"train.patience={setup.patience}",
+                                                  f"round2.patience={setup.patience}"]
+    cfg = load_config(setup.config, [*patience, *setup.overrides])
+    cfg.out_dir = str(setup.runs_root)
+    if setup.synth:
+        cfg.data = cfg.data.model_copy(update={"path": str(setup.data_dir / "precomp"), "format": "precomp"})
+    return seeded_config(cfg, seed)
 
 
 def run_experiments(setup: ReportSetup) -> list[Path]:
-    """Generate the dataset if needed and run (or resume) every seed's pipeline with all arms."""
-    from training.datasets.synth.writer import ensure_dataset
+    """Generate the synthetic set if asked, then run (or resume) every seed's pipeline with all arms."""
     from training.pipeline import KNOWN_ARMS, run_pipeline
 
-    ensure_dataset(setup.data_dir, {"train": setup.train, "dev": setup.dev, "test": setup.test})
+    if setup.synth:
+        from training.datasets.synth.writer import ensure_dataset
+
+        ensure_dataset(setup.data_dir, {"train": setup.train, "dev": setup.dev, "test": setup.test})
     run_dirs = []
     for seed in setup.seeds:
         cfg = seed_config(setup, seed)
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
-        run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in ARMS})
+        run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in setup.arms})
         run_dirs.append(cfg.run_dir)
     return run_dirs
 
@@ -94,41 +134,119 @@ def _round_dir(run_dir: Path, arm: str) -> Path:
     return run_dir / ("round2" if arm == "aoq" else f"round2-{arm}")
 
 
-def collect(run_dirs: list[Path]) -> dict[str, Any]:
-    """Read every finished seed: results per protocol, training curves, per-batch times."""
+def _diagnostics(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "mined" / "diagnostics.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def collect(run_dirs: list[Path], methods: dict[str, str]) -> dict[str, Any]:
+    """Read every finished seed: results per protocol, training curves, mining diagnostics."""
     seeds = []
     for run_dir in run_dirs:
         comparison = json.loads((run_dir / "comparison" / "comparison.json").read_text())
         seeds.append({
             "run_dir": str(run_dir),
             "results": comparison,
-            "history": {arm: _history(_round_dir(run_dir, arm) / "metrics.jsonl") for arm in METHODS.values()},
+            "history": {arm: _history(_round_dir(run_dir, arm) / "metrics.jsonl") for arm in methods},
+            "diagnostics": _diagnostics(run_dir),
         })
-    return {"seeds": seeds}
+    return {"seeds": seeds, "methods": methods}
+
+
+# --------------------------------------------------------------------------- statistics
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def paired_bootstrap(differences: list[float], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
+                     ) -> tuple[float, float, float]:
+    """Mean of paired per-seed differences and its percentile bootstrap 95% interval.
+
+    The seeds are resampled with replacement (``samples`` times, a fixed generator, so the report
+    is reproducible); the interval is the 2.5th and 97.5th percentile of the resampled means.
+    With one seed the interval is that one value.
+    """
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size == 0:
+        raise ValueError("paired_bootstrap needs at least one difference")
+    picks = np.random.default_rng(seed).integers(0, d.size, size=(samples, d.size))
+    means = d[picks].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(d.mean()), float(low), float(high)
+
+
+def rsum_differences(collected: dict[str, Any], arm: str, protocol: str) -> list[float]:
+    """rsum of ``arm`` minus the baseline's, per seed (paired: same seed, data and round 1)."""
+    return [s["results"][arm][protocol]["rsum"] - s["results"]["baseline"][protocol]["rsum"]
+            for s in collected["seeds"]]
+
+
+def budget(history: list[dict[str, Any]]) -> dict[str, float]:
+    """Epochs run, epoch of the best dev rsum (epochs to plateau) and wall time of one run."""
+    best = max(history, key=lambda h: h["dev_rsum"]) if history else {"epoch": 0}
+    return {"epochs": len(history), "best_epoch": best["epoch"],
+            "minutes": sum(h["train_time_s"] + h["val_time_s"] for h in history) / 60}
+
+
+# --------------------------------------------------------------------------- tables
+
+
 def results_table(collected: dict[str, Any], protocol: str) -> str:
-    """Mean +- standard deviation over seeds of R@K and rsum, one row per method."""
-    header = "| method | i2t R@1 | i2t R@5 | i2t R@10 | t2i R@1 | t2i R@5 | t2i R@10 | rsum |"
-    lines = [header, "|---|" + "---:|" * 7]
-    for label, arm in METHODS.items():
+    """Mean ± std over seeds of R@K and rsum per method, and rsum minus the baseline's with its
+    paired bootstrap 95% interval."""
+    header = "| method | i2t R@1 | i2t R@5 | i2t R@10 | t2i R@1 | t2i R@5 | t2i R@10 | rsum | Δ rsum vs baseline [95% CI] |"
+    lines = [header, "|---|" + "---:|" * 8]
+    for arm, label in collected["methods"].items():
         runs = [s["results"][arm][protocol] for s in collected["seeds"]]
         cells = [_mean_std([r[d][k] for r in runs]) for d, k in KEYS] + [_mean_std([r["rsum"] for r in runs])]
-        lines.append(f"| {label} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells) + " |")
+        delta = "—"
+        if arm != "baseline":
+            mean, low, high = paired_bootstrap(rsum_differences(collected, arm, protocol))
+            delta = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
+        lines.append(f"| {label} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells) + f" | {delta} |")
     return "\n".join(lines)
 
 
 def per_seed_rsum(collected: dict[str, Any], protocol: str) -> str:
     """rsum of every method for every seed (so the spread behind the means is visible)."""
-    lines = ["| seed | " + " | ".join(METHODS.values()) + " |", "|---|" + "---:|" * len(METHODS)]
+    arms = list(collected["methods"])
+    lines = ["| seed | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
     for s in collected["seeds"]:
-        name = Path(s["run_dir"]).name
-        lines.append(f"| {name} | " + " | ".join(f"{s['results'][arm][protocol]['rsum']:.1f}"
-                                                for arm in METHODS.values()) + " |")
+        lines.append(f"| {Path(s['run_dir']).name} | "
+                     + " | ".join(f"{s['results'][arm][protocol]['rsum']:.1f}" for arm in arms) + " |")
+    return "\n".join(lines)
+
+
+def _diagnostic_cells(seeds: list[dict[str, Any]]) -> list[str]:
+    """Seed means of the hardness diagnostics (image / caption anchors), or dashes without them."""
+    diags = [s["diagnostics"] for s in seeds if s["diagnostics"]]
+    if not diags:
+        return ["—"] * 5
+
+    def both(key: str, fmt: str, pick=lambda v: v) -> str:
+        return " / ".join(format(statistics.fmean(pick(d[side][key]) for d in diags), fmt)
+                          for side in ("image_anchors", "caption_anchors"))
+
+    depth = sorted({f"{d['settings']['h_t']} / {d['settings']['h_i']}" for d in diags})
+    median = lambda v: v["median"]  # noqa: E731
+    held = sum(d["premise_holds"] for d in diags)
+    return [", ".join(depth), both("in_batch_rank", ".0f", median), both("offline_rank", ".0f", median),
+            both("on_minus_off", "+.3f"), f"{held} of {len(diags)}"]
+
+
+def diagnostics_table(collected: dict[str, Any]) -> str:
+    """Per method: the mined lists' hardness diagnostics (round-2 arms) and the training budget."""
+    lines = ["| method | h_t / h_i | in-batch hardest rank, median (img / cap) | offline rank, median "
+             "(img / cap) | S_on − S_off (img / cap) | premise held (seeds) | epochs run | best epoch "
+             "| wall time (min) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm, label in collected["methods"].items():
+        diag = ["—"] * 5 if arm == "baseline" else _diagnostic_cells(collected["seeds"])
+        runs = [budget(s["history"][arm]) for s in collected["seeds"]]
+        spend = [f"{statistics.fmean(r[k] for r in runs):.{d}f}" for k, d in
+                 (("epochs", 1), ("best_epoch", 1), ("minutes", 1))]
+        lines.append(f"| {label} | " + " | ".join(diag + spend) + " |")
     return "\n".join(lines)
 
 
@@ -139,7 +257,7 @@ def batch_time_ratios(collected: dict[str, Any]) -> dict[str, tuple[float, float
     (mean baseline s/batch, mean arm s/batch, mean ratio, std of the per-seed ratios).
     """
     out = {}
-    for arm in ARMS:
+    for arm in (a for a in collected["methods"] if a != "baseline"):
         base_t, arm_t, ratios = [], [], []
         for s in collected["seeds"]:
             b = [h["batch_time_s"] for h in s["history"]["baseline"]]
@@ -164,9 +282,9 @@ def curves_figure(collected: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
     for ax, direction, title in ((axes[0], "t2i", "image retrieval (t2i)"), (axes[1], "i2t", "sentence retrieval (i2t)")):
-        for label, arm in METHODS.items():
+        for arm, label in collected["methods"].items():
             series = [[h[f"dev_{direction}_r1"] for h in s["history"][arm]] for s in collected["seeds"]]
-            n = min(len(x) for x in series)
+            n = min(len(x) for x in series)  # early stopping may end seeds at different epochs
             mean = np.mean([x[:n] for x in series], axis=0)
             ax.plot(range(1, n + 1), mean, marker="o", markersize=3, label=label)
         ax.set_title(f"dev R@1, {title}")
@@ -178,15 +296,15 @@ def curves_figure(collected: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
-def rank_histograms(run_dir: Path, split: str = "test") -> dict[str, dict[str, int]]:
-    """Cross-retrieval rank histogram (supplement Fig. 1) of the baseline and AOQ on ``split``."""
+def rank_histograms(run_dir: Path, arms: tuple[str, ...], split: str = "test") -> dict[str, dict[str, int]]:
+    """Cross-retrieval rank histogram (supplement Fig. 1) of the given arms' models on ``split``."""
     from aoq.checkpoint import load_checkpoint
     from aoq.data.load import load_split
     from aoq.embed import encode_split
     from aoq.metrics import cross_retrieval_ranks, rank_histogram
 
     out = {}
-    for arm in ("baseline", "aoq"):
+    for arm in arms:
         ckpt = load_checkpoint(run_dir / "models" / arm)
         data = load_split(ckpt.config.data, split)
         img, cap = encode_split(ckpt.model, ckpt.vocab, data, image_size=ckpt.config.data.image_size)
@@ -226,10 +344,10 @@ def _save(fig, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-# --------------------------------------------------------------------------- diagnostics
+# --------------------------------------------------------------------------- scene diagnostics (synthetic)
 
 
-def mining_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, float]:
+def scene_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, float]:
     """How hard and how clean the mined negatives are, from the generator's scene records.
 
     * ``family_top1``: share of training images whose hardest mined caption describes a scene of
@@ -267,97 +385,140 @@ def mining_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, flo
 # --------------------------------------------------------------------------- the page
 
 
-def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: Path) -> str:
-    """Write ``out`` (markdown) and its two PNG figures from finished runs; returns the text."""
-    collected = collect(run_dirs)
-    cfg = seed_config(setup, setup.seeds[0])
-    curves_figure(collected, figures / "r1_curves.png")
-    hists = rank_histograms(run_dirs[0])
-    histogram_figure(hists, figures / "rank_histogram.png")
-    times = batch_time_ratios(collected)
-    diag = mining_diagnostics(run_dirs[0], setup.data_dir, cfg.round2.h_t)
-    rel = lambda p: Path(p).relative_to(out.parent) if Path(p).is_relative_to(out.parent) else p  # noqa: E731
-    available = collected["seeds"][0]["results"]["baseline"]
-    protocols = [p for p in PROTOCOLS if p in available and (p != "full" or len(available) == 1)]
-    aoq_vs_base = {
-        p: [s["results"]["aoq"][p]["rsum"] - s["results"]["baseline"][p]["rsum"] for s in collected["seeds"]]
-        for p in protocols
-    }
-    lines = [
-        "# Results on the synthetic benchmark",
-        "",
-        f"Generated by `aoq report` on {time.strftime('%Y-%m-%d')} from the run files under "
-        f"`{setup.runs_root}` ({len(run_dirs)} seeds: {', '.join(map(str, setup.seeds))}); "
-        f"machine: {platform.machine()}, {platform.system()}, CPU only. Regenerate with "
-        f"`aoq report --run` (runs or resumes the pipelines) or `aoq report` (tables from finished runs).",
-        "",
-        "## Setup",
-        "",
-        f"- Data: `aoq synth --out {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}` "
-        "(the demo's generator and seed" + ("; 5,000 test images, so that both COCO protocols apply)."
-                                           if setup.test >= 5000 else ")."),
-        f"- Model: `{cfg.model.image_encoder}` image encoder, GRU text encoder, joint space {cfg.model.embed_dim}; "
-        f"config `{setup.config}`" + (f" with `{' '.join(setup.overrides)}`" if setup.overrides else "") + ".",
-        f"- Round 1 (the baseline): `{cfg.train.loss}`, {cfg.train.epochs} epochs, lr {cfg.train.lr:g} "
-        f"x{cfg.train.lr_decay_factor:g} every {cfg.train.lr_decay_epochs} epochs, batch {cfg.train.batch_size}.",
-        f"- Mining: top {cfg.mining.top_captions} captions per image, top {cfg.mining.top_images} images per caption, "
-        "by the seed's own round-1 model.",
-        f"- Round 2 (from scratch): {cfg.round2.epochs} epochs, lr {cfg.round2.lr:g} x{cfg.round2.lr_decay_factor:g} "
-        f"every {cfg.round2.lr_decay_epochs} epochs, h_t = {cfg.round2.h_t}, h_i = {cfg.round2.h_i}, "
-        f"{cfg.round2.sampling} sampling, g1 = {cfg.round2.margin_online:g}, g2 = {cfg.round2.margin_offline:g}, "
-        f"alpha = {cfg.round2.alpha:g}, beta = {cfg.round2.beta:g} (paper defaults).",
-        "- Model selection: best dev rsum per run (never the test split). Single models, no ensembles.",
+def _protocols(collected: dict[str, Any]) -> list[str]:
+    """The protocols every seed was evaluated on: 5K and 1K when the test split allows, and full."""
+    available = set.intersection(*(set(s["results"]["baseline"]) for s in collected["seeds"]))
+    return [p for p in PROTOCOLS if p in available]
+
+
+def _command(setup: ReportSetup) -> str:
+    """The ``aoq report --run`` command line that regenerates this page."""
+    parts = ["aoq report --run", f"--config {setup.config}", f"--seeds {','.join(map(str, setup.seeds))}",
+             f"--arms {','.join(setup.arms)}", f"--runs {setup.runs_root}",
+             f"--patience {setup.patience if setup.patience is not None else 0}"]
+    if setup.synth:
+        parts.append(f"--synth --data {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}")
+    parts += [f"--set {o}" for o in setup.overrides]
+    return " ".join(parts)
+
+
+def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[str, Any]) -> list[str]:
+    diag = next((s["diagnostics"] for s in collected["seeds"] if s["diagnostics"]), None)
+    r1, r2 = cfg.train, cfg.round2
+    depth = (f"h_t = {diag['settings']['h_t']}, h_i = {diag['settings']['h_i']}" if diag
+             else f"h_t = {r2.h_t}, h_i = {r2.h_i}") + (f" (relative depth h_rel = {r2.h_rel:g})"
+                                                         if r2.depth == "relative" else "")
+    data = (f"`aoq synth --out {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}` "
+            "(the demo's generator and seed)" if setup.synth
+            else f"`{cfg.data.name}` ({cfg.data.format}, `{cfg.data.path}`)")
+    stop = (f"early stopping on dev rsum with patience {r1.patience} (round 1) / {r2.patience} (round 2), "
+            "`epochs` as the cap" if r1.patience or r2.patience else "every epoch of the schedule")
+    return [
+        "## Setup", "",
+        f"- Data: {data}; seeds {', '.join(map(str, setup.seeds))}, paired (every arm of a seed shares its "
+        "data, round-1 model and mined lists).",
+        f"- Model: `{cfg.model.image_encoder}` image encoder, `{cfg.model.text_encoder}` text encoder, joint "
+        f"space {cfg.model.embed_dim}; config `{setup.config}`"
+        + (f" with `{' '.join(setup.overrides)}`" if setup.overrides else "") + ".",
+        f"- Round 1 (the baseline): `{r1.loss}`, at most {r1.epochs} epochs, lr {r1.lr:g} x{r1.lr_decay_factor:g} "
+        f"every {r1.lr_decay_epochs} epochs, batch {r1.batch_size}.",
+        f"- Mining: top {cfg.mining.top_captions} captions per image, top {cfg.mining.top_images} images per "
+        "caption, by the seed's own round-1 model.",
+        f"- Round 2 (from scratch): at most {r2.epochs} epochs, lr {r2.lr:g} x{r2.lr_decay_factor:g} every "
+        f"{r2.lr_decay_epochs} epochs, batch {r2.batch_size}, {depth}, {r2.sampling} sampling, "
+        f"g1 = {r2.margin_online:g}, g2 = {r2.margin_offline:g}, alpha = {r2.alpha:g}, beta = {r2.beta:g}.",
+        f"- Budget: {stop}. Model selection: best dev rsum per run (never the test split). Single models.",
+        "- Intervals: paired bootstrap over seeds (10,000 resamples) of the mean rsum difference to the "
+        "baseline, 95% percentile interval. Ties in the scores count against the positive "
+        "([evaluation.md](evaluation.md#ties)).",
         "",
     ]
+
+
+def _results_section(collected: dict[str, Any]) -> list[str]:
+    protocols = _protocols(collected)
+    lines: list[str] = []
     for p in protocols:
         lines += [f"## {PROTOCOLS[p]}, mean ± std over seeds", "", results_table(collected, p), ""]
-    lines += [
-        f"rsum per seed ({PROTOCOLS[protocols[-1]]}):",
-        "",
-        per_seed_rsum(collected, protocols[-1]),
-        "",
-        "AOQ minus baseline, rsum per seed: "
-        + "; ".join(f"{p}: " + ", ".join(f"{d:+.1f}" for d in v) for p, v in aoq_vs_base.items()) + ".",
-        "",
-        "## Training cost per batch",
-        "",
-        "Mean wall time per training batch from the metrics logs (first epoch left out), same machine and run:",
-        "",
-        "| method | baseline s/batch | method s/batch | ratio (mean ± std over seeds) |",
-        "|---|---:|---:|---:|",
-    ]
-    names = {arm: label for label, arm in METHODS.items()}
-    for arm, (b, a, r, sd) in times.items():
-        lines.append(f"| {names[arm]} | {b:.3f} | {a:.3f} | {r:.2f} ± {sd:.2f} |")
-    lines += [
-        "",
-        "Paper (VSRN on a GPU): 1.604 s / 1.096 s = 1.46x. A round-2 batch encodes 3B images and 3B "
-        "captions (the positives, the offline negatives and the derived pairs) in one call per modality, "
-        "against B of each in round 1.",
-        "",
-        "## Figures",
-        "",
-        f"![dev R@1 against epoch]({rel(figures / 'r1_curves.png')})",
-        "",
+    lines += [f"rsum per seed ({PROTOCOLS[protocols[0]]}):", "", per_seed_rsum(collected, protocols[0]), "",
+              "## Hardness diagnostics and training budget per method", "",
+              "Diagnostics of the mined lists at the round-1 model (`mined/diagnostics.json`, "
+              "[mining.md](mining.md#hardness-diagnostics)), means over seeds; a negative S_on − S_off means "
+              "the offline negatives are the harder ones (the paper's premise). Budget: epochs run, the epoch "
+              "of the best dev rsum (epochs to plateau) and wall time of training plus validation.", "",
+              diagnostics_table(collected), ""]
+    for s in collected["seeds"]:
+        for warning in (s["diagnostics"] or {}).get("warnings", []):
+            lines += [f"**Warning ({Path(s['run_dir']).name}):** {warning}", ""]
+    return lines
+
+
+def _cost_section(collected: dict[str, Any]) -> list[str]:
+    lines = ["## Training cost per batch", "",
+             "Mean wall time per training batch from the metrics logs (first epoch left out), same machine and run:",
+             "", "| method | baseline s/batch | method s/batch | ratio (mean ± std over seeds) |",
+             "|---|---:|---:|---:|"]
+    for arm, (b, a, r, sd) in batch_time_ratios(collected).items():
+        lines.append(f"| {collected['methods'][arm]} | {b:.3f} | {a:.3f} | {r:.2f} ± {sd:.2f} |")
+    return lines + ["", "Paper (VSRN on a GPU): 1.604 s / 1.096 s = 1.46x.", ""]
+
+
+def _figures_section(collected: dict[str, Any], run_dirs: list[Path], out: Path, figures: Path) -> list[str]:
+    curves_figure(collected, figures / "r1_curves.png")
+    arms = [a for a in collected["methods"] if a != "baseline"]
+    hists = rank_histograms(run_dirs[0], ("baseline", "aoq" if "aoq" in arms else arms[0]))
+    histogram_figure(hists, figures / "rank_histogram.png")
+
+    def rel(p: Path) -> Path:
+        return p.relative_to(out.parent) if p.is_relative_to(out.parent) else p
+
+    return [
+        "## Figures", "", f"![dev R@1 against epoch]({rel(figures / 'r1_curves.png')})", "",
         "Dev R@1 against epoch, mean over seeds (paper Fig. 4 style): the baseline's curve is round 1, "
-        "the others are round 2 (trained from scratch with the baseline's mined negatives).",
-        "",
-        f"![cross-retrieval rank histogram]({rel(figures / 'rank_histogram.png')})",
-        "",
+        "the others are round 2 (trained from scratch with the baseline's mined negatives).", "",
+        f"![cross-retrieval rank histogram]({rel(figures / 'rank_histogram.png')})", "",
         "Cross-retrieval rank `max(5 r_i - 4, r_t)` of every positive test pair (supplement Fig. 1 style), "
-        "seed 0: " + "; ".join(f"{k}: " + ", ".join(f"{b} {c}" for b, c in v.items()) for k, v in hists.items()) + ".",
-        "",
-        "## Mining diagnostics (seed 0)",
-        "",
+        f"{Path(run_dirs[0]).name}: "
+        + "; ".join(f"{k}: " + ", ".join(f"{b} {c}" for b, c in v.items()) for k, v in hists.items()) + ".", "",
+    ]
+
+
+def _scene_section(setup: ReportSetup, run_dir: Path, h_t: int) -> list[str]:
+    """The synthetic benchmark's scene-based checks of the mined lists (needs its scenes.jsonl)."""
+    if not (setup.synth and (setup.data_dir / "scenes.jsonl").is_file()):
+        return []
+    diag = scene_diagnostics(run_dir, setup.data_dir, h_t)
+    return [
+        f"## Mining diagnostics from the scene records ({run_dir.name})", "",
         f"- Hardest mined caption of a training image describes a scene of the same one-change family: "
         f"{100 * diag['family_top1']:.1f}% of images.",
         f"- Hardest mined caption comes from a scene with exactly the same objects (shape and colour; only sizes "
         f"or positions differ): {100 * diag['same_objects_top1']:.1f}% of images; over all mined pairs within "
-        f"depth h_t = {cfg.round2.h_t}: {100 * diag['same_objects']:.1f}%. Such captions often describe the "
+        f"depth h_t = {h_t}: {100 * diag['same_objects']:.1f}%. Such captions often describe the "
         "anchor too (they rarely mention sizes and positions): likely false negatives.",
-        f"- Mined (image, caption) pairs within depth h_t = {cfg.round2.h_t} whose caption text equals one of the "
-        f"image's own captions (certain false negatives): {100 * diag['duplicate_text']:.2f}%.",
-        "",
+        f"- Mined (image, caption) pairs within depth h_t = {h_t} whose caption text equals one of the "
+        f"image's own captions (certain false negatives): {100 * diag['duplicate_text']:.2f}%.", "",
+    ]
+
+
+def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: Path) -> str:
+    """Write ``out`` (markdown) and its two PNG figures from finished runs; returns the text."""
+    collected = collect(run_dirs, setup.methods)
+    cfg = seed_config(setup, setup.seeds[0])
+    diag = collected["seeds"][0]["diagnostics"]
+    h_t = diag["settings"]["h_t"] if diag else cfg.round2.h_t
+    title = "the synthetic benchmark" if setup.synth else f"`{cfg.data.name}`"
+    lines = [
+        f"# Results on {title}", "",
+        f"Generated by `aoq report` on {time.strftime('%Y-%m-%d')} from the run files under `{setup.runs_root}` "
+        f"({len(run_dirs)} seeds); machine: {platform.machine()}, {platform.system()}. Regenerate with:", "",
+        f"    {_command(setup)}", "",
+        "(`--run` runs or resumes the pipelines; without it the tables come from the finished runs.)", "",
+        *_setup_section(setup, cfg, collected),
+        *_results_section(collected),
+        *_cost_section(collected),
+        *_figures_section(collected, run_dirs, out, figures),
+        *_scene_section(setup, run_dirs[0], h_t),
     ]
     text = "\n".join(lines)
     notes = out.parent / "results-notes.md"

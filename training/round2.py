@@ -50,9 +50,14 @@ from aoq.device import resolve_device, seed_everything
 from aoq.io import ArtefactError, atomic_write_json
 from aoq.mined import MinedNegatives, load_mined
 from aoq.models.joint import JointModel, build_model, text_vocabulary
+from training.depth import checked_depths, round2_depths
 from training.evaluate import dev_validator
 from training.losses import round2_loss
-from training.sampling import CaptionTrueOf, OfflineNegatives, check_lists, sample_offline_negatives
+from training.sampling import (
+    CaptionTrueOf,
+    OfflineNegatives,
+    sample_offline_negatives,
+)
 from training.trainer import StepFn, TrainResult, epoch_loader, fit
 
 log = logging.getLogger(__name__)
@@ -69,8 +74,9 @@ def epoch_negatives(
     """The offline items of every training caption for ``epoch``: a pure function of the seed
     (and of the facts, when ``caption_true_of`` filters false negatives)."""
     rng = np.random.default_rng([r2.seed, epoch, 2])  # 2: round 2, apart from any other stream
+    h_t, h_i = round2_depths(r2, mined.img_top_caps.shape[0], mined.cap_top_imgs.shape[0])
     return sample_offline_negatives(
-        np.arange(mined.cap_top_imgs.shape[0]), mined.img_top_caps, mined.cap_top_imgs, r2.h_t, r2.h_i,
+        np.arange(mined.cap_top_imgs.shape[0]), mined.img_top_caps, mined.cap_top_imgs, h_t, h_i,
         rng, r2.sampling, center=r2.normal_center, scale=r2.normal_scale, caption_true_of=caption_true_of,
     )
 
@@ -205,17 +211,14 @@ def round2_step(r2: Round2Config) -> StepFn:
     return step
 
 
-def _check_mined(mined: MinedNegatives, train: SplitData, r2: Round2Config) -> None:
+def _check_mined(mined: MinedNegatives, train: SplitData, r2: Round2Config) -> tuple[int, int]:
     shape = (mined.img_top_caps.shape[0], mined.cap_top_imgs.shape[0])
     if shape != (train.n_images, train.n_captions):
         raise ArtefactError(
             f"{mined.path}: mined for {shape[0]} images / {shape[1]} captions, but the training split "
             f"{train.source} has {train.n_images} / {train.n_captions}; mine this dataset (aoq mine)"
         )
-    try:
-        check_lists(mined.img_top_caps, mined.cap_top_imgs, r2.h_t, r2.h_i)
-    except ValueError as exc:
-        raise ConfigError(f"{mined.path}: {exc}") from None
+    return checked_depths(mined.img_top_caps, mined.cap_top_imgs, r2, mined.path)
 
 
 def _guard_mined_identity(run_dir: Path, mined: MinedNegatives) -> None:
@@ -276,7 +279,7 @@ def train_round2(
     train = load_split(cfg.data, "train")
     dev = load_split(cfg.data, "dev")
     mined = load_mined(mined_dir)
-    _check_mined(mined, train, r2)
+    h_t, h_i = _check_mined(mined, train, r2)
     _guard_mined_identity(run_dir, mined)
     model, vocab, init = _initial_model(cfg, train)
     model = model.to(resolve_device(r2.device))
@@ -300,6 +303,8 @@ def train_round2(
     extra = {
         "loss": r2.loss,
         "variant": r2.variant,
+        "h_t": h_t,
+        "h_i": h_i,
         **init,
         "mined": str(mined.path),
         "mined_hash": mined.manifest["content_hash"],

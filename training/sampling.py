@@ -36,6 +36,12 @@ rows that still hold a false negative after the last draw in
 
 Everything comes from one seeded ``np.random.Generator``, so an epoch's negatives are a pure
 function of the seed.
+
+Depth (:func:`sampling_depths`): ``round2.depth: absolute`` uses ``h_t``/``h_i`` as given (the
+paper's 300 / 60 on COCO); ``relative`` scales them with the data, ``h_t = round(h_rel * captions
+/ B)`` and ``h_i = round(h_rel * images / B)`` (at least 1), B the round-2 batch size. A batch of B
+captions sees ``B / captions`` of the split, so its hardest caption sits, on average, around rank
+``captions / B`` of the image's list; ``h_rel`` is the offline depth in those units.
 """
 
 from __future__ import annotations
@@ -100,6 +106,25 @@ def draw_ranks(
         ranks[todo] = np.floor(np.abs(rng.normal(center * h_t, scale * h_t, size=todo.size)))
         todo = todo[(ranks[todo] < 0) | (ranks[todo] >= h_t)]
     return np.clip(ranks, 0, h_t - 1)
+
+
+def sampling_depths(
+    depth: Literal["absolute", "relative"], h_t: int, h_i: int, h_rel: float | None,
+    n_images: int, n_captions: int, batch_size: int,
+) -> tuple[int, int]:
+    """The ``(h_t, h_i)`` that round 2 samples from (module docstring, Depth).
+
+    Raises:
+        ValueError: ``depth="relative"`` without ``h_rel``, or an unknown mode.
+    """
+    if depth == "absolute":
+        return h_t, h_i
+    if depth != "relative":
+        raise ValueError(f"round2.depth must be 'absolute' or 'relative', got {depth!r}")
+    if h_rel is None:
+        raise ValueError("round2.depth=relative needs round2.h_rel")
+    scale = h_rel / batch_size
+    return max(1, round(scale * n_captions)), max(1, round(scale * n_images))
 
 
 def check_lists(img_top_caps: np.ndarray, cap_top_imgs: np.ndarray, h_t: int, h_i: int) -> int:

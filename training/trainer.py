@@ -67,6 +67,7 @@ from aoq.config import ExperimentConfig, OptimConfig
 from aoq.data.vocab import Vocabulary
 from aoq.io import atomic_write_text
 from aoq.models.joint import JointModel
+from training.guards import check_collapse, plateaued
 from training.trainer_state import (
     STATE_FILE,
     Progress,
@@ -93,6 +94,7 @@ class TrainResult:
         history: the metrics.jsonl records, one per epoch.
         resumed: this call continued from saved state.
         already_finished: nothing was left to train (the call was a no-op).
+        stopped_early: training ended on the dev plateau (``patience``) before ``epochs``.
     """
 
     run_dir: Path
@@ -104,6 +106,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     resumed: bool = False
     already_finished: bool = False
+    stopped_early: bool = False
 
 
 # --------------------------------------------------------------------------- data order
@@ -196,6 +199,9 @@ def fit(
 ) -> TrainResult:
     """Train ``model`` for ``optim.epochs`` epochs, resuming from ``run_dir/state`` if present.
 
+    With ``optim.patience`` training stops earlier, once dev rsum has not improved for that many
+    epochs; with ``optim.collapse_epochs`` a collapsed run stops (:mod:`training.guards`).
+
     Args:
         run_dir: the round's folder (e.g. ``runs/<name>/round1``).
         cfg: the whole run configuration (saved in checkpoints; its fingerprint guards resumption).
@@ -213,6 +219,7 @@ def fit(
     Raises:
         ConfigError: ``run_dir/state`` belongs to a run with another configuration.
         ArtefactError: ``run_dir/state`` is corrupted.
+        TrainingCollapsed: the collapse guard stopped the run (its checkpoints and log are kept).
     """
     run_dir = Path(run_dir)
     config_fingerprint = fingerprint(cfg)
@@ -228,11 +235,16 @@ def fit(
     if resumed:
         _write_metrics_log(run_dir, prog.history)  # a crash may have hit between state and log
 
+    def done() -> bool:
+        return prog.epoch >= optim.epochs or plateaued(prog.best_epoch, prog.epoch, optim.patience)
+
     def result(already_finished: bool) -> TrainResult:
         return TrainResult(run_dir, run_dir / "best", run_dir / "last", prog.best_epoch, prog.best_rsum,
-                           prog.epoch, list(prog.history), resumed, already_finished)
+                           prog.epoch, list(prog.history), resumed, already_finished,
+                           stopped_early=prog.epoch < optim.epochs)
 
-    if prog.epoch >= optim.epochs:
+    check_collapse(prog.history, optim.collapse_epochs, role, optim)  # a resumed collapsed run stops at once
+    if done():
         log.info("%s: already finished (%d epochs, best dev rsum %.2f at epoch %d)",
                  run_dir, prog.epoch, prog.best_rsum, prog.best_epoch)
         return result(already_finished=True)
@@ -241,11 +253,15 @@ def fit(
 
     loop.writer = _tensorboard(run_dir)
     try:
-        while prog.epoch < optim.epochs:
+        while not done():
             loop.train_epoch(prog)
+            check_collapse(prog.history, optim.collapse_epochs, role, optim)
     finally:
         if loop.writer is not None:
             loop.writer.close()
+    if prog.epoch < optim.epochs:
+        log.info("%s: early stop after epoch %d: dev rsum has not improved for %d epochs (best %.2f at epoch %d)",
+                 role, prog.epoch, optim.patience, prog.best_rsum, prog.best_epoch)
     return result(already_finished=False)
 
 

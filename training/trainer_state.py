@@ -20,7 +20,9 @@ STATE_KIND = "trainer-state"
 STATE_FILE = "state.pt"
 #: config keys that do not change what is computed; a run may be resumed with them changed
 #: (``epochs`` too, so a finished run can be extended).
-_RUNTIME_KEYS = ("device", "num_workers", "save_every_steps", "epochs")
+#: "epochs", "patience": how long to train, not what an epoch computes (a run may be extended);
+#: "collapse_epochs": a check, not part of the computation.
+_RUNTIME_KEYS = ("device", "num_workers", "save_every_steps", "epochs", "patience", "collapse_epochs")
 
 
 

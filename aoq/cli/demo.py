@@ -48,7 +48,8 @@ QUICK = DemoSize(
     (
         "model.embed_dim=64", "train.epochs=2", "train.lr_decay_epochs=1", "train.batch_size=32",
         "round2.epochs=2", "round2.lr_decay_epochs=1", "round2.batch_size=32",
-        "mining.top_captions=100", "mining.top_images=20", "round2.h_t=50", "round2.h_i=10",
+        "mining.top_captions=100", "mining.top_images=20", "round2.depth=absolute", "round2.h_t=50",
+        "round2.h_i=10",
     ),
 )
 

@@ -1,6 +1,7 @@
 """The ``aoq`` command. Each sub-command lives in ``aoq/cli/<name>.py`` and exposes
 ``add_arguments(parser)`` and ``run(args) -> int`` (its one-line help is in ``COMMANDS``); modules are imported only
-when their command runs, so ``aoq synth`` does not pay for importing FastAPI or Gradio.
+when their command runs, so ``aoq synth`` does not pay for importing FastAPI or Gradio. A module may also define
+``STOPS``, a tuple of exception types printed as one ``stopped:`` line (exit code 3) instead of a traceback.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         # Expected user-facing failures: one clear line, no traceback.
         print(f"aoq {top.command}: error: {exc}", file=sys.stderr)
         return 2
+    except getattr(module, "STOPS", ()) as exc:
+        # A command's own expected stops (e.g. a collapsed training run): one line, exit 3.
+        print(f"aoq {top.command}: stopped: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"aoq {top.command}: interrupted", file=sys.stderr)
         return 130

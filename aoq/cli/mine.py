@@ -41,7 +41,9 @@ def resolve_config(args: argparse.Namespace) -> ExperimentConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aoq.mined import DIAGNOSTICS_FILE
     from training.mining import mine_with_checkpoint
+    from training.mining.diagnostics import summary_line
 
     cfg = resolve_config(args)
     out = Path(args.out) if args.out else cfg.run_dir / "mined"
@@ -53,4 +55,7 @@ def run(args: argparse.Namespace) -> int:
           f"{mined.cap_top_imgs.shape[0]} captions x top {mined.top_images} images")
     print(f"  checkpoint {mined.manifest.get('checkpoint')} ({mined.manifest.get('teacher_model')}, "
           f"hash {str(mined.checkpoint_hash)[:12]}), backend {mined.manifest.get('backend')}")
+    if mined.diagnostics is not None:
+        print("  " + summary_line(mined.diagnostics))
+        print(f"  diagnostics: {out / DIAGNOSTICS_FILE}")
     return 0

@@ -6,6 +6,10 @@ import argparse
 
 from aoq.cli import add_config_flags
 from aoq.config import ConfigError, load_config
+from training.guards import TrainingCollapsed
+
+#: printed as one line by aoq.cli.main: a collapsed run stops with what to try.
+STOPS = (TrainingCollapsed,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,15 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default="aoq",
                         help=f"comma-separated round-2 arms to train, from: {', '.join(KNOWN_ARMS)} "
                              "(default: %(default)s = the configured round-2 method)")
+    parser.add_argument("--seed", type=int,
+                        help="set train.seed and round2.seed to N and run in <run folder>/seed<N>")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.pipeline import KNOWN_ARMS, comparison_table, run_pipeline
+    from training.pipeline import KNOWN_ARMS, comparison_table, run_pipeline, seeded_config
 
     cfg = load_config(args.config, args.overrides)
     if args.out is not None:
         cfg.out_dir = args.out
+    if args.seed is not None:
+        cfg = seeded_config(cfg, args.seed)
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in names if a not in KNOWN_ARMS]
     if unknown or not names:

@@ -1,37 +1,66 @@
-"""``aoq report``: run (or resume) the seeds of the synthetic experiment and write docs/results.md."""
+"""``aoq report``: run (or resume) paired seeds of the pipeline on a config's dataset (or a
+generated synthetic set) and write docs/results.md from the run files."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from aoq.config import ConfigError
+from training.guards import TrainingCollapsed
+
+#: printed as one line by aoq.cli.main: a collapsed run stops with what to try.
+STOPS = (TrainingCollapsed,)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from training.pipeline import KNOWN_ARMS
+    from training.report import ARMS
+
     parser.add_argument("--config", type=Path, default=Path("configs/synthetic.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value for every seed (repeatable)")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default: %(default)s)")
+    parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,1,2 (default: %(default)s)")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"round-2 arms compared with the baseline, from: {', '.join(KNOWN_ARMS)} "
+                             "(default: %(default)s)")
+    parser.add_argument("--patience", type=int, default=3,
+                        help="early stopping patience in epochs for both rounds (epochs = the cap); 0 = off")
     parser.add_argument("--runs", type=Path, default=Path("runs/report"), help="one run folder per seed")
-    parser.add_argument("--data", type=Path, default=Path("data/report"), help="the report's synthetic dataset")
+    parser.add_argument("--synth", action="store_true",
+                        help="generate a synthetic set (--data, --train/--dev/--test) and run on it")
+    parser.add_argument("--data", type=Path, default=Path("data/report"), help="--synth: where the set goes")
     parser.add_argument("--train", type=int, default=4000)
     parser.add_argument("--dev", type=int, default=500)
     parser.add_argument("--test", type=int, default=5000)
-    parser.add_argument("--run", action="store_true",
-                        help="run or resume the pipelines first (baseline, offtri, offquin, aoq per seed)")
+    parser.add_argument("--run", action=argparse.BooleanOptionalAction, default=False,
+                        help="run or resume the pipelines first (default: only read finished runs)")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.report import ReportSetup, run_experiments, seed_config, write_report
+    from training.pipeline import KNOWN_ARMS
+    from training.report import ReportSetup, parse_seeds, run_experiments, seed_config, write_report
 
-    seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
-    setup = ReportSetup(args.config, seeds, args.runs, args.data, args.train, args.dev, args.test,
-                        tuple(args.overrides))
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    unknown = [a for a in arms if a not in KNOWN_ARMS]
+    if unknown or not arms:
+        raise ConfigError(f"--arms: unknown arm(s) {', '.join(unknown) or '(none given)'}; "
+                          f"choose from {', '.join(KNOWN_ARMS)}")
+    setup = ReportSetup(args.config, seeds, arms, args.runs, args.synth, args.data, args.train, args.dev,
+                        args.test, tuple(args.overrides), args.patience or None)
     if args.run:
         run_dirs = run_experiments(setup)
     else:
         run_dirs = [seed_config(setup, s).run_dir for s in seeds]
+        missing = [str(d) for d in run_dirs if not (d / "comparison" / "comparison.json").is_file()]
+        if missing:
+            raise ConfigError(f"no finished runs in {', '.join(missing)}; add --run to run them")
     write_report(setup, run_dirs, args.out, args.figures)
     print(f"wrote {args.out} and figures under {args.figures}")
     return 0

@@ -13,6 +13,10 @@ from aoq.cli import (
 )
 from aoq.config import load_config
 from aoq.names import ROUND1_LOSSES
+from training.guards import TrainingCollapsed
+
+#: printed as one line by aoq.cli.main: a collapsed run stops with what to try.
+STOPS = (TrainingCollapsed,)
 
 SHORTCUTS = {"loss": "train.loss", "epochs": "train.epochs", "seed": "train.seed", "device": "train.device"}
 

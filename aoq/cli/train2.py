@@ -14,6 +14,10 @@ from aoq.cli import (
 )
 from aoq.config import load_config
 from aoq.names import ROUND2_LOSSES
+from training.guards import TrainingCollapsed
+
+#: printed as one line by aoq.cli.main: a collapsed run stops with what to try.
+STOPS = (TrainingCollapsed,)
 
 VARIANTS = ("none", "only_offline", "online_quin", "no_offline_adapt")
 

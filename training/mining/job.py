@@ -18,9 +18,12 @@ from aoq.io import (
     write_stamp,
 )
 from aoq.mined import MinedNegatives, load_mined, save_mined
+from training.depth import checked_depths
+from training.mining.diagnostics import diagnostics_settings, hardness_diagnostics
 from training.mining.driver import mine_offline_negatives
 
 log = logging.getLogger(__name__)
+
 
 def _data_identity(data_cfg: Any, n_images: int, n_captions: int) -> dict[str, Any]:
     return {
@@ -33,7 +36,8 @@ def _data_identity(data_cfg: Any, n_images: int, n_captions: int) -> dict[str, A
 
 
 def _up_to_date(out: Path, want: dict[str, Any]) -> MinedNegatives | None:
-    """The existing artefact at ``out`` if it was mined by the same checkpoint, data and H."""
+    """The existing artefact at ``out`` if it was mined by the same checkpoint, data and H (its
+    diagnostics may still be of other settings: see :func:`mine_with_checkpoint`)."""
     if not (out / "manifest.json").is_file():
         return None
     try:
@@ -75,8 +79,12 @@ def mine_with_checkpoint(
 
     The checkpoint may be of any model kind (a "teacher"); only its embeddings are used. The
     mining settings are ``cfg.mining`` (top_captions, top_images, block_size, backend, device).
+    The artefact also holds ``diagnostics.json``, the hardness diagnostics of
+    :mod:`training.mining.diagnostics` at ``cfg.round2``'s batch size and depth (a warning is
+    logged when the offline negatives are not harder than the in-batch ones).
     Nothing is done when ``out`` already holds an artefact mined by the same checkpoint (content
-    hash), data and H. Work files (embeddings, per-block parts) live in a hidden sibling
+    hash), data and H, with diagnostics of the same round-2 settings; when only those settings
+    changed, the lists are kept and only the diagnostics are recomputed. Work files (embeddings, per-block parts) live in a hidden sibling
     ``.<out>.work`` until the artefact is in place, so an interrupted run resumes.
 
     Returns:
@@ -86,6 +94,7 @@ def mine_with_checkpoint(
         ArtefactError: the checkpoint is damaged (``CheckpointError``).
         DataError: the training split cannot be read.
         ValueError: H larger than the split allows.
+        ConfigError: the round-2 depth is deeper than the lists (``training.depth``).
     """
     from aoq.checkpoint import load_checkpoint
     from aoq.data.load import load_split
@@ -97,23 +106,33 @@ def mine_with_checkpoint(
     identity = _data_identity(cfg.data, split.n_images, split.n_captions)
     want = {"checkpoint_hash": ckpt.content_hash, "top_captions": m.top_captions,
             "top_images": m.top_images, "data": identity}
+    settings = diagnostics_settings(cfg.round2, split.n_images, split.n_captions)
     existing = _up_to_date(out, want)
-    if existing is not None:
+    if existing is not None and existing.manifest.get("diagnostics_settings") == settings:
         return existing, True
     device = resolve_device(m.device)
     work = out.parent / f".{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
     img, cap = _embeddings(ckpt, split, identity, work, device, progress)
-    img_top_caps, cap_top_imgs = mine_offline_negatives(
-        img, cap, split.captions_per_image, m.top_captions, m.top_images, m.block_size, device,
-        backend=m.backend, work_dir=work, progress=progress,
-    )
+    if existing is not None:  # same lists, other round-2 settings: only the diagnostics change
+        log.info("%s: lists up to date, recomputing the hardness diagnostics for the new round-2 settings", out)
+        img_top_caps, cap_top_imgs = np.array(existing.img_top_caps), np.array(existing.cap_top_imgs)
+    else:
+        img_top_caps, cap_top_imgs = mine_offline_negatives(
+            img, cap, split.captions_per_image, m.top_captions, m.top_images, m.block_size, device,
+            backend=m.backend, work_dir=work, progress=progress,
+        )
+    checked_depths(img_top_caps, cap_top_imgs, cfg.round2, out)
+    diagnostics = hardness_diagnostics(img, cap, split.captions_per_image, img_top_caps, cap_top_imgs, settings)
+    for warning in diagnostics["warnings"]:
+        log.warning("%s: %s", out, warning)
     save_mined(out, img_top_caps, cap_top_imgs, {
         **want,
         "checkpoint": str(checkpoint),
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
         "precision": "float16" if device.type == "cuda" and m.backend == "torch" else "float32",
-    }, config=m.model_dump(mode="json"))
+        "diagnostics_settings": settings,
+    }, config=m.model_dump(mode="json"), diagnostics=diagnostics)
     shutil.rmtree(work, ignore_errors=True)
     return load_mined(out), False

@@ -22,7 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from aoq.data.facts import facts_hold, index_facts, parse_fact
-from training.datasets.synth.facts import ZONE_NAMES, relation, relation_fact, scene_facts
+from training.datasets.synth.facts import (
+    ZONE_NAMES,
+    relation,
+    relation_fact,
+    scene_facts,
+)
 from training.datasets.synth.scenes import (
     PERTURBATIONS,
     STREAM_CAPTIONS,
