@@ -98,3 +98,18 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
     mean, low, high = paired_bootstrap(diffs)
     assert f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]" in text
     assert "Mining diagnostics from the scene records" not in text
+
+
+def test_within_family_table_gives_means_and_the_paired_interval():
+    from training.report import within_family_table
+
+    def seed(i2t, t2i, colour):
+        return {"all": {"i2t_r1": i2t, "t2i_r1": t2i}, "colour": {"i2t_r1": colour, "t2i_r1": 0.0}}
+
+    scores = {"baseline": [seed(50.0, 40.0, 10.0), seed(60.0, 40.0, 30.0)],
+              "aoq": [seed(55.0, 45.0, 20.0), seed(60.0, 46.0, 40.0)]}
+    table = within_family_table(scores, {"baseline": "baseline", "aoq": "AdapOffQuin"}).splitlines()
+    assert table[0] == "| method | all | colour | Δ all vs baseline [95% CI] |"
+    assert table[2] == "| baseline | 95.0 ± 7.1 | 20.0 ± 14.1 | — |"  # sample std over seeds
+    # paired differences +10 and +6: mean +8, and the bootstrap interval lies within [6, 10]
+    assert table[3] == "| AdapOffQuin | 103.0 ± 4.2 | 30.0 ± 14.1 | +8.0 [+6.0, +10.0] |"

@@ -312,6 +312,67 @@ def rank_histograms(run_dir: Path, arms: tuple[str, ...], split: str = "test") -
     return out
 
 
+def within_family_scores(run_dirs: list[Path], methods: tuple[str, ...], split: str = "test",
+                         ) -> dict[str, list[dict[str, dict[str, float]]]] | None:
+    """Within-family R@1 per change kind (training/family_metrics.py) of every method's model on
+    ``split``, one dict per seed; None when the split has no family structure."""
+    from aoq.checkpoint import load_checkpoint
+    from aoq.data.load import load_split
+    from aoq.embed import encode_split
+    from training.family_metrics import within_family_of_split
+
+    out: dict[str, list[dict[str, dict[str, float]]]] = {m: [] for m in methods}
+    for run_dir in run_dirs:
+        for method in methods:
+            ckpt = load_checkpoint(run_dir / "models" / method)
+            data = load_split(ckpt.config.data, split)
+            img, cap = encode_split(ckpt.model, ckpt.vocab, data, image_size=ckpt.config.data.image_size)
+            result = within_family_of_split(img @ cap.T, data)
+            if result is None:
+                return None
+            out[method].append(result)
+    return out
+
+
+def within_family_table(scores: dict[str, list[dict[str, dict[str, float]]]], names: dict[str, str]) -> str:
+    """Markdown: per method, the within-family R@1 (i2t + t2i, mean ± std over seeds) per change
+    kind, and the paired bootstrap interval of the ``all`` figure minus the baseline's."""
+    kinds = sorted(next(iter(scores.values()))[0])
+    head = "| method | " + " | ".join(kinds) + " | Δ all vs baseline [95% CI] |"
+    lines = [head, "|---|" + "---:|" * (len(kinds) + 1)]
+    base = [r["all"]["i2t_r1"] + r["all"]["t2i_r1"] for r in scores["baseline"]]
+    for method, per_seed in scores.items():
+        cells = []
+        for kind in kinds:
+            values = [r[kind]["i2t_r1"] + r[kind]["t2i_r1"] for r in per_seed if kind in r]
+            mean, std = _mean_std(values)
+            cells.append(f"{mean:.1f} ± {std:.1f}")
+        if method == "baseline":
+            delta = "—"
+        else:
+            diffs = [r["all"]["i2t_r1"] + r["all"]["t2i_r1"] - b for r, b in zip(per_seed, base)]
+            mean, low, high = paired_bootstrap(diffs)
+            delta = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
+        lines.append(f"| {names[method]} | " + " | ".join(cells) + f" | {delta} |")
+    return "\n".join(lines)
+
+
+def _family_section(collected: dict[str, Any], run_dirs: list[Path]) -> list[str]:
+    """Within-family R@1 on the test split, when the data has families (the synthetic benchmark)."""
+    scores = within_family_scores(run_dirs, tuple(collected["methods"]))
+    if scores is None:
+        return []
+    sizes = next(iter(scores.values()))[0]
+    return [
+        "## Within-family R@1 (test split)", "",
+        "R@1 of each query among the members of its own one-change family only (i2t + t2i, so 200 is "
+        "perfect), per change kind of the query's image; ties count against the positive "
+        f"([synthetic.md](synthetic.md)). Images in families: {int(sizes['all']['images'])}, mean family "
+        f"size {sizes['all']['mean_family_size']:.2f}.", "",
+        within_family_table(scores, collected["methods"]), "",
+    ]
+
+
 def histogram_figure(hists: dict[str, dict[str, int]], path: Path) -> None:
     import matplotlib
 
@@ -516,6 +577,7 @@ def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: P
         "(`--run` runs or resumes the pipelines; without it the tables come from the finished runs.)", "",
         *_setup_section(setup, cfg, collected),
         *_results_section(collected),
+        *_family_section(collected, run_dirs),
         *_cost_section(collected),
         *_figures_section(collected, run_dirs, out, figures),
         *_scene_section(setup, run_dirs[0], h_t),
