@@ -86,6 +86,9 @@ class OptimConfig(_Strict):
     grad_clip: float = Field(2.0, gt=0)
     seed: int = 0
     device: str = "auto"
+    #: ``bf16``: bfloat16 autocast around the encoders (CPU AMX/AVX512-BF16, CUDA AMP); scores,
+    #: losses and metrics stay float32 (docs/gpu.md, "Mixed precision").
+    precision: Literal["fp32", "bf16"] = "fp32"
     num_workers: int = Field(0, ge=0)
     #: save resumable state every this many steps (and at every epoch end).
     save_every_steps: int = Field(200, ge=1)
