@@ -68,7 +68,7 @@ class Sizes:
         self.embed, self.word, self.vocab = (32, 16, 100) if tiny else (1024, 300, 10000)
         self.steps, self.warmup = (2, 1) if tiny else (20, 3)
         self.mine_images, self.mine_dim, self.top = (400, 32, (50, 10)) if tiny else (113_287, 1024, (2000, 400))
-        self.synth_images = 60 if tiny else 60_000
+        self.synth_images = 120 if tiny else 60_000
         self.gallery, self.gallery_dim = (20_000, 32) if tiny else (1_000_000, 1024)
 
 

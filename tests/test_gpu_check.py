@@ -30,7 +30,7 @@ def _run(tmp_path: Path, tiny: bool) -> tuple[subprocess.CompletedProcess, dict]
 def test_without_cuda_every_part_is_skipped_with_a_line(tmp_path: Path) -> None:
     done, summary = _run(tmp_path, tiny=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert summary["cuda"] is False and list(summary["parts"]) == PARTS
+    assert summary["cuda"] is False and set(summary["parts"]) == set(PARTS)
     for part in PARTS:
         assert summary["parts"][part]["skipped"] == "no CUDA device"
         assert f"SKIP {part}: no CUDA device" in done.stderr
@@ -41,7 +41,7 @@ def test_tiny_mode_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     done, summary = _run(tmp_path, tiny=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     parts = summary["parts"]
-    assert list(parts) == PARTS and not any("error" in p for p in parts.values())
+    assert set(parts) == set(PARTS) and not any("error" in p for p in parts.values())
     assert parts["tests"]["returncode"] in (0, 5) and parts["tests"]["failures"] == 0  # 5: all skipped
     for key in ("vse_fp32", "vse_bf16", "vsrn_fp32", "vsrn_bf16"):
         speed = parts["training_speed"][key]

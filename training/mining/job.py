@@ -106,14 +106,15 @@ def mine_with_checkpoint(
     img, cap = _embeddings(ckpt, split, identity, work, device, progress)
     img_top_caps, cap_top_imgs = mine_offline_negatives(
         img, cap, split.captions_per_image, m.top_captions, m.top_images, m.block_size, device,
-        backend=m.backend, work_dir=work, progress=progress,
+        backend=m.backend, precision=m.precision, work_dir=work, progress=progress,
     )
     save_mined(out, img_top_caps, cap_top_imgs, {
         **want,
         "checkpoint": str(checkpoint),
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
-        "precision": "float16" if device.type == "cuda" and m.backend == "torch" else "float32",
+        "precision": "float16" if device.type == "cuda" and m.backend == "torch" else (
+            "bfloat16+float32" if m.precision == "bf16" and m.backend == "torch" else "float32"),
     }, config=m.model_dump(mode="json"))
     shutil.rmtree(work, ignore_errors=True)
     return load_mined(out), False
