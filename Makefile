@@ -10,7 +10,7 @@ BACKEND_PORT ?= 8000
 UI_PORT ?= 7860
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test demo bench clean
+.PHONY: setup system-deps test demo bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ bench: setup
 	$(PY) benchmarks/training_speed.py --quick
 	$(PY) benchmarks/synth_speed.py --images 300
 	$(PY) benchmarks/serving.py --gallery 20000 --queries 100 --duration 10
+
+# The GPU path in one short run (docs/gpu.md); on a machine without CUDA it skips each part.
+gpu-check: setup
+	bash scripts/gpu-check.sh
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info

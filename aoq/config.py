@@ -86,6 +86,9 @@ class OptimConfig(_Strict):
     grad_clip: float = Field(2.0, gt=0)
     seed: int = 0
     device: str = "auto"
+    #: ``bf16``: bfloat16 autocast around the encoders (CPU AMX/AVX512-BF16, CUDA AMP); scores,
+    #: losses and metrics stay float32 (docs/gpu.md, "Mixed precision").
+    precision: Literal["fp32", "bf16"] = "fp32"
     num_workers: int = Field(0, ge=0)
     #: save resumable state every this many steps (and at every epoch end).
     save_every_steps: int = Field(200, ge=1)
@@ -138,6 +141,9 @@ class MiningConfig(_Strict):
     block_size: int = Field(4096, ge=16)
     backend: Literal["torch", "faiss"] = "torch"
     device: str = "auto"
+    #: CPU torch backend: ``bf16`` filters with bfloat16 products and re-scores the passing pairs
+    #: in float32 (docs/mining.md, section 2); ``fp32`` scores everything in float32.
+    precision: Literal["fp32", "bf16"] = "fp32"
     #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
     teacher: str | None = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
@@ -29,3 +30,19 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The mixed-precision context of ``train.precision`` / ``round2.precision`` on ``device``.
+
+    ``bf16``: ``torch.autocast`` with bfloat16 (CPU: AMX/AVX512-BF16 matrix units; CUDA: AMP,
+    no loss scaling needed since bfloat16 has float32's exponent range). Callers wrap only the
+    encoders and cast the embeddings back to float32, so scores, losses and metrics stay float32.
+    ``fp32``: a no-op context.
+
+    Raises:
+        ValueError: an unknown precision name.
+    """
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

@@ -19,6 +19,15 @@ id arrays, the gallery tensor. Where clear_refs is not writable the growth of ru
 used instead (an upper bound only if nothing before (a) peaked higher, so (a) runs first).
 
 Last line: ``RESULT speedup_vs_loop=<(b)/(a)> ratio_to_matmul=<(a)/(c)> peak_mb=<z>``.
+
+``--coco``: the COCO shape (113,287 images x 566,435 captions, d = 1024, H = 2000 / 400) on a
+slice: ``--coco-blocks`` query blocks of each direction are mined in fp32 (exact) and in bf16
+mode, next to the bare fp32 and bf16 products of the same blocks; the whole run is projected
+from the per-block times (blocks per direction x time per block), and the bf16 lists are compared
+with the fp32 ones row by row (share identical, share with the same set of ids). Wall and CPU
+time are both printed: the machine is shared, the CPU time is the less load-sensitive figure.
+Last line: ``RESULT coco_fp32_s=<projected> coco_bf16_s=<projected> bf16_rows_identical=<share>
+ratio_to_matmul_fp32=<..> ratio_to_bf16_matmul=<..>``.
 """
 
 from __future__ import annotations
@@ -36,6 +45,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.mining import mine_offline_negatives  # noqa: E402
+from training.mining.topk import block_topk_torch, directions  # noqa: E402
+
+COCO_IMAGES, COCO_CPI, COCO_DIM = 113_287, 5, 1024
 
 
 def _status_kb(field: str) -> int | None:
@@ -101,6 +113,65 @@ def public_loop(queries: np.ndarray, gallery: np.ndarray, k: int, own, n: int, f
     return (time.perf_counter() - t0) / n
 
 
+class Clock:
+    """Wall and CPU seconds of a section."""
+
+    def __enter__(self) -> "Clock":
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
+
+
+def coco(blocks: int, block_size: int, chunk: int, top_captions: int, top_images: int) -> str:
+    """Mine ``blocks`` query blocks per direction at the COCO shape, fp32 and bf16; project."""
+    gen = torch.Generator().manual_seed(0)
+    img = unit_vectors(COCO_IMAGES, COCO_DIM, gen)
+    cap = unit_vectors(COCO_IMAGES * COCO_CPI, COCO_DIM, gen)
+    print(f"COCO shape: {len(img)} images x {len(cap)} captions, d={COCO_DIM}, H={top_captions}/{top_images}, "
+          f"block {block_size}, chunk {chunk}, {torch.get_num_threads()} torch threads; {blocks} block(s) per direction")
+    totals = {"fp32": [0.0, 0.0], "bf16": [0.0, 0.0], "mm32": [0.0, 0.0], "mm16": [0.0, 0.0]}
+    same_rows = same_sets = n_rows = 0
+    for d in directions(img, cap, COCO_CPI, top_captions, top_images):
+        gallery = torch.from_numpy(d.gallery)
+        gallery_bf16 = gallery.bfloat16()
+        n_blocks = -(-len(d.queries) // block_size)
+        for b in range(blocks):
+            first = b * block_size
+            ids = np.arange(first, min(len(d.queries), first + block_size))
+            q = torch.from_numpy(d.queries[ids])
+            with Clock() as exact:
+                ref = block_topk_torch(d, q, ids, gallery, chunk)
+            with Clock() as fast:
+                got = block_topk_torch(d, q, ids, gallery, chunk, gallery_bf16=gallery_bf16)
+            with Clock() as mm32:
+                for c in range(0, len(gallery), chunk):
+                    torch.mm(q, gallery[c : c + chunk].T)
+            q16 = q.bfloat16()
+            with Clock() as mm16:
+                for c in range(0, len(gallery), chunk):
+                    torch.mm(q16, gallery_bf16[c : c + chunk].T)
+            for key, clock in (("fp32", exact), ("bf16", fast), ("mm32", mm32), ("mm16", mm16)):
+                totals[key][0] += clock.wall * n_blocks / blocks
+                totals[key][1] += clock.cpu * n_blocks / blocks
+            same_rows += int((ref == got).all(axis=1).sum())
+            same_sets += int((np.sort(ref, axis=1) == np.sort(got, axis=1)).all(axis=1).sum())
+            n_rows += len(ids)
+            print(f"  {d.name} block {b}: fp32 {exact.wall:.2f} s ({exact.cpu:.2f} CPU), bf16 {fast.wall:.2f} s "
+                  f"({fast.cpu:.2f} CPU), bare products fp32 {mm32.wall:.2f} s, bf16 {mm16.wall:.2f} s; "
+                  f"x {n_blocks} blocks")
+    for key, label in (("fp32", "miner, fp32 (exact)"), ("bf16", "miner, bf16 filter + fp32 re-score"),
+                       ("mm32", "bare fp32 products"), ("mm16", "bare bf16 products")):
+        print(f"projected whole run, {label}: {totals[key][0]:.0f} s wall ({totals[key][1]:.0f} s CPU)")
+    print(f"bf16 vs fp32 lists on the slice: {same_rows}/{n_rows} rows identical, {same_sets}/{n_rows} with "
+          f"the same ids (differences are order swaps of scores within float32 round-off)")
+    return (f"RESULT coco_fp32_s={totals['fp32'][0]:.0f} coco_bf16_s={totals['bf16'][0]:.0f} "
+            f"bf16_rows_identical={same_rows / n_rows:.4f} bf16_same_ids={same_sets / n_rows:.4f} "
+            f"ratio_to_matmul_fp32={totals['fp32'][0] / totals['mm32'][0]:.2f} "
+            f"ratio_to_bf16_matmul={totals['bf16'][0] / totals['mm16'][0]:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
@@ -115,7 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop-images", type=int, default=40, help="image anchors timed in (b)")
     p.add_argument("--loop-captions", type=int, default=200, help="caption anchors timed in (b)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--coco", action="store_true", help="the COCO shape on a slice, fp32 and bf16, projected")
+    p.add_argument("--coco-blocks", type=int, default=1, help="query blocks per direction timed with --coco")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.coco:
+        print(coco(args.coco_blocks, args.block_size, args.gallery_chunk, args.top_captions, args.top_images))
+        return 0
     if args.quick:
         args.images, args.top_captions, args.top_images = 2000, 200, 40
         args.loop_images, args.loop_captions = 100, 500

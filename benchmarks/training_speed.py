@@ -49,7 +49,7 @@ def make_batch(batch: int, vocab_size: int, generator: torch.Generator) -> dict[
 
 
 def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device: torch.device,
-                 vocab_size: int) -> tuple[float, float]:
+                 vocab_size: int, precision: str = "fp32") -> tuple[float, float]:
     """Median wall-clock seconds per optimisation step, and mean CPU seconds of this process per
     step (on a shared machine the CPU time, not the wall time, says what an idle one would do)."""
     seed_everything(0)
@@ -57,7 +57,7 @@ def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device:
     model = build_model(model_cfg, vocab_size, FEATURE_DIM).to(device).train()
     params = list(model.parameters())
     optimizer = torch.optim.Adam(params, lr=cfg.train.lr)
-    step = round1_step(cfg.train)
+    step = round1_step(cfg.train.model_copy(update={"precision": precision}))
     generator = torch.Generator().manual_seed(0)
     batches = [make_batch(batch, vocab_size, generator) for _ in range(4)]
     times, cpu = [], 0.0
@@ -74,6 +74,27 @@ def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device:
     return statistics.median(times), cpu / steps
 
 
+def precision_speedup(cfg, args, device: torch.device) -> str:
+    """``--bf16``: round-1 steps of each encoder in fp32 and under bf16 autocast (train.precision),
+    interleaved fp32/bf16 ``--repeats`` times so a change of load hits both; median of the runs."""
+    fields = [f"device={device.type}", f"batch={args.batch_size}", f"threads={torch.get_num_threads()}"]
+    for encoder in args.encoders.split(","):
+        runs: dict[str, list[tuple[float, float]]] = {"fp32": [], "bf16": []}
+        for _ in range(args.repeats):
+            for precision in runs:
+                runs[precision].append(time_encoder(cfg, encoder, args.batch_size, args.steps, args.warmup, device,
+                                                    args.vocab_size, precision))
+        wall = {p: statistics.median(t for t, _ in r) for p, r in runs.items()}
+        cpu = {p: statistics.median(c for _, c in r) for p, r in runs.items()}
+        print(f"{encoder:5s} fp32 {1000 * wall['fp32']:.1f} ms/batch (CPU {1000 * cpu['fp32']:.1f}), bf16 "
+              f"{1000 * wall['bf16']:.1f} ms/batch (CPU {1000 * cpu['bf16']:.1f}): speed-up "
+              f"{wall['fp32'] / wall['bf16']:.2f}x wall, {cpu['fp32'] / cpu['bf16']:.2f}x CPU")
+        fields += [f"{encoder}_fp32_ms={1000 * wall['fp32']:.1f}", f"{encoder}_bf16_ms={1000 * wall['bf16']:.1f}",
+                   f"{encoder}_bf16_speedup={wall['fp32'] / wall['bf16']:.2f}",
+                   f"{encoder}_bf16_cpu_speedup={cpu['fp32'] / cpu['bf16']:.2f}"]
+    return "RESULT " + " ".join(fields)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/synthetic.yaml", help="model sizes and loss from here")
@@ -85,6 +106,9 @@ def main() -> int:
     parser.add_argument("--vocab-size", type=int, default=200, help="about the synthetic vocabulary's size")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quick", action="store_true", help="5 steps after 1 warm-up, one thread count")
+    parser.add_argument("--bf16", action="store_true",
+                        help="compare train.precision fp32 and bf16 (autocast) instead, at torch's thread count")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved fp32/bf16 runs with --bf16")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.warmup = 5, 1
@@ -92,6 +116,9 @@ def main() -> int:
 
     cfg = load_config(args.config)
     device = resolve_device(args.device)
+    if args.bf16:
+        print(precision_speedup(cfg, args, device))
+        return 0
     thread_counts = [int(t) for t in args.threads.split(",")] if device.type == "cpu" else [torch.get_num_threads()]
     encoders = args.encoders.split(",")
     print(f"device {device}; batch {args.batch_size}; embed_dim {cfg.model.embed_dim}, word_dim "

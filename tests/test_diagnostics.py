@@ -7,7 +7,11 @@ import pytest
 
 from aoq.config import ConfigError, Round2Config
 from training.depth import checked_depths
-from training.mining.diagnostics import diagnostics_settings, hardness_diagnostics, summary_line
+from training.mining.diagnostics import (
+    diagnostics_settings,
+    hardness_diagnostics,
+    summary_line,
+)
 from training.sampling import sampling_depths
 
 # One caption per image; img_emb = I, so S = img_emb @ cap_emb.T = cap_emb.T = SCORES.

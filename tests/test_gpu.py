@@ -66,3 +66,53 @@ def test_train_on_cuda_then_load_and_embed_on_cpu(cuda, tmp_path):
     cpu_img, cpu_cap = encode_split(on_cpu.model, on_cpu.vocab, split)
     np.testing.assert_allclose(gpu_img, cpu_img, atol=1e-4)
     np.testing.assert_allclose(gpu_cap, cpu_cap, atol=1e-4)
+
+
+@pytest.mark.parametrize("round_", [1, 2])
+def test_bf16_autocast_steps_on_cuda(cuda, round_):
+    """AMP (bf16 autocast) around the encoders: the loss and the gradients come back float32."""
+    from aoq.config import Round2Config
+    from training.round2 import round2_step
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(image_encoder="vsrn", embed_dim=32, word_dim=16), 40, 24).to(cuda)
+    groups = 1 if round_ == 1 else 3
+    batch = {"images": torch.randn(6 * groups, 5, 24), "tokens": torch.randint(4, 40, (6 * groups, 9)),
+             "lengths": torch.full((6 * groups,), 9), "caption_ids": torch.arange(6), "image_ids": torch.arange(6)}
+    step = round1_step(TrainConfig(precision="bf16")) if round_ == 1 else round2_step(Round2Config(precision="bf16"))
+    loss, _ = step(model, batch)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+
+
+def test_checkpoint_saved_on_cpu_loads_on_cuda_and_back(cuda, tmp_path):
+    from aoq.checkpoint import save_checkpoint
+    from aoq.data.vocab import Vocabulary
+
+    cfg = config_from_dict({"name": "x", "data": {"path": str(tmp_path)}, "model": {"embed_dim": 16, "word_dim": 8}})
+    torch.manual_seed(0)
+    model = build_model(cfg.model, 30, 10)
+    vocab = Vocabulary.build(["a b c"], threshold=1)
+    save_checkpoint(tmp_path / "cpu", model, cfg, vocab, {"rsum": 0.0}, {})
+    on_gpu = load_checkpoint(tmp_path / "cpu", device=cuda)
+    save_checkpoint(tmp_path / "gpu", on_gpu.model, cfg, vocab, {"rsum": 0.0}, {})
+    back = load_checkpoint(tmp_path / "gpu", device="cpu")
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(back.model.state_dict()[key], value)
+
+
+def test_faiss_gpu_search_equals_cpu():
+    faiss = pytest.importorskip("faiss")
+    if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
+        pytest.skip("faiss without GPU support (pip install faiss-gpu-cu12)")
+    rng = np.random.default_rng(0)
+    gallery = rng.standard_normal((5000, 64)).astype(np.float32)
+    queries = rng.standard_normal((20, 64)).astype(np.float32)
+    cpu = faiss.IndexFlatIP(64)
+    cpu.add(gallery)
+    gpu = faiss.index_cpu_to_all_gpus(cpu)
+    scores_cpu, ids_cpu = cpu.search(queries, 10)
+    scores_gpu, ids_gpu = gpu.search(queries, 10)
+    np.testing.assert_allclose(scores_gpu, scores_cpu, atol=1e-3)
+    assert (ids_gpu == ids_cpu).mean() > 0.99  # float32 near-ties may swap

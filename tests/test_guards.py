@@ -9,7 +9,12 @@ import pytest
 from aoq.cli.main import main as aoq
 from aoq.config import TrainConfig, config_from_dict
 from tests.fixtures import write_karpathy_fixture
-from training.guards import TrainingCollapsed, check_collapse, collapse_reason, plateaued
+from training.guards import (
+    TrainingCollapsed,
+    check_collapse,
+    collapse_reason,
+    plateaued,
+)
 
 
 def _record(epoch, rsum, chance, pos=0.3, neg=0.1, loss=10.0):

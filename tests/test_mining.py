@@ -339,3 +339,36 @@ def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Pat
 
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "nope")]) == 2
     assert "nope/config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cpi", [1, 5])
+def test_bf16_filter_gives_the_brute_force_ids(cpi: int) -> None:
+    """bf16 products filter, float32 re-scoring decides: identical ids to the float32 brute force
+    (exact data, ties included: the values are representable in bfloat16 too)."""
+    rng = np.random.default_rng(7)
+    img = exact_embeddings(rng, 60, 6, 2)
+    cap = exact_embeddings(rng, 60 * cpi, 6, 2)
+    ref = reference(img, cap, cpi, 50, 7)
+    got = mine_offline_negatives(img, cap, cpi, 50, 7, block_size=16, gallery_chunk=32, precision="bf16",
+                                 progress=False)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+def test_bf16_filter_on_random_vectors_keeps_the_same_ids() -> None:
+    """On ordinary float data the bf16 error is far above float32's: the margin must still let
+    every member of the float32 top-k through. The re-scoring sums in another order than the
+    big product, so two scores within float32 round-off may swap places; the sets are equal."""
+    gen = torch.Generator().manual_seed(0)
+    img = torch.nn.functional.normalize(torch.randn(600, 48, generator=gen), dim=1).numpy()
+    cap = torch.nn.functional.normalize(torch.randn(3000, 48, generator=gen), dim=1).numpy()
+    ref = reference(img, cap, 5, 100, 20)
+    got = mine_offline_negatives(img, cap, 5, 100, 20, block_size=256, gallery_chunk=1024, precision="bf16",
+                                 progress=False)
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(np.sort(a, axis=1), np.sort(b, axis=1))
+        s = img @ cap.T if a.shape[1] == 100 else cap @ img.T
+        rows = np.arange(len(a))[:, None]
+        np.testing.assert_allclose(s[rows, a], s[rows, b], atol=1e-6)  # swaps only among near-equal scores
+    with pytest.raises(ValueError, match="precision"):
+        mine_offline_negatives(img, cap, 5, 100, 20, precision="fp16", progress=False)

@@ -13,15 +13,14 @@ import pytest
 from PIL import Image
 
 from aoq.cli.main import main
+from aoq.data.facts import facts_hold, index_facts, parse_fact
 from aoq.data.karpathy import read_karpathy
 from aoq.data.precomp import read_precomp
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
 from aoq.io import file_hashes, read_manifest
 from training.datasets.synth import writer
-from aoq.data.facts import facts_hold, index_facts, parse_fact
 from training.datasets.synth.captions import caption_family, caption_scene
 from training.datasets.synth.facts import scene_facts
-from training.family_metrics import within_family
 from training.datasets.synth.render import render_scene
 from training.datasets.synth.scenes import (
     COLOURS,
@@ -34,6 +33,7 @@ from training.datasets.synth.scenes import (
     rng_for,
     sample_family,
 )
+from training.family_metrics import within_family
 
 SIZES = {"train": 12, "dev": 4, "test": 4}
 

@@ -23,8 +23,9 @@ from aoq.config import ConfigError, ExperimentConfig, GoalConfig, TrainConfig
 from aoq.data.dataset import label_vocabulary, multi_hot
 from aoq.data.load import load_split
 from aoq.data.loaders import PairDataset, collate_pairs
-from aoq.device import resolve_device, seed_everything
+from aoq.device import autocast, resolve_device, seed_everything
 from aoq.models.joint import JointModel, build_model, text_vocabulary
+from training import distributed
 from training.evaluate import dev_validator
 from training.goal import GoalSpec, goal_objective
 from training.labels import label_prediction_loss
@@ -58,8 +59,12 @@ def round1_step(
 
     def step(model: JointModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
         device = next(model.parameters()).device
-        img = model.encode_images(batch["images"].to(device, non_blocking=True))
-        cap = model.encode_texts(batch["tokens"].to(device, non_blocking=True), batch["lengths"])
+        # One forward call (both encoders): a DistributedDataParallel model syncs only that.
+        with autocast(device, train_cfg.precision):
+            img, cap = model(batch["images"].to(device, non_blocking=True),
+                             batch["tokens"].to(device, non_blocking=True), batch["lengths"])
+        # The loss sees the global batch under torchrun, in float32 whatever the precision.
+        img, cap = distributed.gather_groups(img.float()), distributed.gather_groups(cap.float())
         scores = img @ cap.T
         if spec is not None:
             loss = goal_objective(img, cap, spec)
@@ -67,8 +72,9 @@ def round1_step(
             loss = round1_loss(train_cfg.loss, scores, margin=train_cfg.margin, tau=train_cfg.tau)
         stats: dict[str, float] = {}
         if use_labels:
-            targets = label_targets[batch["image_ids"]].to(device)
-            label_loss = label_prediction_loss(model.label_head(img), model.label_head(cap), targets)
+            targets = label_targets[distributed.gather_groups(batch["image_ids"].to(device)).cpu()].to(device)
+            head = distributed.unwrap(model).label_head
+            label_loss = label_prediction_loss(head(img), head(cap), targets)
             loss = loss + train_cfg.label_lambda * label_loss
             stats["label_bce"] = float(label_loss.detach())
         with torch.no_grad():
@@ -94,7 +100,7 @@ def train_round1(cfg: ExperimentConfig, run_dir: str | Path | None = None, *, pr
     train = load_split(cfg.data, "train")
     dev = load_split(cfg.data, "dev")
     vocab = text_vocabulary(cfg.model, train.captions, cfg.data.vocab_threshold)
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(distributed.device_for(cfg.train.device, distributed.current()))
     labels, targets = None, None
     if cfg.train.label_lambda > 0:
         if train.labels is None:

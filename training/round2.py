@@ -46,10 +46,11 @@ from aoq.data.loaders import (
     pad_tokens,
 )
 from aoq.data.vocab import Vocabulary
-from aoq.device import resolve_device, seed_everything
+from aoq.device import autocast, resolve_device, seed_everything
 from aoq.io import ArtefactError, atomic_write_json
 from aoq.mined import MinedNegatives, load_mined
 from aoq.models.joint import JointModel, build_model, text_vocabulary
+from training import distributed
 from training.depth import checked_depths, round2_depths
 from training.evaluate import dev_validator
 from training.losses import round2_loss
@@ -186,9 +187,14 @@ def round2_step(r2: Round2Config) -> StepFn:
 
     def step(model: JointModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
         device = next(model.parameters()).device
-        b = batch["caption_ids"].shape[0]
-        img = model.encode_images(batch["images"].to(device, non_blocking=True))
-        cap = model.encode_texts(batch["tokens"].to(device, non_blocking=True), batch["lengths"])
+        groups = batch["images"].shape[0] // batch["caption_ids"].shape[0]
+        # One forward call (both encoders): a DistributedDataParallel model syncs only that.
+        with autocast(device, r2.precision):
+            img, cap = model(batch["images"].to(device, non_blocking=True),
+                             batch["tokens"].to(device, non_blocking=True), batch["lengths"])
+        # Global batch under torchrun (group by group), float32 scores whatever the precision.
+        img, cap = distributed.gather_groups(img.float(), groups), distributed.gather_groups(cap.float(), groups)
+        b = img.shape[0] // groups
         s = round2_scores(img, cap, b)
         derived = s.get("off_pair_tilde")
         loss = round2_loss(
@@ -282,7 +288,7 @@ def train_round2(
     h_t, h_i = _check_mined(mined, train, r2)
     _guard_mined_identity(run_dir, mined)
     model, vocab, init = _initial_model(cfg, train)
-    model = model.to(resolve_device(r2.device))
+    model = model.to(resolve_device(distributed.device_for(r2.device, distributed.current())))
     train = with_backbone_features(model, train, vocab, progress=progress_bar)
     dev = with_backbone_features(model, dev, vocab, progress=progress_bar)
     image_mode, text_mode = input_modes(model)

@@ -67,6 +67,7 @@ from aoq.config import ExperimentConfig, OptimConfig
 from aoq.data.vocab import Vocabulary
 from aoq.io import atomic_write_text
 from aoq.models.joint import JointModel
+from training import distributed
 from training.guards import check_collapse, plateaued
 from training.trainer_state import (
     STATE_FILE,
@@ -140,11 +141,16 @@ def epoch_loader(
 ) -> DataLoader:
     """One epoch of shuffled batches of a map-style dataset, minus the first ``skip_batches``.
 
-    The order depends on ``generator`` alone; skipped batches are never loaded. The generator
+    The order depends on ``generator`` alone; skipped batches are never loaded. Under torchrun
+    every rank draws the same global batches and loads only its slice of each
+    (:func:`training.distributed.shard_batch`). The generator
     is also handed to the DataLoader, which draws its worker base seed from it rather than from
     the global RNG (a resumed run would otherwise see different global random numbers).
     """
     batches = shuffled_batches(len(dataset), batch_size, generator)[skip_batches:]
+    shard = distributed.current()
+    if shard.world > 1:
+        batches = [distributed.shard_batch(b, shard) for b in batches]
     return DataLoader(
         dataset,
         batch_sampler=batches,
@@ -222,17 +228,19 @@ def fit(
         TrainingCollapsed: the collapse guard stopped the run (its checkpoints and log are kept).
     """
     run_dir = Path(run_dir)
+    shard = distributed.current()
     config_fingerprint = fingerprint(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=optim.lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, optim.lr_decay_epochs, optim.lr_decay_factor)
     loop = _Loop(run_dir=run_dir, cfg=cfg, optim=optim, model=model, vocab=vocab, make_loader=make_loader,
-                 step=step, validate=validate, role=role, extra=extra or {}, progress_bar=progress_bar,
-                 fingerprint=config_fingerprint, params=params, optimizer=optimizer, scheduler=scheduler)
+                 step=step, validate=validate, role=role, extra=extra or {}, progress_bar=progress_bar and shard.is_main,
+                 fingerprint=config_fingerprint, params=params, optimizer=optimizer, scheduler=scheduler,
+                 shard=shard, net=_distributed_model(model, shard))
 
     resumed = (run_dir / "state" / STATE_FILE).exists()
     prog = load_state(run_dir / "state", config_fingerprint, model, optimizer, scheduler) if resumed else Progress()
-    if resumed:
+    if resumed and shard.is_main:
         _write_metrics_log(run_dir, prog.history)  # a crash may have hit between state and log
 
     def done() -> bool:
@@ -251,7 +259,7 @@ def fit(
     if resumed:
         log.info("%s: resuming at epoch %d, step %d", run_dir, prog.epoch + 1, prog.step_in_epoch)
 
-    loop.writer = _tensorboard(run_dir)
+    loop.writer = _tensorboard(run_dir) if shard.is_main else None
     try:
         while not done():
             loop.train_epoch(prog)
@@ -262,7 +270,21 @@ def fit(
     if prog.epoch < optim.epochs:
         log.info("%s: early stop after epoch %d: dev rsum has not improved for %d epochs (best %.2f at epoch %d)",
                  role, prog.epoch, optim.patience, prog.best_rsum, prog.best_epoch)
+    distributed.barrier()  # every rank returns after rank 0 has written the last files
     return result(already_finished=False)
+
+
+def _distributed_model(model: JointModel, shard: distributed.Shard) -> torch.nn.Module:
+    """``model`` itself for one process; under torchrun a ``DistributedDataParallel`` wrapper,
+    which averages the gradients over the ranks during ``backward``. It syncs only what runs
+    through its ``forward`` (``JointModel.forward``: both encoders), so steps call ``model(...)``
+    once per batch rather than ``encode_images`` / ``encode_texts``. Batch-norm layers (vsrn, cnn)
+    normalise each rank's local rows; the other encoders see no batch statistics."""
+    if shard.world == 1:
+        return model
+    device = next(model.parameters()).device
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def optimise_step(step: StepFn, model: JointModel, batch: Any, optimizer: torch.optim.Optimizer,
@@ -305,9 +327,13 @@ class _Loop:
     params: list[Tensor]
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    shard: distributed.Shard
+    net: torch.nn.Module  # what the step runs: the model, or its DDP wrapper
     writer: Any = None
 
     def save(self, prog: Progress) -> None:
+        if not self.shard.is_main:
+            return
         save_state(self.run_dir / "state", self.fingerprint, self.model, self.optimizer, self.scheduler, prog)
 
     def _loader(self, prog: Progress) -> tuple[Iterable[Any], int | None]:
@@ -340,7 +366,7 @@ class _Loop:
                 if total is not None and prog.step_in_epoch >= total:
                     break
                 try:
-                    loss, stats = optimise_step(self.step, self.model, batch, self.optimizer, self.params,
+                    loss, stats = optimise_step(self.step, self.net, batch, self.optimizer, self.params,
                                                 self.optim.grad_clip)
                 except FloatingPointError as exc:
                     raise FloatingPointError(f"{self.role}: {exc} at epoch {prog.epoch + 1}, step "
@@ -348,7 +374,7 @@ class _Loop:
                 prog.loss_sum += loss
                 for key, value in stats.items():
                     prog.stat_sums[key] = prog.stat_sums.get(key, 0.0) + float(value)
-                prog.pairs += _batch_size(batch)
+                prog.pairs += _batch_size(batch) * self.shard.world
                 prog.step_in_epoch += 1
                 prog.global_step += 1
                 now = time.perf_counter()
@@ -363,7 +389,10 @@ class _Loop:
         self._finish_epoch(prog, lr, time.perf_counter() - epoch_start)
 
     def _finish_epoch(self, prog: Progress, lr: float, train_time: float) -> None:
-        """Validate, select, checkpoint, advance the schedule, save the state, log."""
+        """Validate, select, checkpoint, advance the schedule, save the state, log.
+
+        Under torchrun every rank validates (the same dev set, on its own device, so the ranks
+        keep identical progress and pick the same best epoch) and rank 0 alone writes."""
         self.model.eval()
         val_start = time.perf_counter()
         with torch.no_grad():
@@ -394,8 +423,10 @@ class _Loop:
         ckpt_extra = {"role": self.role, "epoch": prog.epoch + 1, "selected_on": "dev rsum", **self.extra}
         if is_best:
             prog.best_rsum, prog.best_epoch = rsum, prog.epoch + 1
-            save_checkpoint(self.run_dir / "best", self.model, self.cfg, self.vocab, dev, ckpt_extra)
-        save_checkpoint(self.run_dir / "last", self.model, self.cfg, self.vocab, dev, ckpt_extra)
+            if self.shard.is_main:
+                save_checkpoint(self.run_dir / "best", self.model, self.cfg, self.vocab, dev, ckpt_extra)
+        if self.shard.is_main:
+            save_checkpoint(self.run_dir / "last", self.model, self.cfg, self.vocab, dev, ckpt_extra)
 
         self.scheduler.step()
         prog.epoch += 1
@@ -403,15 +434,17 @@ class _Loop:
         prog.epoch_generator_state = None
         prog.loss_sum, prog.stat_sums, prog.batch_time_sum, prog.pairs = 0.0, {}, 0.0, 0
         self.save(prog)
-        _write_metrics_log(self.run_dir, prog.history)
+        if self.shard.is_main:
+            _write_metrics_log(self.run_dir, prog.history)
         if self.writer is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch":
                     self.writer.add_scalar(f"{self.role}/{key}", value, record["epoch"])
             self.writer.flush()
-        log.info("%s epoch %d/%d: loss %.4f, lr %.2g, dev rsum %.2f%s (%.1f s, %.1f ms/batch)", self.role,
-                 record["epoch"], self.optim.epochs, record["train_loss"], lr, rsum, " *best*" if is_best else "",
-                 train_time + val_time, 1000 * record["batch_time_s"])
+        if self.shard.is_main:
+            log.info("%s epoch %d/%d: loss %.4f, lr %.2g, dev rsum %.2f%s (%.1f s, %.1f ms/batch)", self.role,
+                     record["epoch"], self.optim.epochs, record["train_loss"], lr, rsum, " *best*" if is_best else "",
+                     train_time + val_time, 1000 * record["batch_time_s"])
 
 
 def _batch_size(batch: Any) -> int:

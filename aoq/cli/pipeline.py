@@ -26,7 +26,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.pipeline import KNOWN_ARMS, comparison_table, run_pipeline, seeded_config
+    from training.pipeline import (
+        KNOWN_ARMS,
+        comparison_table,
+        run_pipeline,
+        seeded_config,
+    )
 
     cfg = load_config(args.config, args.overrides)
     if args.out is not None:

@@ -41,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from training.pipeline import KNOWN_ARMS
-    from training.report import ReportSetup, parse_seeds, run_experiments, seed_config, write_report
+    from training.report import (
+        ReportSetup,
+        parse_seeds,
+        run_experiments,
+        seed_config,
+        write_report,
+    )
 
     try:
         seeds = parse_seeds(args.seeds)

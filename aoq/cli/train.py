@@ -31,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from training import distributed
     from training.round1 import train_round1
 
     set_threads(args.threads)
@@ -38,7 +39,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         # Assigned, not parsed as YAML: a folder called "null" or "2024" stays a string.
         cfg.out_dir = args.out
-    result = train_round1(cfg, progress_bar=not args.no_progress)
+    # Under torchrun: join the process group (one process per device; docs/gpu.md).
+    shard = distributed.init_from_env(cfg.train.device)
+    try:
+        result = train_round1(cfg, progress_bar=not args.no_progress)
+    finally:
+        distributed.shutdown()
+    if not shard.is_main:
+        return 0
     loss = cfg.train.loss + (f" ({cfg.goal.triplet}, {cfg.goal.pair})" if cfg.train.loss == "goal" else "")
     print_training_result("round 1", result, f"loss {loss}")
     return 0

@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from training import distributed
     from training.round2 import train_round2
 
     set_threads(args.threads)
@@ -47,7 +48,14 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from is not None:
         cfg.round2.init_from = args.init_from
     mined = Path(args.mined) if args.mined else cfg.run_dir / "mined"
-    result = train_round2(cfg, mined, progress_bar=not args.no_progress)
+    # Under torchrun: join the process group (one process per device; docs/gpu.md).
+    shard = distributed.init_from_env(cfg.round2.device)
+    try:
+        result = train_round2(cfg, mined, progress_bar=not args.no_progress)
+    finally:
+        distributed.shutdown()
+    if not shard.is_main:
+        return 0
     r2 = cfg.round2
     print_training_result("round 2", result, f"loss {r2.loss}, variant {r2.variant}, init {r2.init}")
     return 0

@@ -93,6 +93,7 @@ def mine_offline_negatives(
     *,
     backend: Literal["torch", "faiss"] = "torch",
     gallery_chunk: int = 16384,
+    precision: Literal["fp32", "bf16"] = "fp32",
     work_dir: str | Path | None = None,
     progress: bool = True,
     on_block: Callable[[str, int], None] | None = None,
@@ -109,6 +110,8 @@ def mine_offline_negatives(
         device: torch device ("auto" = CUDA when present); CUDA uses float16 matrix products.
         backend: "torch" (exact tie rule) or "faiss" (IndexFlatIP on the CPU).
         gallery_chunk: gallery columns scored at once (torch backend).
+        precision: CPU torch backend: ``bf16`` filters with bfloat16 products and re-scores the
+            passing pairs in float32 (``training.mining.topk.Bf16Scorer``); ``fp32`` is exact.
         work_dir: folder for resumable per-block results; None keeps everything in memory.
         progress: show a tqdm bar over the blocks.
         on_block: called with (direction, first row) after each block is finished and saved
@@ -128,6 +131,9 @@ def mine_offline_negatives(
     # FAISS runs on the CPU; there the torch gallery only serves the exact re-ranking of tied rows.
     dev = resolve_device(device) if backend == "torch" else torch.device("cpu")
     half = dev.type == "cuda"
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    bf16 = precision == "bf16" and backend == "torch" and not half
     job = {
         "img_emb": _array_hash(img_emb),
         "cap_emb": _array_hash(cap_emb),
@@ -136,7 +142,7 @@ def mine_offline_negatives(
         "top_images": top_images,
         "block_size": block_size,
         "backend": backend,
-        "precision": "float16" if half else "float32",
+        "precision": "float16" if half else ("bfloat16+float32" if bf16 else "float32"),
     }
     parts = _Parts(None if work_dir is None else Path(work_dir), job)
     results = []
@@ -144,7 +150,7 @@ def mine_offline_negatives(
         n_q = direction.queries.shape[0]
         out = np.empty((n_q, direction.k), dtype=np.int32)
         firsts = range(0, n_q, block_size)
-        gallery_t = index = None
+        gallery_t = gallery_bf16 = index = None
         bar = tqdm(firsts, desc=f"mining {direction.name}", unit="block", disable=not progress, leave=False)
         for first in bar:
             last = min(n_q, first + block_size)
@@ -152,13 +158,15 @@ def mine_offline_negatives(
             if part is None:
                 if gallery_t is None:
                     gallery_t = torch.from_numpy(direction.gallery).to(dev, torch.float16 if half else torch.float32)
+                    gallery_bf16 = gallery_t.bfloat16() if bf16 else None
                 if backend == "faiss":
                     if index is None:
                         index = faiss_index(direction.gallery)
                     part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first, gallery_chunk)
                 else:
                     q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
-                    part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk)
+                    part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk,
+                                            gallery_bf16=gallery_bf16)
                 parts.save(direction.name, first, part)
             out[first:last] = part
             if on_block is not None:

@@ -120,7 +120,7 @@ def mine_with_checkpoint(
     else:
         img_top_caps, cap_top_imgs = mine_offline_negatives(
             img, cap, split.captions_per_image, m.top_captions, m.top_images, m.block_size, device,
-            backend=m.backend, work_dir=work, progress=progress,
+            backend=m.backend, precision=m.precision, work_dir=work, progress=progress,
         )
     checked_depths(img_top_caps, cap_top_imgs, cfg.round2, out)
     diagnostics = hardness_diagnostics(img, cap, split.captions_per_image, img_top_caps, cap_top_imgs, settings)
@@ -131,7 +131,8 @@ def mine_with_checkpoint(
         "checkpoint": str(checkpoint),
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
-        "precision": "float16" if device.type == "cuda" and m.backend == "torch" else "float32",
+        "precision": "float16" if device.type == "cuda" and m.backend == "torch" else (
+            "bfloat16+float32" if m.precision == "bf16" and m.backend == "torch" else "float32"),
         "diagnostics_settings": settings,
     }, config=m.model_dump(mode="json"), diagnostics=diagnostics)
     shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,299 @@
+"""The GPU path in one short, prepared run: tests, training speed, mining, two rounds, serving.
+
+Run by ``scripts/gpu-check.sh`` (``make gpu-check``). Writes ``summary.json`` and ``check.log``
+to ``--out`` (default ``$GPU_CHECK_OUT`` or ``artifacts/gpu-check``). Parts, in order:
+
+1. ``tests``: the tests that skip without CUDA (tests/test_gpu.py, and the ``cuda`` tests of
+   tests/test_losses.py and tests/test_mining.py): device placement, bf16 AMP, faiss-gpu,
+   checkpoints saved on the GPU and loaded on the CPU and back.
+2. ``training_speed``: per-batch time of round 1 (max violation) and round 2 (AdapOffQuin),
+   batch 128, COCO shapes (36 regions x 2048 features), vse and vsrn, fp32 and bf16 AMP; the
+   AOQ / baseline ratio beside the paper's 1.46x.
+3. ``mining``: synthetic unit embeddings at COCO scale (113,287 images x 5 captions, d = 1024,
+   top 2,000 / 400) mined on the GPU; seconds beside the paper's 3,400 s.
+4. ``two_rounds``: the synthetic benchmark at ``--synth-images`` training images: round 1,
+   mining, round 2 (ONE seed, no paired comparison), cut by ``--budget-s``.
+5. ``serving``: the flat inner-product search behind ``/search/text`` (one query, top 10) on a
+   1M x d gallery, faiss-gpu against the CPU index (the index search alone, not the HTTP path).
+
+Without CUDA every part is skipped with a line saying so, and the summary is still written.
+``--tiny`` runs every part on the CPU at toy sizes instead (code-path check for ``make test``;
+its figures mean nothing). Each part is isolated: an exception is recorded as that part's
+``error`` and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from aoq.config import ModelConfig, Round2Config, TrainConfig  # noqa: E402
+from aoq.device import seed_everything  # noqa: E402
+from aoq.io import atomic_write_json  # noqa: E402
+from aoq.models.joint import build_model  # noqa: E402
+from training.round1 import round1_step  # noqa: E402
+from training.round2 import round2_step  # noqa: E402
+from training.trainer import optimise_step  # noqa: E402
+
+log = logging.getLogger("gpu_check")
+PAPER_AOQ_OVER_BASELINE = 1.46  # AOQ paper: round-2 time per batch / round-1 time per batch
+PAPER_MINING_S = 3400.0  # AOQ paper: offline mining of MS-COCO on one GPU
+
+
+class Sizes:
+    """Full sizes on a GPU; toy sizes with ``--tiny`` (CPU code-path check)."""
+
+    def __init__(self, tiny: bool) -> None:
+        self.batch = 8 if tiny else 128
+        self.regions, self.features = (4, 32) if tiny else (36, 2048)
+        self.embed, self.word, self.vocab = (32, 16, 100) if tiny else (1024, 300, 10000)
+        self.steps, self.warmup = (2, 1) if tiny else (20, 3)
+        self.mine_images, self.mine_dim, self.top = (400, 32, (50, 10)) if tiny else (113_287, 1024, (2000, 400))
+        self.synth_images = 120 if tiny else 60_000
+        self.gallery, self.gallery_dim = (20_000, 32) if tiny else (1_000_000, 1024)
+
+
+def _batch(sizes: Sizes, groups: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    n = sizes.batch * groups
+    lengths = torch.randint(8, 19, (n,), generator=generator)
+    batch = {
+        "images": torch.rand(n, sizes.regions, sizes.features, generator=generator),
+        "tokens": torch.randint(4, sizes.vocab, (n, int(lengths.max())), generator=generator),
+        "lengths": lengths,
+    }
+    if groups > 1:
+        batch["caption_ids"] = torch.arange(sizes.batch)
+        batch["image_ids"] = torch.arange(sizes.batch)
+    return batch
+
+
+def time_step(encoder: str, round_: int, precision: str, sizes: Sizes, device: torch.device) -> float:
+    """Median seconds of one optimisation step (forward, loss, backward, clip, Adam)."""
+    seed_everything(0)
+    model = build_model(ModelConfig(image_encoder=encoder, embed_dim=sizes.embed, word_dim=sizes.word),
+                        sizes.vocab, sizes.features).to(device).train()
+    params = list(model.parameters())
+    optimizer = torch.optim.Adam(params, lr=2e-4)
+    if round_ == 1:
+        step, groups = round1_step(TrainConfig(precision=precision)), 1
+    else:
+        step, groups = round2_step(Round2Config(precision=precision)), 3
+    generator = torch.Generator().manual_seed(0)
+    batches = [_batch(sizes, groups, generator) for _ in range(2)]
+    times = []
+    for k in range(sizes.warmup + sizes.steps):
+        _sync(device)
+        start = time.perf_counter()
+        optimise_step(step, model, batches[k % 2], optimizer, params, 2.0)
+        _sync(device)
+        if k >= sizes.warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def part_tests(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
+    xml = out / "tests.xml"
+    selection = ["tests/test_gpu.py", "tests/test_losses.py", "tests/test_mining.py", "-k", "gpu or cuda"]
+    if tiny:  # the code path only: one quick file (everything in it skips without CUDA)
+        selection = ["tests/test_gpu.py"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                           *selection], cwd=REPO, capture_output=True, text=True, timeout=300)
+    log.info("pytest %s\n%s", " ".join(selection), done.stdout[-4000:])
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return {"selection": selection, "returncode": done.returncode, **counts}
+
+
+def part_training_speed(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"batch": sizes.batch, "regions": sizes.regions, "features": sizes.features,
+                              "embed_dim": sizes.embed, "paper_aoq_over_baseline": PAPER_AOQ_OVER_BASELINE}
+    for encoder in ("vse", "vsrn"):
+        for precision in ("fp32", "bf16"):
+            r1 = time_step(encoder, 1, precision, sizes, device)
+            r2 = time_step(encoder, 2, precision, sizes, device)
+            result[f"{encoder}_{precision}"] = {"round1_ms": 1000 * r1, "round2_ms": 1000 * r2,
+                                                "aoq_over_baseline": r2 / r1}
+            log.info("%s %s: round 1 %.1f ms/batch, round 2 %.1f ms/batch, ratio %.2f (paper %.2f)",
+                     encoder, precision, 1000 * r1, 1000 * r2, r2 / r1, PAPER_AOQ_OVER_BASELINE)
+    return result
+
+
+def _unit(n: int, d: int, generator: torch.Generator, device: torch.device) -> np.ndarray:
+    out = np.empty((n, d), dtype=np.float32)
+    for s in range(0, n, 65536):
+        x = torch.randn(min(65536, n - s), d, generator=generator).to(device)
+        out[s : s + len(x)] = torch.nn.functional.normalize(x, dim=1).cpu().numpy()
+    return out
+
+
+def part_mining(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
+    from training.mining import mine_offline_negatives
+
+    generator = torch.Generator().manual_seed(0)
+    img = _unit(sizes.mine_images, sizes.mine_dim, generator, device)
+    cap = _unit(sizes.mine_images * 5, sizes.mine_dim, generator, device)
+    _sync(device)
+    start = time.perf_counter()
+    caps, imgs = mine_offline_negatives(img, cap, 5, *sizes.top, device=device, progress=False)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    log.info("mining %d x %d, d=%d, H=%s on %s: %.1f s (paper %.0f s)", len(img), len(cap), sizes.mine_dim,
+             sizes.top, device, seconds, PAPER_MINING_S)
+    return {"images": len(img), "captions": len(cap), "dim": sizes.mine_dim, "top": list(sizes.top),
+            "seconds": seconds, "paper_seconds": PAPER_MINING_S, "shapes": [list(caps.shape), list(imgs.shape)]}
+
+
+def _cli(args: list[str], timeout: float) -> float:
+    """Run one ``aoq`` command; its seconds. Raises TimeoutError past ``timeout``."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "aoq.cli.main", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"aoq {args[0]} cut by the time budget") from None
+    log.info("aoq %s (%.1f s)\n%s", " ".join(args), time.perf_counter() - start, done.stdout[-2000:] + done.stderr[-2000:])
+    if done.returncode:
+        raise RuntimeError(f"aoq {args[0]} failed ({done.returncode}): {done.stderr[-500:]}")
+    return time.perf_counter() - start
+
+
+def part_two_rounds(sizes: Sizes, device: torch.device, out: Path, tiny: bool, budget_s: float,
+                    images: int | None) -> dict[str, Any]:
+    n = images or sizes.synth_images
+    deadline = time.perf_counter() + budget_s
+    result: dict[str, Any] = {"train_images": n, "seeds": 1, "note": "one seed, no paired comparison", "stages": {}}
+    epochs = "1" if tiny else "3"
+    common = ["--config", "configs/synthetic.yaml", "--no-progress", "--set", f"train.epochs={epochs}",
+              "--set", f"round2.epochs={epochs}", "--set", "train.lr_decay_epochs=2", "--set", "round2.lr_decay_epochs=2"]
+    with tempfile.TemporaryDirectory() as tmp:
+        data, run = Path(tmp) / "synth", Path(tmp) / "run"
+        where = ["--set", f"data.path={data}/precomp", "--out", str(run)]
+        stages = [
+            ("synth", ["synth", "--out", str(data), "--train", str(n), "--dev", "200" if tiny else "1000",
+                       "--test", "200" if tiny else "1000", "--no-progress"]),
+            ("round1", ["train", *common, *where, "--device", device.type]),
+            ("mine", ["mine", "--checkpoint", str(run / "round1" / "best"), "--config", "configs/synthetic.yaml",
+                      "--set", f"data.path={data}/precomp", "--out", str(run / "mined"), "--device", device.type,
+                      "--no-progress"]),
+            ("round2", ["train2", *common, *where, "--mined", str(run / "mined"), "--device", device.type]),
+        ]
+        for name, args in stages:
+            try:
+                result["stages"][name] = _cli(args, deadline - time.perf_counter())
+            except TimeoutError as exc:
+                result["cut"] = str(exc)
+                break
+        for round_ in ("round1", "round2"):
+            metrics = run / round_ / "metrics.jsonl"
+            if metrics.is_file():
+                history = [json.loads(line) for line in metrics.read_text().splitlines()]
+                result[f"{round_}_dev_rsum"] = [r["dev_rsum"] for r in history]
+                result[f"{round_}_s_per_epoch"] = [r["train_time_s"] for r in history]
+    return result
+
+
+def part_serving(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
+    import faiss
+
+    generator = torch.Generator().manual_seed(0)
+    gallery = _unit(sizes.gallery, sizes.gallery_dim, generator, device)
+    queries = _unit(200, sizes.gallery_dim, generator, device)
+    cpu = faiss.IndexFlatIP(sizes.gallery_dim)
+    cpu.add(gallery)
+    result: dict[str, Any] = {"gallery": sizes.gallery, "dim": sizes.gallery_dim, "k": 10,
+                              "what": "faiss IndexFlatIP.search of one query, the core of /search/text"}
+    indexes = {"cpu": cpu}
+    if hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
+        indexes["gpu"] = faiss.index_cpu_to_all_gpus(cpu)
+    else:
+        result["gpu"] = "skipped: this faiss build has no GPU support (pip install faiss-gpu-cu12)"
+    for name, index in indexes.items():
+        index.search(queries[:5], 10)  # warm-up
+        times = []
+        for q in queries:
+            start = time.perf_counter()
+            index.search(q[None], 10)
+            times.append(time.perf_counter() - start)
+        result[f"{name}_ms_p50"] = 1000 * float(np.percentile(times, 50))
+        result[f"{name}_ms_p95"] = 1000 * float(np.percentile(times, 95))
+        log.info("serving %s: p50 %.2f ms, p95 %.2f ms per query on %d x %d", name, result[f"{name}_ms_p50"],
+                 result[f"{name}_ms_p95"], sizes.gallery, sizes.gallery_dim)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT", "artifacts/gpu-check"))
+    p.add_argument("--tiny", action="store_true", help="every part on the CPU at toy sizes (code-path check)")
+    p.add_argument("--budget-s", type=float, default=150.0, help="time budget of the two-round run")
+    p.add_argument("--synth-images", type=int, default=None, help="training images of the two-round run")
+    p.add_argument("--parts", default="tests,training_speed,mining,two_rounds,serving")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                        handlers=[logging.FileHandler(out / "check.log", mode="w"), logging.StreamHandler()])
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    sizes = Sizes(args.tiny)
+    summary: dict[str, Any] = {
+        "cuda": cuda, "tiny": args.tiny, "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "parts": {},
+    }
+    parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "tests": lambda: part_tests(sizes, device, out, args.tiny),
+        "training_speed": lambda: part_training_speed(sizes, device, out, args.tiny),
+        "mining": lambda: part_mining(sizes, device, out, args.tiny),
+        "two_rounds": lambda: part_two_rounds(sizes, device, out, args.tiny, args.budget_s, args.synth_images),
+        "serving": lambda: part_serving(sizes, device, out, args.tiny),
+    }
+    start = time.perf_counter()
+    for name in args.parts.split(","):
+        if not cuda and not args.tiny:
+            log.info("SKIP %s: no CUDA device on this machine (run on a GPU, or --tiny for a CPU code-path check)", name)
+            summary["parts"][name] = {"skipped": "no CUDA device"}
+            continue
+        part_start = time.perf_counter()
+        try:
+            summary["parts"][name] = parts[name]()
+        except Exception as exc:  # one broken part must not hide the others' figures
+            log.error("part %s failed: %s\n%s", name, exc, traceback.format_exc())
+            summary["parts"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+        summary["parts"][name]["wall_s"] = time.perf_counter() - part_start
+    summary["wall_s"] = time.perf_counter() - start
+    atomic_write_json(out / "summary.json", summary)
+    log.info("summary: %s", out / "summary.json")
+    failed = [n for n, r in summary["parts"].items() if "error" in r or r.get("failures") or r.get("errors")]
+    print(f"RESULT gpu_check cuda={cuda} tiny={args.tiny} parts={len(summary['parts'])} failed={len(failed)} "
+          f"wall_s={summary['wall_s']:.0f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
