@@ -27,13 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures import write_karpathy_fixture  # noqa: E402
 from aoq.backbone_cache import caption_backbone_features, image_backbone_features  # noqa: E402
 from aoq.config import config_from_dict  # noqa: E402
 from aoq.data.dataset import SplitData  # noqa: E402
 from aoq.data.load import load_split  # noqa: E402
 from aoq.data.loaders import PairDataset, collate_pairs  # noqa: E402
 from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
+from tests.fixtures import write_karpathy_fixture  # noqa: E402
 from training.round1 import round1_step  # noqa: E402
 from training.trainer import epoch_loader, optimise_step  # noqa: E402
 

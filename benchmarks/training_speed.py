@@ -1,19 +1,27 @@
-"""Round-1 training speed: time per batch and throughput (pairs/s) of vse and vsrn.
+"""Training speed: time per batch of round 1 (the baseline) and round 2 (AOQ), for vse and vsrn.
 
-Each measured step is the trainer's own ``optimise_step`` with the round-1 ``step``: forward
-of both encoders, the configured loss (default max_violation), backward, gradient clipping at
-2.0 and an Adam update, on synthetic-shaped batches (``N_REGIONS`` x ``FEATURE_DIM`` region
-features from ``aoq.features``, captions of 8-18 tokens, the model sizes of
-``--config``). Data loading is not included (the benchmark isolates the model; the trainer's
-``metrics.jsonl`` records the per-batch time with loading). Timings are the median over
-``--steps`` steps after ``--warmup`` steps, for each torch intra-op thread count in
-``--threads``, with the CPU time of the process per step beside it (on a busy shared machine
-the wall time includes waiting for a core; with one thread the CPU time is what an idle machine
-would take). The demo estimate is one epoch of the demo-size synthetic train split (4,000
-images x 5 captions).
+Each measured step is the trainer's own ``optimise_step``: forward of both encoders, the loss,
+backward, gradient clipping and an Adam update, on synthetic-shaped batches (``N_REGIONS`` x
+``FEATURE_DIM`` region features from ``aoq.features``, captions of 8-18 tokens, the model sizes
+of ``--config``). Round 1 runs ``train.loss`` (max_violation, the baseline) on B pairs; round 2
+runs ``round2.loss`` (AdapOffQuin) on B pairs plus their offline items (3B images and 3B
+captions, the layout of ``training.round2.collate_round2``). The two steps alternate, one of
+each per iteration, so a change of load on a shared machine hits both alike. Data loading is
+not included (the trainer's ``metrics.jsonl`` records the per-batch time with loading).
 
-Last line: ``RESULT device=<d> batch=<B> vse_ms_per_batch=<t> vse_pairs_per_s=<p>
-vsrn_ms_per_batch=<t> vsrn_pairs_per_s=<p> vse_threads=<n> vsrn_threads=<n>``.
+Timings are the median wall time over ``--steps`` steps after ``--warmup`` steps, and the mean
+CPU time of the process per step (on a busy shared machine the wall time includes waiting for
+a core; with one thread the CPU time is what an idle machine would take), for each torch
+intra-op thread count in ``--threads``. The demo estimate is one epoch of the demo-size
+synthetic train split (4,000 images x 5 captions). The random models score the derived pairs
+like positives, so about half of the derived-pair hinges are active: the share (``derived
+rows``) bounds round 2's cost (docs/training.md, Speed); a trained model has fewer.
+
+Last line: ``RESULT device=<d> batch=<B> <enc>_ms_per_batch=<t> <enc>_pairs_per_s=<p> ...
+<enc>_round2_ms_per_batch=<t> <enc>_round2_cpu_ratio=<r> ... <enc>_threads=<n> ...
+round2_loss=<loss> encoder=<enc> wall_ratio_to_baseline=<r> ratio_to_baseline=<r>``, where the
+last ratio is round 2's CPU time per batch over round 1's, for the config's image encoder (or
+the first one measured), at its fastest thread count.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,45 +42,73 @@ from aoq.device import resolve_device, seed_everything  # noqa: E402
 from aoq.features import FEATURE_DIM, N_REGIONS  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
 from training.round1 import round1_step  # noqa: E402
+from training.round2 import round2_step, uses_derived_pairs  # noqa: E402
 from training.trainer import optimise_step  # noqa: E402
 
 DEMO_PAIRS = 4000 * 5
+ROUNDS = ("round1", "round2")
 
 
-def make_batch(batch: int, vocab_size: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Random features of the synthetic shape and random token ids of caption-like lengths."""
-    lengths = torch.randint(8, 19, (batch,), generator=generator)
+@dataclass
+class Timing:
+    """One arm's figures: median wall seconds and mean CPU seconds per step, and the mean of
+    the round-2 stat ``derived_active`` (share of derived rows re-encoded with gradients)."""
+
+    wall: float
+    cpu: float
+    derived_active: float | None = None
+
+
+def make_batch(batch: int, vocab_size: int, generator: torch.Generator, groups: int = 1) -> dict[str, torch.Tensor]:
+    """Random features of the synthetic shape and random token ids of caption-like lengths, for
+    ``groups`` x ``batch`` rows (the positives first), and the ids of the ``batch`` pairs."""
+    rows = groups * batch
+    lengths = torch.randint(8, 19, (rows,), generator=generator)
     return {
-        "images": torch.rand(batch, N_REGIONS, FEATURE_DIM, generator=generator),
-        "tokens": torch.randint(4, vocab_size, (batch, int(lengths.max())), generator=generator),
+        "images": torch.rand(rows, N_REGIONS, FEATURE_DIM, generator=generator),
+        "tokens": torch.randint(4, vocab_size, (rows, int(lengths.max())), generator=generator),
         "lengths": lengths,
+        "caption_ids": torch.arange(batch),
+        "image_ids": torch.arange(batch),
     }
 
 
 def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device: torch.device,
-                 vocab_size: int, precision: str = "fp32") -> tuple[float, float]:
-    """Median wall-clock seconds per optimisation step, and mean CPU seconds of this process per
-    step (on a shared machine the CPU time, not the wall time, says what an idle one would do)."""
-    seed_everything(0)
+                 vocab_size: int, precision: str = "fp32") -> dict[str, Timing]:
+    """Round 1 and round 2 of ``encoder``, stepped alternately: a :class:`Timing` per round
+    (``precision``: train.precision / round2.precision, fp32 or bf16 autocast)."""
     model_cfg = cfg.model.model_copy(update={"image_encoder": encoder})
-    model = build_model(model_cfg, vocab_size, FEATURE_DIM).to(device).train()
-    params = list(model.parameters())
-    optimizer = torch.optim.Adam(params, lr=cfg.train.lr)
-    step = round1_step(cfg.train.model_copy(update={"precision": precision}))
-    generator = torch.Generator().manual_seed(0)
-    batches = [make_batch(batch, vocab_size, generator) for _ in range(4)]
-    times, cpu = [], 0.0
-    for k in range(warmup + steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start, cpu_start = time.perf_counter(), time.process_time()
-        optimise_step(step, model, batches[k % len(batches)], optimizer, params, cfg.train.grad_clip)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if k >= warmup:
-            times.append(time.perf_counter() - start)
-            cpu += time.process_time() - cpu_start
-    return statistics.median(times), cpu / steps
+    groups = 3 if uses_derived_pairs(cfg.round2) else 2
+    arms = {}
+    train = cfg.train.model_copy(update={"precision": precision})
+    round2 = cfg.round2.model_copy(update={"precision": precision})
+    for name, step, optim, k in (("round1", round1_step(train), train, 1),
+                                 ("round2", round2_step(round2), round2, groups)):
+        seed_everything(0)
+        model = build_model(model_cfg, vocab_size, FEATURE_DIM).to(device).train()
+        params = list(model.parameters())
+        generator = torch.Generator().manual_seed(0)
+        arms[name] = (step, model, params, torch.optim.Adam(params, lr=optim.lr), optim.grad_clip,
+                      [make_batch(batch, vocab_size, generator, k) for _ in range(4)])
+    times = {name: [] for name in ROUNDS}
+    cpu = dict.fromkeys(ROUNDS, 0.0)
+    active: list[float] = []
+    for it in range(warmup + steps):
+        for name in ROUNDS:
+            step, model, params, optimizer, clip, batches = arms[name]
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            _, stats = optimise_step(step, model, batches[it % len(batches)], optimizer, params, clip)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if it >= warmup:
+                times[name].append(time.perf_counter() - start)
+                cpu[name] += time.process_time() - cpu_start
+                if "derived_active" in stats:
+                    active.append(stats["derived_active"])
+    return {name: Timing(statistics.median(times[name]), cpu[name] / steps,
+                         statistics.mean(active) if name == "round2" and active else None) for name in ROUNDS}
 
 
 def precision_speedup(cfg, args, device: torch.device) -> str:
@@ -79,13 +116,13 @@ def precision_speedup(cfg, args, device: torch.device) -> str:
     interleaved fp32/bf16 ``--repeats`` times so a change of load hits both; median of the runs."""
     fields = [f"device={device.type}", f"batch={args.batch_size}", f"threads={torch.get_num_threads()}"]
     for encoder in args.encoders.split(","):
-        runs: dict[str, list[tuple[float, float]]] = {"fp32": [], "bf16": []}
+        runs: dict[str, list[Timing]] = {"fp32": [], "bf16": []}
         for _ in range(args.repeats):
             for precision in runs:
                 runs[precision].append(time_encoder(cfg, encoder, args.batch_size, args.steps, args.warmup, device,
-                                                    args.vocab_size, precision))
-        wall = {p: statistics.median(t for t, _ in r) for p, r in runs.items()}
-        cpu = {p: statistics.median(c for _, c in r) for p, r in runs.items()}
+                                                    args.vocab_size, precision)["round1"])
+        wall = {p: statistics.median(t.wall for t in r) for p, r in runs.items()}
+        cpu = {p: statistics.median(t.cpu for t in r) for p, r in runs.items()}
         print(f"{encoder:5s} fp32 {1000 * wall['fp32']:.1f} ms/batch (CPU {1000 * cpu['fp32']:.1f}), bf16 "
               f"{1000 * wall['bf16']:.1f} ms/batch (CPU {1000 * cpu['bf16']:.1f}): speed-up "
               f"{wall['fp32'] / wall['bf16']:.2f}x wall, {cpu['fp32'] / cpu['bf16']:.2f}x CPU")
@@ -97,7 +134,7 @@ def precision_speedup(cfg, args, device: torch.device) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/synthetic.yaml", help="model sizes and loss from here")
+    parser.add_argument("--config", default="configs/synthetic.yaml", help="model sizes and losses from here")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -121,28 +158,39 @@ def main() -> int:
         return 0
     thread_counts = [int(t) for t in args.threads.split(",")] if device.type == "cpu" else [torch.get_num_threads()]
     encoders = args.encoders.split(",")
-    print(f"device {device}; batch {args.batch_size}; embed_dim {cfg.model.embed_dim}, word_dim "
-          f"{cfg.model.word_dim}, gcn_layers {cfg.model.gcn_layers}; loss {cfg.train.loss}; "
+    b = args.batch_size
+    print(f"device {device}; batch {b}; embed_dim {cfg.model.embed_dim}, word_dim {cfg.model.word_dim}, "
+          f"gcn_layers {cfg.model.gcn_layers}; round 1 {cfg.train.loss}, round 2 {cfg.round2.loss}; "
           f"features {N_REGIONS} x {FEATURE_DIM}; median of {args.steps} steps after {args.warmup}")
-    best: dict[str, tuple[float, int]] = {}
+    best: dict[str, tuple[dict[str, Timing], int]] = {}
     original = torch.get_num_threads()
     try:
         for threads in thread_counts:
             torch.set_num_threads(threads)
             for encoder in encoders:
-                seconds, cpu = time_encoder(cfg, encoder, args.batch_size, args.steps, args.warmup, device,
-                                            args.vocab_size)
-                print(f"{encoder:5s} threads={threads}: {1000 * seconds:8.1f} ms/batch (CPU {1000 * cpu:7.1f} ms), "
-                      f"{args.batch_size / seconds:8.0f} pairs/s, demo epoch "
-                      f"({DEMO_PAIRS // args.batch_size} batches) {DEMO_PAIRS // args.batch_size * seconds:6.1f} s")
-                if encoder not in best or seconds < best[encoder][0]:
-                    best[encoder] = (seconds, threads)
+                arms = time_encoder(cfg, encoder, b, args.steps, args.warmup, device, args.vocab_size)
+                for name in ROUNDS:
+                    t = arms[name]
+                    extra = f", derived rows re-encoded {100 * t.derived_active:.0f}%" if t.derived_active is not None else ""
+                    print(f"{encoder:5s} threads={threads} {name}: {1000 * t.wall:8.1f} ms/batch (CPU "
+                          f"{1000 * t.cpu:7.1f} ms), {b / t.wall:8.0f} pairs/s, demo epoch ({DEMO_PAIRS // b} "
+                          f"batches) {DEMO_PAIRS // b * t.wall:6.1f} s{extra}")
+                print(f"{encoder:5s} threads={threads} round2 / round1: CPU {arms['round2'].cpu / arms['round1'].cpu:.2f}x, "
+                      f"wall {arms['round2'].wall / arms['round1'].wall:.2f}x")
+                if encoder not in best or arms["round1"].wall < best[encoder][0]["round1"].wall:
+                    best[encoder] = (arms, threads)
     finally:
         torch.set_num_threads(original)
-    fields = [f"device={device.type}", f"batch={args.batch_size}"]
-    for encoder, (seconds, _) in best.items():
-        fields += [f"{encoder}_ms_per_batch={1000 * seconds:.1f}", f"{encoder}_pairs_per_s={args.batch_size / seconds:.0f}"]
+    fields = [f"device={device.type}", f"batch={b}"]
+    for encoder, (arms, _) in best.items():
+        r1, r2 = arms["round1"], arms["round2"]
+        fields += [f"{encoder}_ms_per_batch={1000 * r1.wall:.1f}", f"{encoder}_pairs_per_s={b / r1.wall:.0f}",
+                   f"{encoder}_round2_ms_per_batch={1000 * r2.wall:.1f}", f"{encoder}_round2_cpu_ratio={r2.cpu / r1.cpu:.2f}"]
     fields += [f"{encoder}_threads={threads}" for encoder, (_, threads) in best.items()]
+    main_encoder = cfg.model.image_encoder if cfg.model.image_encoder in best else encoders[0]
+    r1, r2 = best[main_encoder][0]["round1"], best[main_encoder][0]["round2"]
+    fields += [f"round2_loss={cfg.round2.loss}", f"encoder={main_encoder}",
+               f"wall_ratio_to_baseline={r2.wall / r1.wall:.2f}", f"ratio_to_baseline={r2.cpu / r1.cpu:.2f}"]
     print("RESULT " + " ".join(fields))
     return 0
 

@@ -1,4 +1,5 @@
-"""Round 2: batches, the one-call step and its scores, every loss and ablation, training through
+"""Round 2: batches, the step (groups apart under batch statistics, the derived rows re-encoded only where
+active) and its scores, every loss and ablation, training through
 the shared trainer (resume, finetune, teacher mining), and the ``aoq train2`` command."""
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def test_batch_layout_groups_positives_then_offline_items(data: Path) -> None:
     assert short["images"].shape[0] == 6 and short["tokens"].shape[0] == 6
 
 
-def test_step_scores_equal_separate_encoder_calls(data: Path) -> None:
+def test_round2_scores_equal_separate_encoder_calls(data: Path) -> None:
     split, vocab, batch = _batch(data, list(range(0, 100, 9)))  # 12 pairs
     torch.manual_seed(0)
     model = build_model(ModelConfig(embed_dim=16, word_dim=8), len(vocab), 12).eval()
@@ -134,26 +135,134 @@ def test_step_scores_equal_separate_encoder_calls(data: Path) -> None:
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6, msg=key)
 
-    # ... and the step calls each encoder exactly once, then applies round2.loss to these scores.
-    calls = {"images": 0, "texts": 0}
+
+def _float64_model(vocab, encoder: str, seed: int = 0):
+    """A small model in float64 and train mode; BatchNorm scales made non-zero (they start at 0,
+    which would hide the batch statistics)."""
+    torch.manual_seed(seed)
+    model = build_model(ModelConfig(image_encoder=encoder, embed_dim=16, word_dim=8, gcn_layers=1), len(vocab), 12)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm1d):
+            torch.nn.init.uniform_(m.weight, 0.5, 1.5)
+            torch.nn.init.uniform_(m.bias, -0.3, 0.3)
+    return model.double().train()
+
+
+def _recorded(model):
+    """Wrap the model's encoders: every call's (rows, whether it records gradients) in order."""
+    calls = {"images": [], "texts": []}
     encode_images, encode_texts = model.encode_images, model.encode_texts
 
-    def count_images(x):
-        calls["images"] += 1
+    def images(x):
+        calls["images"].append((x.shape[0], torch.is_grad_enabled()))
         return encode_images(x)
 
-    def count_texts(x, lengths):
-        calls["texts"] += 1
+    def texts(x, lengths):
+        calls["texts"].append((x.shape[0], torch.is_grad_enabled()))
         return encode_texts(x, lengths)
 
-    model.encode_images, model.encode_texts = count_images, count_texts
-    r2 = Round2Config()
-    loss, stats = round2_step(r2)(model, batch)
-    assert calls == {"images": 1, "texts": 1}
-    torch.testing.assert_close(loss, round2_loss(
-        expected["scores"], expected["i2t_off"], expected["t2i_off"], expected["off_pair"],
-        expected["off_pair_tilde"]), rtol=1e-5, atol=1e-5)
-    assert set(stats) == {"pos", "hardest_neg", "i2t_off", "t2i_off"}
+    model.encode_images, model.encode_texts = images, texts
+    return calls
+
+
+def _reference(model, batch, r2: Round2Config, b: int, mixed: bool = False):
+    """The full computation: every group with gradients, one call per group (or one mixed call)."""
+    groups = batch["images"].shape[0] // b
+    parts = [slice(0, groups * b)] if mixed else [slice(g * b, (g + 1) * b) for g in range(groups)]
+    img = torch.cat([model.encode_images(batch["images"][p]) for p in parts])
+    cap = torch.cat([model.encode_texts(batch["tokens"][p], batch["lengths"][p]) for p in parts])
+    s = round2_scores(img, cap, b)
+    return round2_loss(s["scores"], s["i2t_off"], s["t2i_off"], s["off_pair"], s.get("off_pair_tilde"),
+                       loss=r2.loss, variant=r2.variant, margin_online=r2.margin_online,
+                       margin_offline=r2.margin_offline, alpha=r2.alpha, beta=r2.beta)
+
+
+def _loss_and_grads(model, compute):
+    model.zero_grad(set_to_none=True)
+    loss = compute()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(("encoder", "loss", "variant"), [
+    ("vse", "adaptive_offline_quintuplet", "none"),
+    ("vse", "offline_quintuplet", "none"),
+    ("vse", "adaptive_offline_quintuplet", "only_offline"),
+    ("vsrn", "adaptive_offline_quintuplet", "none"),
+    ("vsrn", "adaptive_offline_quintuplet", "no_offline_adapt"),
+])
+def test_step_equals_the_full_computation_with_groups_apart(data: Path, encoder: str, loss: str,
+                                                            variant: str) -> None:
+    """Same loss and parameter gradients (float64) as every group encoded alone with gradients,
+    while the ~ captions are encoded without gradients and only their active rows again."""
+    b = 20
+    _, vocab, batch = _batch(data, list(range(0, 60, 3)))  # groups hold different images
+    batch = {**batch, "images": batch["images"].double()}
+    model = _float64_model(vocab, encoder)
+    r2 = Round2Config(loss=loss, variant=variant)
+    expected, expected_grads = _loss_and_grads(model, lambda: _reference(model, batch, r2, b))
+    calls = _recorded(model)
+    box = {}
+
+    def step():
+        box["loss"], box["stats"] = round2_step(r2)(model, batch)
+        return box["loss"]
+
+    got, got_grads = _loss_and_grads(model, step)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert got_grads.keys() == expected_grads.keys()
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+
+    active = round(box["stats"]["derived_active"] * b)
+    assert 0 < active < b  # the saving is exercised: some rows re-encoded, some not
+    # captions (a GRU: rows independent): [positives | offline] in one call, ~ without gradients,
+    # then the active ~ rows again
+    assert calls["texts"] == [(2 * b, True), (b, False), (active, True)]
+    if encoder == "vse":
+        assert calls["images"] == [(2 * b, True), (b, False), (active, True)]
+    else:  # BatchNorm in train mode: one call per group, all with gradients
+        assert calls["images"] == [(b, True), (b, True), (b, True)]
+
+
+def test_batch_statistics_of_a_group_do_not_mix_with_the_others(data: Path) -> None:
+    """vsrn in train mode: the positives' embeddings are those of the positives encoded alone,
+    which one call over all 3B images would not give, and the loss tells the two apart."""
+    b = 20
+    _, vocab, batch = _batch(data, list(range(0, 60, 3)))  # groups hold different images
+    batch = {**batch, "images": batch["images"].double()}
+    model = _float64_model(vocab, "vsrn")
+    outputs = []
+    encode_images = model.encode_images
+    model.encode_images = lambda x: outputs.append(encode_images(x)) or outputs[-1]
+    loss, _ = round2_step(Round2Config())(model, batch)
+    with torch.no_grad():
+        alone = encode_images(batch["images"][:b])
+        mixed = encode_images(batch["images"])[:b]
+    torch.testing.assert_close(outputs[0].detach(), alone, rtol=1e-12, atol=1e-12)
+    assert (mixed - alone).abs().max() > 1e-2
+    model.encode_images = encode_images
+    with torch.no_grad():
+        mixed_loss = _reference(model, batch, Round2Config(), b, mixed=True)
+    assert abs(float(loss.detach()) - float(mixed_loss)) > 1e-3
+
+
+def test_which_encoders_are_encoded_per_group_or_in_subsets() -> None:
+    from torch import nn
+
+    from aoq.models.image import ConvImageEncoder, VSEImageEncoder, VSRNImageEncoder
+    from training.round2_encode import rows_independent, uses_batch_statistics
+
+    vsrn, cnn, vse = VSRNImageEncoder(12, 16, 1), ConvImageEncoder(16, 4), VSEImageEncoder(12, 16)
+    assert uses_batch_statistics(vsrn.train()) and uses_batch_statistics(cnn.train())
+    assert not uses_batch_statistics(vsrn.eval()) and not uses_batch_statistics(cnn.eval())
+    assert not uses_batch_statistics(vse.train()) and rows_independent(vse)
+    no_running = nn.BatchNorm1d(4, track_running_stats=False).eval()
+    assert uses_batch_statistics(no_running) and not rows_independent(no_running)
+    dropout = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1))
+    assert not uses_batch_statistics(dropout.train()) and not rows_independent(dropout)
+    assert rows_independent(dropout.eval()) and rows_independent(nn.Sequential(nn.Dropout(0.0)).train())
+    assert not rows_independent(nn.GRU(4, 4, num_layers=2, dropout=0.2).train())
 
 
 COMBINATIONS = [
@@ -207,6 +316,9 @@ def test_train_round2_end_to_end_and_resume_after_an_interruption(data: Path, mi
     records = [json.loads(line) for line in (tmp_path / "ref" / "round2" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2] and [r["steps"] for r in records] == [4, 4]
     assert all(np.isfinite(r["train_loss"]) and "dev_rsum" in r and "train_i2t_off" in r for r in records)
+    # throughput counts the 25 pairs of a batch, not its 75 stacked images
+    assert all(r["pairs_per_s"] * r["batch_time_s"] * r["steps"] == pytest.approx(100) for r in records)
+    assert all(0 <= r["train_derived_active"] <= 1 for r in records)
     extra = json.loads((ref.best_dir / "extra.json").read_text())
     assert extra["role"] == "round2" and extra["loss"] == "adaptive_offline_quintuplet"
     assert extra["init"] == "scratch" and extra["teacher_hash"] == "teacher"

@@ -448,9 +448,11 @@ class _Loop:
 
 
 def _batch_size(batch: Any) -> int:
-    """Pairs in a batch: the first dimension of its first tensor."""
+    """Pairs in a batch: its ``caption_ids`` (one per positive pair: a round-2 batch stacks its
+    offline items behind the positives in the other tensors), else the first dimension of its
+    first tensor."""
     if isinstance(batch, dict):
-        batch = next(iter(batch.values()))
+        batch = batch["caption_ids"] if "caption_ids" in batch else next(iter(batch.values()))
     elif isinstance(batch, (list, tuple)):
         batch = batch[0]
     return int(batch.shape[0]) if isinstance(batch, Tensor) else 0
