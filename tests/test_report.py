@@ -24,6 +24,18 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
+def test_parse_sweep():
+    from training.report import Sweep, parse_sweep
+
+    assert parse_sweep("depth30:round2.h_t=30,round2.h_i=6@aoq,offtri") == Sweep(
+        "depth30", ("round2.h_t=30", "round2.h_i=6"), ("aoq", "offtri"))
+    assert parse_sweep("ablations@only_offline") == Sweep("ablations", (), ("only_offline",))
+    assert parse_sweep("plain") == Sweep("plain", (), ("aoq",))
+    for bad in ("", ":a=1", "x:novalue", "a/b:k=1"):
+        with pytest.raises(ValueError):
+            parse_sweep(bad)
+
+
 def test_paired_bootstrap_interval():
     d = [1.0, 2.0, 3.0, 4.0, 10.0]
     mean, low, high = paired_bootstrap(d, samples=20_000)
@@ -84,9 +96,18 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
         "round2": {"epochs": 2, "batch_size": 16, "h_t": 4, "h_i": 2},
     }))
     out = tmp_path / "results.md"
+    sweep = ["--sweep", "shallow:round2.h_t=2,round2.h_i=1@offtri", "--sweep-seeds", "1"]
     assert aoq(["report", "--config", str(config), "--seeds", "0-1", "--arms", "aoq", "--run", "--runs",
-                str(tmp_path / "runs"), "--out", str(out), "--figures", str(tmp_path / "fig")]) == 0
+                str(tmp_path / "runs"), "--out", str(out), "--figures", str(tmp_path / "fig"), *sweep]) == 0
     text = out.read_text()
+    # the sweep point: its own baseline and arm, seed 1 only, its depth in the diagnostics
+    point = json.loads((tmp_path / "runs" / "sweeps" / "shallow" / "seed1" / "comparison" / "comparison.json")
+                       .read_text())
+    gap = point["offtri"]["full"]["rsum"] - point["baseline"]["full"]["rsum"]
+    row = next(line for line in text.splitlines() if line.startswith("| shallow |"))
+    assert row.startswith(f"| shallow | `round2.h_t=2 round2.h_i=1` | OffTri (Eq. 3) | {point['baseline']['full']['rsum']:.1f} |")
+    assert f"| {gap:+.1f} [{gap:+.1f}, {gap:+.1f}] | 2 / 1 |" in row
+    assert not (tmp_path / "runs" / "sweeps" / "shallow" / "seed0").exists()
     assert text.startswith(f"# Results on `fixture-{fmt}`")
     diag = [json.loads((tmp_path / "runs" / f"seed{s}" / "mined" / "diagnostics.json").read_text()) for s in (0, 1)]
     mean_gap = statistics.fmean(d["image_anchors"]["on_minus_off"] for d in diag)

@@ -17,7 +17,7 @@ import logging
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,29 @@ KEYS = (("i2t", "r1"), ("i2t", "r5"), ("i2t", "r10"), ("t2i", "r1"), ("t2i", "r5
 BOOTSTRAP_SAMPLES = 10_000
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """One sweep point: config overrides on top of the report's, run for the sweep seeds with
+    ``arms`` (each compared with that point's own baseline), in ``<runs>/sweeps/<name>``."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    arms: tuple[str, ...] = ("aoq",)
+
+
+def parse_sweep(text: str) -> Sweep:
+    """``NAME[:KEY=VALUE,...][@ARM,...]``, e.g. ``depth10:round2.depth=absolute,round2.h_t=10@aoq``."""
+    head, _, arms = text.partition("@")
+    name, _, overrides = head.partition(":")
+    if not name.strip() or "/" in name:
+        raise ValueError(f"--sweep {text!r}: give NAME[:KEY=VALUE,...][@ARM,...]")
+    items = tuple(o.strip() for o in overrides.split(",") if o.strip())
+    if any("=" not in o for o in items):
+        raise ValueError(f"--sweep {text!r}: overrides are KEY=VALUE, separated by commas")
+    chosen = tuple(a.strip() for a in arms.split(",") if a.strip()) or ("aoq",)
+    return Sweep(name.strip(), items, chosen)
+
+
 @dataclass
 class ReportSetup:
     """What the report runs: the config, seeds, arms, early stopping, the data and folders.
@@ -70,6 +93,8 @@ class ReportSetup:
     overrides: tuple[str, ...] = ()
     #: early stopping on dev rsum for both rounds (``epochs`` caps it); None keeps the config's.
     patience: int | None = 3
+    sweeps: tuple[Sweep, ...] = ()
+    sweep_seeds: tuple[int, ...] = (0,)
 
     @property
     def methods(self) -> dict[str, str]:
@@ -104,8 +129,16 @@ def seed_config(setup: ReportSetup, seed: int) -> ExperimentConfig:
     return seeded_config(cfg, seed)
 
 
-def run_experiments(setup: ReportSetup) -> list[Path]:
-    """Generate the synthetic set if asked, then run (or resume) every seed's pipeline with all arms."""
+def sweep_setup(setup: ReportSetup, sweep: Sweep) -> ReportSetup:
+    """The report setup of one sweep point: its overrides added, its arms, the sweep seeds."""
+    return replace(setup, seeds=setup.sweep_seeds, arms=sweep.arms, overrides=(*setup.overrides, *sweep.overrides),
+                   runs_root=setup.runs_root / "sweeps" / sweep.name, sweeps=())
+
+
+def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
+    """Generate the synthetic set if asked, then run (or resume) every seed's pipeline with all arms
+    (unless ``main`` is False), then every sweep point. Finished stages are skipped, so several
+    processes may share the work by sweep points."""
     from training.pipeline import KNOWN_ARMS, run_pipeline
 
     if setup.synth:
@@ -113,12 +146,14 @@ def run_experiments(setup: ReportSetup) -> list[Path]:
 
         ensure_dataset(setup.data_dir, {"train": setup.train, "dev": setup.dev, "test": setup.test})
     run_dirs = []
-    for seed in setup.seeds:
-        cfg = seed_config(setup, seed)
+    jobs = [(setup, seed) for seed in setup.seeds] if main else []
+    jobs += [(sweep_setup(setup, sw), seed) for sw in setup.sweeps for seed in setup.sweep_seeds]
+    for job, seed in jobs:
+        cfg = seed_config(job, seed)
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
-        run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in setup.arms})
+        run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in job.arms})
         run_dirs.append(cfg.run_dir)
-    return run_dirs
+    return run_dirs[:len(setup.seeds)] if main else []
 
 
 # --------------------------------------------------------------------------- collection
@@ -460,6 +495,11 @@ def _command(setup: ReportSetup) -> str:
     if setup.synth:
         parts.append(f"--synth --data {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}")
     parts += [f"--set {o}" for o in setup.overrides]
+    for sweep in setup.sweeps:
+        parts.append(f"--sweep '{sweep.name}" + (f":{','.join(sweep.overrides)}" if sweep.overrides else "")
+                     + f"@{','.join(sweep.arms)}'")
+    if setup.sweeps:
+        parts.append(f"--sweep-seeds {','.join(map(str, setup.sweep_seeds))}")
     return " ".join(parts)
 
 
@@ -512,6 +552,36 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
         for warning in (s["diagnostics"] or {}).get("warnings", []):
             lines += [f"**Warning ({Path(s['run_dir']).name}):** {warning}", ""]
     return lines
+
+
+def sweeps_table(setup: ReportSetup) -> str:
+    """One row per sweep point and arm: rsum of the point's baseline and arm, the paired
+    difference (bootstrap interval over the sweep seeds) and the mined lists' diagnostics."""
+    lines = ["| sweep | overrides | method | baseline rsum | method rsum | Δ rsum [95% CI] | h_t / h_i "
+             "| S_on − S_off (img / cap) | premise held |", "|---|---|---|---:|---:|---:|---|---:|---:|"]
+    for sweep in setup.sweeps:
+        point = sweep_setup(setup, sweep)
+        collected = collect([seed_config(point, s).run_dir for s in point.seeds], point.methods)
+        protocol = _protocols(collected)[0]
+        depth, _, _, gap, held = _diagnostic_cells(collected["seeds"])
+        base = _mean_std([s["results"]["baseline"][protocol]["rsum"] for s in collected["seeds"]])[0]
+        for arm in sweep.arms:
+            value = _mean_std([s["results"][arm][protocol]["rsum"] for s in collected["seeds"]])[0]
+            mean, low, high = paired_bootstrap(rsum_differences(collected, arm, protocol))
+            lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | {point.methods[arm]} | "
+                         f"{base:.1f} | {value:.1f} | {mean:+.1f} [{low:+.1f}, {high:+.1f}] | {depth} | {gap} "
+                         f"| {held} |")
+    return "\n".join(lines)
+
+
+def _sweeps_section(setup: ReportSetup) -> list[str]:
+    if not setup.sweeps:
+        return []
+    return ["## Sweeps", "",
+            f"One seed group each (seeds {', '.join(map(str, setup.sweep_seeds))}): every point retrains its "
+            "own baseline, mines with it and trains the listed arms; rsum on the first protocol of the main "
+            "table. A single seed's interval is the point itself: read these as directions, not results.", "",
+            sweeps_table(setup), ""]
 
 
 def _cost_section(collected: dict[str, Any]) -> list[str]:
@@ -578,6 +648,7 @@ def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: P
         *_setup_section(setup, cfg, collected),
         *_results_section(collected),
         *_family_section(collected, run_dirs),
+        *_sweeps_section(setup),
         *_cost_section(collected),
         *_figures_section(collected, run_dirs, out, figures),
         *_scene_section(setup, run_dirs[0], h_t),

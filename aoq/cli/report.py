@@ -35,6 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test", type=int, default=5000)
     parser.add_argument("--run", action=argparse.BooleanOptionalAction, default=False,
                         help="run or resume the pipelines first (default: only read finished runs)")
+    parser.add_argument("--sweep", dest="sweeps", action="append", default=[], metavar="NAME[:K=V,...][@ARM,...]",
+                        help="a sweep point run on --sweep-seeds with its own baseline, e.g. "
+                             "'depth30:round2.depth=absolute,round2.h_t=30,round2.h_i=6@aoq' (repeatable)")
+    parser.add_argument("--sweep-seeds", default="0", help="seeds of every sweep point (default: %(default)s)")
+    parser.add_argument("--sweeps-only", action="store_true",
+                        help="with --run: run only the sweep points, and write nothing (to share the work "
+                             "between processes; a last call without it writes the page)")
     parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
     parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
 
@@ -44,13 +51,15 @@ def run(args: argparse.Namespace) -> int:
     from training.report import (
         ReportSetup,
         parse_seeds,
+        parse_sweep,
         run_experiments,
         seed_config,
         write_report,
     )
 
     try:
-        seeds = parse_seeds(args.seeds)
+        seeds, sweep_seeds = parse_seeds(args.seeds), parse_seeds(args.sweep_seeds)
+        sweeps = tuple(parse_sweep(s) for s in args.sweeps)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
@@ -58,8 +67,15 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not arms:
         raise ConfigError(f"--arms: unknown arm(s) {', '.join(unknown) or '(none given)'}; "
                           f"choose from {', '.join(KNOWN_ARMS)}")
+    unknown = [a for sw in sweeps for a in sw.arms if a not in KNOWN_ARMS]
+    if unknown:
+        raise ConfigError(f"--sweep: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(KNOWN_ARMS)}")
     setup = ReportSetup(args.config, seeds, arms, args.runs, args.synth, args.data, args.train, args.dev,
-                        args.test, tuple(args.overrides), args.patience or None)
+                        args.test, tuple(args.overrides), args.patience or None, sweeps, sweep_seeds)
+    if args.run and args.sweeps_only:
+        run_experiments(setup, main=False)
+        print(f"ran {len(sweeps)} sweep point(s); write the page with a call without --sweeps-only")
+        return 0
     if args.run:
         run_dirs = run_experiments(setup)
     else:
