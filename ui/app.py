@@ -47,6 +47,7 @@ class _Shared:
 class _Filled:
     """The components of the tabs that the page load fills from the backend."""
 
+    query: gr.Textbox
     examples: gr.Dataset
     captions: gr.State
     gallery: gr.Gallery
@@ -82,21 +83,25 @@ def build_app(
             right = gr.Dropdown(label="Right model", choices=[], elem_id="right-model", scale=2)
             top_k = gr.Slider(1, 20, value=DEFAULT_K, step=1, label="top k", scale=1)
         shared = _Shared(api, left, right, top_k)
-        examples, captions = _text_to_image_tab(shared, list(example_queries))
+        free_text = list(example_queries)
+        query, examples, captions = _text_to_image_tab(shared, free_text)
         gallery, images = _image_to_text_tab(shared)
         _failures_tab(shared)
         train_pick, neg_kind, neg_item, neg_model = _negatives_tab(shared)
         metric_models = _metrics_tab(shared)
-        _fill_on_load(demo, shared, status, _Filled(examples, captions, gallery, images, train_pick, neg_kind,
-                                                    neg_item, neg_model, metric_models))
+        _fill_on_load(demo, shared, status, _Filled(query, examples, captions, gallery, images, train_pick,
+                                                    neg_kind, neg_item, neg_model, metric_models),
+                      free_text[0].text if free_text else None)
 
     # Two models answer every query: let a few events run at once instead of Gradio's one.
     demo.queue(default_concurrency_limit=concurrency)
     return demo
 
 
-def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Filled) -> None:
-    """At each page load: the status line, the model choices and the example queries."""
+def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Filled, first_query: str | None) -> None:
+    """At each page load: the status line, the model choices and the example queries; the query
+    box starts on ``first_query`` (else the first test caption), so every tab's button works as
+    the page opens."""
     api = shared.api
 
     def on_load():
@@ -105,6 +110,7 @@ def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Fill
         thumbs = [(media_url(api.public_url, i.thumbnail_url), f"image {i.id}") for i in page.example_images]
         # The negatives tab starts on the first training example, so "Show" works as it stands.
         first = handlers.parse_train_pick(page.train_picks[0][1]) if page.train_picks else None
+        query = first_query or (page.example_captions[0].text if page.example_captions else "")
         return (
             page.status_html,
             gr.update(choices=page.model_choices, value=page.left),
@@ -118,16 +124,17 @@ def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Fill
             gr.update(choices=page.train_picks, value=page.train_picks[0][1] if first else None),
             gr.update(value=first[0]) if first else gr.update(),
             gr.update(value=first[1]) if first else gr.update(),
+            query,
         )
 
     demo.load(on_load, outputs=[status, shared.left, shared.right, tabs.neg_model, tabs.metric_models,
                                 tabs.examples, tabs.captions, tabs.gallery, tabs.images, tabs.train_pick,
-                                tabs.neg_kind, tabs.neg_item])
+                                tabs.neg_kind, tabs.neg_item, tabs.query])
 
 
-def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]) -> tuple[gr.Dataset, gr.State]:
-    """A query box, the given free-text examples and example captions; returns (examples, their
-    captions) for the page load."""
+def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]) -> tuple[gr.Textbox, gr.Dataset, gr.State]:
+    """A query box, the given free-text examples and example captions; returns (query box,
+    examples, their captions) for the page load."""
     api = shared.api
     with gr.Tab("Text to image"):
         captions = gr.State([])
@@ -165,7 +172,7 @@ def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]) -> tuple[
             return text, *handlers.search_text(api, text, left, right, k)
 
         fine.click(on_free, [fine, *shared.pair_and_k], [query, *outputs])
-    return examples, captions
+    return query, examples, captions
 
 
 def _image_to_text_tab(shared: _Shared) -> tuple[gr.Gallery, gr.State]:
@@ -180,7 +187,7 @@ def _image_to_text_tab(shared: _Shared) -> tuple[gr.Gallery, gr.State]:
                 upload = gr.Image(label="...or upload a PNG/JPEG", type="filepath", format="png",
                                   sources=["upload"], height=180, elem_id="i2t-upload")
                 upload_search = gr.Button("Search with the upload", elem_id="i2t-upload-search")
-        shown_query = gr.HTML()
+        shown_query = gr.HTML(elem_id="i2t-query")
         with gr.Row(equal_height=False):
             left_column = gr.HTML(elem_id="i2t-left")
             right_column = gr.HTML(elem_id="i2t-right")
@@ -208,7 +215,7 @@ def _failures_tab(shared: _Shared) -> None:
             which = gr.Radio([(v, k) for k, v in WHICH_LABELS.items()], value="baseline_only", label="Cases")
             limit = gr.Slider(5, 100, value=20, step=5, label="list at most")
         list_cases = gr.Button("List cases", elem_id="failures-list")
-        summary = gr.HTML()
+        summary = gr.HTML(elem_id="failures-summary")
         cases = gr.Dropdown(label="Case", choices=[], elem_id="failures-case")
         shown_query = gr.HTML()
         with gr.Row(equal_height=False):
