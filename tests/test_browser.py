@@ -336,3 +336,22 @@ def test_every_tab_answers_its_main_button_with_the_defaults(driver, emoji_demo)
         driver.find_element(By.ID, button).click()
         WebDriverWait(driver, WAIT_S).until(lambda d: d.find_element(By.ID, answer).text.strip())
         _no_error_shown(driver)
+
+
+def test_real_demo_negatives_read_cached_backbone_features(emoji_demo, monkeypatch):
+    """No online-negatives request runs a backbone: the training split's features come from the
+    cache training filled, and only the projection heads run (the service runs in this process)."""
+    from aoq.models.pretrained import EffNetImageEncoder, MiniLMTextEncoder
+
+    backend, _ = emoji_demo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a backbone ran for /negatives")
+
+    monkeypatch.setattr(EffNetImageEncoder, "backbone_features", refuse)
+    monkeypatch.setattr(MiniLMTextEncoder, "backbone_features", refuse)
+    train = httpx.get(f"{backend}/examples", params={"split": "train", "n": 2}).json()
+    for kind, item in (("caption", train["captions"][1]["id"]), ("image", train["images"][1]["id"])):
+        answer = httpx.get(f"{backend}/negatives", params={"kind": kind, "id": item, "model": "aoq", "n": 5})
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["online"]) == 5 and len(answer.json()["offline"]) == 5
