@@ -145,6 +145,7 @@ def test_text_query_shows_images_in_both_columns(driver, ui_url, backend_url):
     assert all(name in status for name in ("aoq", "baseline", "pixels")) and "unavailable" not in status, status
 
     box = driver.find_element(By.CSS_SELECTOR, "#t2i-query textarea")
+    box.clear()  # the page opens with the first example caption in the box
     box.send_keys(query)
     driver.find_element(By.ID, "t2i-search").click()
 
