@@ -6,11 +6,13 @@ PY     := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 QUICK  ?=
+# emoji (real pictures, pretrained encoders) or synth (the synthetic benchmark)
+DATASET ?= emoji
 BACKEND_PORT ?= 8000
 UI_PORT ?= 7860
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test demo bench gpu-check clean
+.PHONY: setup system-deps data-deps test demo bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -26,11 +28,16 @@ $(STAMP): pyproject.toml
 system-deps:
 	@bash scripts/system-deps.sh
 
-test: setup system-deps
+# The emoji dataset's sources: Debian fonts/CLDR/Unicode data and the Twemoji npm package.
+data-deps:
+	@bash scripts/data-deps.sh
+
+test: setup system-deps data-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: setup
-	$(PY) -m aoq.cli.demo $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
+# exec: the demo replaces the recipe's shell, so a signal to make's child reaches it directly.
+demo: setup $(if $(filter emoji,$(DATASET)),data-deps,)
+	exec $(PY) -m aoq.cli.demo --dataset $(DATASET) $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
 
 # Quick versions of the benchmarks; each prints a RESULT line of ratios measured in one run.
 bench: setup

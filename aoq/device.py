@@ -46,3 +46,9 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def full_precision(t: torch.Tensor) -> torch.Tensor:
+    """``t`` cast back to float32 when autocast made it half or bfloat16; float32 and float64
+    (the exactness tests) pass unchanged."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t

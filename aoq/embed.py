@@ -61,6 +61,18 @@ def encode_image_inputs(model: JointModel, inputs: Tensor, device: str | torch.d
         return _numpy(model.encode_images(inputs.to(_device(model, device))))
 
 
+def encode_caption_inputs(model: JointModel, inputs: Tensor, lengths: Tensor,
+                          device: str | torch.device | None = None) -> np.ndarray:
+    """Embed a batch of caption inputs: (B, T) padded token ids, or (B, D) cached backbone
+    features of a frozen pretrained text encoder (``aoq.backbone_cache``), with (B,) lengths.
+
+    Returns:
+        (B, d) float32 array of unit-norm rows.
+    """
+    with _inference(model):
+        return _numpy(model.encode_texts(inputs.to(_device(model, device)), lengths))
+
+
 def encode_texts(
     model: JointModel, vocab: Vocabulary, texts: list[str], device: str | torch.device | None = None,
     batch_size: int = 256,

@@ -26,6 +26,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 def port_free(host: str, port: int) -> bool:
     """True when nothing listens on ``host:port`` (checked by binding, as a server would)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As uvicorn and Gradio do: connections of a server that just stopped linger in TIME_WAIT
+        # for a minute and do not stop a new server from binding; a listening socket does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

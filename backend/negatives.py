@@ -6,6 +6,11 @@
   scored by the model, as the max-violation loss would pick them.
 
 The mined lists and the training split are loaded on first use and kept per model checkpoint.
+Models with frozen pretrained backbones read the training split's backbone features from the
+feature cache that training filled (``aoq.backbone_cache``), so a request runs only the
+projection heads over the batch; without a cache entry (another machine, a cleared cache) the
+backbone runs on the batch's pictures / captions instead, and the service never featurises a
+whole split inside a request.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from sqlalchemy.orm import sessionmaker
 
 from aoq.data.dataset import DataError, SplitData
 from aoq.data.load import load_split
+from aoq.backbone_cache import with_backbone_features
 from aoq.data.loaders import load_pixels
-from aoq.embed import encode_image_inputs, encode_texts
+from aoq.embed import encode_caption_inputs, encode_image_inputs, encode_texts
 from aoq.io import ArtefactError
 from aoq.mined import MinedNegatives, load_mined
 from backend import catalogue
@@ -105,6 +111,8 @@ class NegativesService:
         data_cfg = served_data_config(self.data_dir, dataset.data_config)
         try:
             split = load_split(data_cfg, TRAIN_SPLIT)
+            split = with_backbone_features(served.checkpoint.model, split, served.checkpoint.vocab,
+                                           compute_missing=False)
         except DataError as exc:
             raise ServiceError(404, f"the training split of dataset {dataset.name!r} cannot be read: {exc}") from None
         if mined.img_top_caps.shape[0] != ids.n_images or mined.cap_top_imgs.shape[0] != len(ids.caption_ids):
@@ -116,11 +124,12 @@ class NegativesService:
         return _Training(mined, ids, split, data_cfg.image_size)
 
     def _image_inputs(self, served: ServingModel, training: _Training, positions: np.ndarray) -> torch.Tensor:
-        """Model inputs of the training images at ``positions`` (increasing)."""
-        if served.checkpoint.model.image_input == "features":
-            if training.split.features is None:
-                raise ServiceError(404, "the training split has no features for this model")
+        """Model inputs of the training images at ``positions`` (increasing): region features,
+        cached backbone features, or pixels."""
+        if training.split.features is not None:
             return torch.from_numpy(np.array(training.split.features[positions], dtype=np.float32))
+        if served.checkpoint.model.image_input == "features":
+            raise ServiceError(404, "the training split has no features for this model")
         if training.split.image_paths is None:
             raise ServiceError(404, "the training split has no image files for this model")
         try:
@@ -130,6 +139,18 @@ class NegativesService:
             ])
         except DataError as exc:
             raise ServiceError(404, f"a training image cannot be read: {exc}") from None
+
+    @staticmethod
+    def _caption_embeddings(served: ServingModel, training: _Training, positions: np.ndarray) -> np.ndarray:
+        """Joint-space vectors of the training captions at ``positions``: the text head over their
+        cached backbone features, else the whole text encoder over the strings."""
+        ckpt = served.checkpoint
+        cached = training.split.caption_features
+        if cached is None:
+            return encode_texts(ckpt.model, ckpt.vocab, [training.split.captions[p] for p in positions])
+        features = torch.from_numpy(np.array(cached[positions], dtype=np.float32))
+        lengths = torch.ones(len(positions), dtype=torch.long)  # unused by a head over features
+        return encode_caption_inputs(ckpt.model, features, lengths)
 
     def negatives(self, served: ServingModel, kind: Kind, item_id: int, n: int, seed: int = 0) -> NegativesResult:
         """Offline and online hard negatives of a training caption or image (catalogue id).
@@ -156,7 +177,7 @@ class NegativesService:
             others = rng.choice(n_captions - 1, size=min(BATCH_SIZE - 1, n_captions - 1), replace=False)
             batch_images = np.unique((others + (others >= position)) // cpi)
             batch_images = batch_images[batch_images != own_image]
-            query = encode_texts(ckpt.model, ckpt.vocab, [captions[position]])[0]
+            query = self._caption_embeddings(served, training, np.array([position]))[0]
             scores = encode_image_inputs(ckpt.model, self._image_inputs(served, training, batch_images)) @ query
             order = np.argsort(-scores, kind="stable")[:n]
             online = [Negative(int(ids.image_ids[batch_images[j]]), None, score=float(scores[j])) for j in order]
@@ -167,7 +188,7 @@ class NegativesService:
         others = rng.choice(n_captions, size=min(BATCH_SIZE - 1, n_captions), replace=False)
         batch_captions = others[others // cpi != position]
         query = encode_image_inputs(ckpt.model, self._image_inputs(served, training, np.array([position])))[0]
-        scores = encode_texts(ckpt.model, ckpt.vocab, [captions[p] for p in batch_captions]) @ query
+        scores = self._caption_embeddings(served, training, batch_captions) @ query
         order = np.argsort(-scores, kind="stable")[:n]
         online = [Negative(int(ids.caption_ids[batch_captions[j]]), captions[batch_captions[j]], score=float(scores[j]))
                   for j in order]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +145,7 @@ def test_text_query_shows_images_in_both_columns(driver, ui_url, backend_url):
     assert all(name in status for name in ("aoq", "baseline", "pixels")) and "unavailable" not in status, status
 
     box = driver.find_element(By.CSS_SELECTOR, "#t2i-query textarea")
+    box.clear()  # the page opens with the first example caption in the box
     box.send_keys(query)
     driver.find_element(By.ID, "t2i-search").click()
 
@@ -203,3 +206,153 @@ def test_backend_down_is_a_message_in_the_page(driver):
         assert "Traceback" not in driver.page_source
     finally:
         demo.close()
+
+
+# --- The real demo: pretrained encoders on a small emoji subset (the `--quick` demo models) ---
+
+FREE_TEXT = "a yellow face wearing sunglasses"  # words no training caption of the subset has together
+TAB_BUTTONS = {  # tab -> (main button, element whose content shows the button's answer)
+    "Text to image": ("t2i-search", "t2i-left"),
+    "Image to text": ("i2t-upload-search", "i2t-query"),
+    "Failure cases": ("failures-list", "failures-summary"),
+    "Offline negatives": ("negatives-show", "negatives-offline"),
+    "Metrics": ("metrics-refresh", "metrics-table"),
+}
+
+
+@pytest.fixture(scope="module")
+def emoji_demo(tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """``python -m aoq.cli.demo --quick --prepare-only`` in a temporary folder (its own feature
+    cache), then the real service and the UI with the demo's example queries: (backend, UI) URLs."""
+    from aoq.data.dataset import DataError
+    from backend.config import Settings
+    from training.datasets.emoji.sources import locate_sources
+    from ui.examples import load_example_queries
+
+    try:
+        locate_sources()
+    except DataError as exc:
+        pytest.skip(f"emoji sources missing (make data-deps): {exc}")
+    root = tmp_path_factory.mktemp("emoji-demo")
+    env = {**os.environ, "AOQ_DATA_DIR": str(root / "data"), "AOQ_RUNS_DIR": str(root / "runs"),
+           "AOQ_FEATURE_CACHE": str(root / "features")}
+    env.pop("AOQ_CATALOGUE_URL", None)
+    prepared = subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--quick", "--prepare-only"], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=900)
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    run = root / "runs" / "demo-emoji-quick"
+    settings = Settings(models_dir=run / "models", index_dir=run / "index", data_dir=root / "data",
+                        reload_poll_s=0.0, port=0)
+    previous = os.environ.get("AOQ_FEATURE_CACHE")
+    os.environ["AOQ_FEATURE_CACHE"] = env["AOQ_FEATURE_CACHE"]  # the negatives read the demo's cache
+    try:
+        with run_server(settings) as backend:
+            demo = build_app(backend, concurrency=2,
+                             example_queries=load_example_queries(REPO / "configs" / "emoji_queries.yaml"))
+            port = free_port()
+            launch(demo, "127.0.0.1", port, block=False)
+            try:
+                yield backend, f"http://127.0.0.1:{port}/"
+            finally:
+                demo.close()
+    finally:
+        if previous is None:
+            os.environ.pop("AOQ_FEATURE_CACHE", None)
+        else:
+            os.environ["AOQ_FEATURE_CACHE"] = previous
+
+
+def _no_error_shown(driver) -> None:
+    errors = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".aoq-error, [data-testid='toast-body']")
+              if e.is_displayed()]
+    assert not errors, errors
+    assert "Traceback" not in driver.page_source
+
+
+def test_real_demo_free_text_and_example_queries(driver, emoji_demo):
+    _, ui = emoji_demo
+    _open(driver, ui)
+    status = driver.find_element(By.ID, "status").text
+    assert "aoq" in status and "baseline" in status and "unavailable" not in status, status
+    left = driver.find_element(By.CSS_SELECTOR, "#left-model input").get_attribute("value")
+    assert "effnet_lite0" in left, left  # the pretrained image encoder serves this page
+    box = driver.find_element(By.CSS_SELECTOR, "#t2i-query textarea")
+    box.clear()
+    box.send_keys(FREE_TEXT)
+    driver.find_element(By.ID, "t2i-search").click()
+    cards = {side: f"#t2i-{side} .aoq-card img" for side in ("left", "right")}
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: FREE_TEXT in d.page_source
+        and all(len(w) == 5 and all(w) for w in (_loaded_widths(d, s) for s in cards.values())))
+    _no_error_shown(driver)
+
+    # A fine-grained example from configs/emoji_queries.yaml runs as free text too.
+    example = "woman firefighter"
+    button = next(b for b in driver.find_elements(By.CSS_SELECTOR, "#t2i-free-examples button")
+                  if b.text.strip() == example)
+    button.click()
+    WebDriverWait(driver, WAIT_S).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#t2i-query textarea").get_attribute("value") == example
+        and all(len(w) == 5 and all(w) for w in (_loaded_widths(d, s) for s in cards.values())))
+    _no_error_shown(driver)
+    driver.save_screenshot(str(_artifacts() / "emoji-text-to-image.png"))
+
+
+def test_real_demo_upload_finds_captions_like_the_indexed_picture(driver, emoji_demo, tmp_path):
+    backend, ui = emoji_demo
+    # Through the API first: the upload of a gallery picture's file is featurised by the same
+    # backbone and head as the index, so it ranks the captions as that picture does.
+    image = httpx.get(f"{backend}/examples", params={"split": "test", "n": 1}).json()["images"][0]
+    png = httpx.get(f"{backend}{urlparse(image['image_url']).path}").content
+    by_id = httpx.post(f"{backend}/compare/image", data={"image_id": image["id"], "k": 5}).json()
+    uploaded = httpx.post(f"{backend}/compare/image", data={"k": 5},
+                          files={"file": ("picture.png", png, "image/png")}).json()
+    for side in ("left", "right"):
+        # Texts, not ids: both vendors' pictures of an emoji share captions, which score the same.
+        assert [r["text"] for r in uploaded[side]["results"]] == [r["text"] for r in by_id[side]["results"]]
+        assert [r["score"] for r in uploaded[side]["results"]] == pytest.approx(
+            [r["score"] for r in by_id[side]["results"]], abs=1e-4)
+
+    picture = tmp_path / "upload.png"
+    picture.write_bytes(png)
+    _open(driver, ui)
+    _tab(driver, "Image to text")
+    driver.find_element(By.CSS_SELECTOR, "#i2t-upload input[type=file]").send_keys(str(picture))
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#i2t-upload img"))
+    driver.find_element(By.ID, "i2t-upload-search").click()
+    WebDriverWait(driver, WAIT_S).until(lambda d: all(
+        len(d.find_elements(By.CSS_SELECTOR, f"#i2t-{side} li")) == 5 for side in ("left", "right")))
+    _no_error_shown(driver)
+
+
+def test_every_tab_answers_its_main_button_with_the_defaults(driver, emoji_demo):
+    _, ui = emoji_demo
+    _open(driver, ui)
+    for tab, (button, answer) in TAB_BUTTONS.items():
+        _tab(driver, tab)
+        if tab == "Offline negatives":  # it starts on a training caption, not on an empty list
+            pick = WebDriverWait(driver, WAIT_S).until(
+                lambda d: d.find_element(By.CSS_SELECTOR, "#negatives-pick input").get_attribute("value"))
+            assert pick.startswith("caption "), pick
+        driver.find_element(By.ID, button).click()
+        WebDriverWait(driver, WAIT_S).until(lambda d: d.find_element(By.ID, answer).text.strip())
+        _no_error_shown(driver)
+
+
+def test_real_demo_negatives_read_cached_backbone_features(emoji_demo, monkeypatch):
+    """No online-negatives request runs a backbone: the training split's features come from the
+    cache training filled, and only the projection heads run (the service runs in this process)."""
+    from aoq.models.pretrained import EffNetImageEncoder, MiniLMTextEncoder
+
+    backend, _ = emoji_demo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a backbone ran for /negatives")
+
+    monkeypatch.setattr(EffNetImageEncoder, "backbone_features", refuse)
+    monkeypatch.setattr(MiniLMTextEncoder, "backbone_features", refuse)
+    train = httpx.get(f"{backend}/examples", params={"split": "train", "n": 2}).json()
+    for kind, item in (("caption", train["captions"][1]["id"]), ("image", train["images"][1]["id"])):
+        answer = httpx.get(f"{backend}/negatives", params={"kind": kind, "id": item, "model": "aoq", "n": 5})
+        assert answer.status_code == 200, answer.text
+        assert len(answer.json()["online"]) == 5 and len(answer.json()["offline"]) == 5

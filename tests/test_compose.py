@@ -165,11 +165,12 @@ def test_init_and_backend_share_settings_volumes_and_the_db(compose):
 
 
 def test_backend_serves_the_folders_the_demo_prepares(compose):
-    from aoq.cli.demo import FULL, demo_config
+    from aoq.cli.demo import SYNTH_FULL, demo_config
 
     env = _env(compose["services"]["backend"])
     # `python -m aoq.cli.demo --prepare-only` (init) follows AOQ_DATA_DIR / AOQ_RUNS_DIR
-    run_dir = demo_config(FULL, Path(env["AOQ_DATA_DIR"]), Path(env["AOQ_RUNS_DIR"])).run_dir
+    assert env["AOQ_DEMO_DATASET"] == "synth"
+    run_dir = demo_config(SYNTH_FULL, Path(env["AOQ_DATA_DIR"]), Path(env["AOQ_RUNS_DIR"])).run_dir
     assert Path(env["AOQ_MODELS_DIR"]) == run_dir / "models"
     assert Path(env["AOQ_INDEX_DIR"]) == run_dir / "index"
 
@@ -215,12 +216,12 @@ def test_the_admin_token_is_passed_on_only_when_set(compose):
 
 
 def test_quick_variant_serves_the_folders_the_quick_demo_prepares(compose):
-    from aoq.cli.demo import QUICK, demo_config
+    from aoq.cli.demo import SYNTH_QUICK, demo_config
 
     quick = _config("docker-compose.yml", "docker/quick.yml")["services"]
     assert _command(quick["init"]) == [*_command(compose["services"]["init"]), "--quick"]
     env = _env(quick["backend"])
-    run_dir = demo_config(QUICK, Path(env["AOQ_DATA_DIR"]), Path(env["AOQ_RUNS_DIR"])).run_dir
+    run_dir = demo_config(SYNTH_QUICK, Path(env["AOQ_DATA_DIR"]), Path(env["AOQ_RUNS_DIR"])).run_dir
     assert (Path(env["AOQ_MODELS_DIR"]), Path(env["AOQ_INDEX_DIR"])) == (run_dir / "models", run_dir / "index")
     # only those two settings differ from the full stack
     full = _env(compose["services"]["backend"])

@@ -1,7 +1,9 @@
-"""`make demo QUICK=1`: every step from nothing to a first answered query; a second run skips the
-work; a demo started on busy ports fails at once with a clear error."""
+"""`make demo QUICK=1` on the real emoji dataset: every step from nothing to a first answered
+query; a second run skips the work; SIGTERM stops the demo and both servers; a demo started on
+busy ports fails at once with a clear error."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -10,36 +12,86 @@ from pathlib import Path
 
 import pytest
 
-from aoq.net import free_port
+from aoq.data.dataset import DataError
+from aoq.net import free_port, port_free
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _sources_or_skip() -> None:
+    from training.datasets.emoji.sources import locate_sources
+
+    try:
+        locate_sources()
+    except DataError as exc:
+        pytest.skip(f"emoji sources missing (make data-deps): {exc}")
 
 
-def _demo(tmp_path, *args, timeout=600):
-    env = {**os.environ, "AOQ_DATA_DIR": str(tmp_path / "data"), "AOQ_RUNS_DIR": str(tmp_path / "runs"),
-           "GRADIO_ANALYTICS_ENABLED": "False"}
+def _env(root: Path) -> dict[str, str]:
+    env = {**os.environ, "AOQ_DATA_DIR": str(root / "data"), "AOQ_RUNS_DIR": str(root / "runs"),
+           "AOQ_FEATURE_CACHE": str(root / "features"), "GRADIO_ANALYTICS_ENABLED": "False"}
     env.pop("AOQ_CATALOGUE_URL", None)
-    return subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--quick", *args], cwd=ROOT, env=env,
+    return env
+
+
+def _demo(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--quick", *args], cwd=ROOT, env=_env(root),
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(scope="module")
+def demo_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("demo")
+
+
 @pytest.mark.slow
-def test_quick_demo_reaches_a_first_query_then_skips_work(tmp_path):
+def test_quick_demo_reaches_a_first_query_then_skips_work(demo_root):
+    _sources_or_skip()
     ports = ["--backend-port", str(free_port()), "--ui-port", str(free_port())]
-    first = _demo(tmp_path, "--exit-when-ready", *ports)
+    first = _demo(demo_root, "--exit-when-ready", *ports)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "first query" in first.stdout and "ready in" in first.stdout
-    assert (tmp_path / "runs" / "demo-quick" / "models" / "aoq" / "manifest.json").is_file()
-    assert (tmp_path / "data" / "demo-quick" / "dataset_synth.json").is_file()
+    for stage in ("dataset", "features", "pipeline", "indexes", "servers", "first query"):
+        assert f"stage {stage}: " in first.stderr, stage
+    run = demo_root / "runs" / "demo-emoji-quick"
+    assert (run / "models" / "aoq" / "manifest.json").is_file()
+    assert (demo_root / "data" / "demo-emoji-quick" / "dataset_emoji.json").is_file()
+    assert any((demo_root / "features" / "efficientnet_lite0").iterdir())
 
-    second = _demo(tmp_path, "--prepare-only")
+    second = _demo(demo_root, "--prepare-only")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"dataset {tmp_path / 'data' / 'demo-quick'}: up to date, skipped" in second.stderr
-    assert f"indexes {tmp_path / 'runs' / 'demo-quick' / 'index'}: up to date, skipped" in second.stderr
+    assert f"dataset {demo_root / 'data' / 'demo-emoji-quick'}: up to date, skipped" in second.stderr
+    assert "backbone features: all 3 splits cached, skipped" in second.stderr
+    assert f"indexes {run / 'index'}: up to date, skipped" in second.stderr
     assert "stage round1: up to date, skipped" in second.stderr
     assert "stage round2:aoq: up to date, skipped" in second.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_demo_and_frees_both_ports(demo_root):
+    """What a process manager or `docker stop` does: the servers must not outlive the demo."""
+    _sources_or_skip()
+    backend, ui = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "aoq.cli.demo", "--quick", "--backend-port", str(backend),
+                             "--ui-port", str(ui)], cwd=ROOT, env=_env(demo_root), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        for line in proc.stdout:  # the demo prints "ready in" once both servers answered a query
+            if line.startswith("ready in") or time.monotonic() > deadline:
+                break
+        assert proc.poll() is None and not port_free("127.0.0.1", backend) and not port_free("127.0.0.1", ui)
+        proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        proc.wait(timeout=15)
+        while not (port_free("127.0.0.1", backend) and port_free("127.0.0.1", ui)):
+            assert time.monotonic() - start < 5, "a server still holds its port after the demo exited"
+            time.sleep(0.1)
+        assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_second_demo_on_busy_ports_fails_fast(tmp_path):
@@ -54,3 +106,17 @@ def test_second_demo_on_busy_ports_fails_fast(tmp_path):
     assert "is the demo already running?" in result.stderr
     assert time.monotonic() - start < 30
     assert not (tmp_path / "runs").exists()
+
+
+def test_every_variant_has_a_valid_config_in_its_own_folders(tmp_path):
+    from aoq.cli.demo import VARIANTS, demo_config
+
+    for (dataset, quick), variant in VARIANTS.items():
+        cfg = demo_config(variant, tmp_path / "data", tmp_path / "runs")
+        assert variant.dataset == dataset and cfg.name == variant.name
+        assert cfg.run_dir == tmp_path / "runs" / variant.name
+        assert Path(cfg.data.path).is_relative_to(tmp_path / "data" / variant.name)
+        if dataset == "emoji":
+            assert cfg.data.path.endswith("dataset_emoji.json")
+            assert (cfg.model.image_encoder, cfg.model.text_encoder) == ("effnet_lite0", "minilm")
+            assert (variant.limit is not None) == quick

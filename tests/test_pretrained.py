@@ -16,7 +16,9 @@ from PIL import Image
 from aoq.backbone_cache import (
     cached_features,
     caption_backbone_features,
+    has_entry,
     image_backbone_features,
+    image_key_inputs,
     input_modes,
     with_backbone_features,
 )
@@ -228,6 +230,49 @@ def test_split_features_are_cached_by_content(model, vocab, cfg, cache: Path, tm
     recaptioned.captions[0] = "a truck"
     with_backbone_features(model, recaptioned, vocab)
     assert _entries(cache) == 4
+
+
+def test_lookup_only_never_computes_and_a_hit_attaches(model, vocab, cfg, cache: Path) -> None:
+    split = load_split(cfg.data, "dev")
+    looked = with_backbone_features(model, split, vocab, compute_missing=False)
+    assert _entries(cache) == 0 and looked.features is None and looked.caption_features is None
+    assert looked.extra == split.extra  # not marked: a later call still looks again
+    with_backbone_features(model, split, vocab)
+    found = with_backbone_features(model, load_split(cfg.data, "dev"), vocab, compute_missing=False)
+    assert _entries(cache) == 2 and found.features.shape == (3, 1280) and found.caption_features.shape == (15, 384)
+    ident = model.image_encoder.identity.to_dict()
+    assert has_entry(image_key_inputs(ident, split.image_paths))
+    assert not has_entry(image_key_inputs(ident, split.image_paths[:2]))
+
+
+def test_repeated_captions_are_featurised_once_and_rows_keep_caption_order(model, vocab, monkeypatch) -> None:
+    captions = ["a dog", "a cat", "a dog", "keycap: #", "a cat", "keycap: *"]
+    seen = []
+    original = MiniLMTextEncoder.backbone_features
+
+    def counting(self, tokens, lengths):
+        seen.append(len(tokens))
+        return original(self, tokens, lengths)
+
+    monkeypatch.setattr(MiniLMTextEncoder, "backbone_features", counting)
+    rows = caption_backbone_features(model.text_encoder, vocab, captions, batch_size=64)
+    assert seen == [4]  # four distinct strings in one batch
+    one_by_one = np.concatenate([caption_backbone_features(model.text_encoder, vocab, [c]) for c in captions])
+    assert np.allclose(rows, one_by_one, atol=1e-5)
+    assert np.array_equal(rows[0], rows[2]) and not np.allclose(rows[3], rows[5])
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_rows_of_one_process(model, cfg, monkeypatch) -> None:
+    import aoq.backbone_cache as backbone_cache
+
+    monkeypatch.setattr(backbone_cache, "POOL_MIN_IMAGES", 0)
+    paths = list(load_split(cfg.data, "train").image_paths)  # 10 pictures
+    alone = image_backbone_features(model.image_encoder, paths, batch_size=1)
+    # 40 rows in chunks of 16 batches of 1: three chunks over two workers, back in order
+    pooled = image_backbone_features(model.image_encoder, paths * 4, batch_size=1, workers=2)
+    assert pooled.shape == (40, 1280)
+    assert np.allclose(pooled, np.concatenate([alone] * 4), atol=1e-5)
 
 
 def test_encode_split_equals_running_the_backbones(model, vocab, cfg, cache: Path) -> None:

@@ -105,13 +105,11 @@ def evaluate_checkpoint(
     split = load_split(data_cfg, split_name)
     result = evaluate_model(ckpt.model, ckpt.vocab, split, protocol, image_size=data_cfg.image_size,
                             batch_size=batch_size, ndcg_k=ndcg_k)
-    return {
-        "n_images": split.n_images,
-        **result,
-        "split": split_name,
-        "checkpoint": ckpt.content_hash,
-        "vocabulary": coverage(ckpt.vocab, split.captions),
-    }
+    out = {"n_images": split.n_images, **result, "split": split_name, "checkpoint": ckpt.content_hash}
+    # Unknown words exist only for a word vocabulary; a WordPiece tokenizer (minilm) covers every word.
+    if isinstance(ckpt.vocab, Vocabulary):
+        out["vocabulary"] = coverage(ckpt.vocab, split.captions)
+    return out
 
 
 def format_table(result: dict) -> str:

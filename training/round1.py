@@ -23,7 +23,7 @@ from aoq.config import ConfigError, ExperimentConfig, GoalConfig, TrainConfig
 from aoq.data.dataset import label_vocabulary, multi_hot
 from aoq.data.load import load_split
 from aoq.data.loaders import PairDataset, collate_pairs
-from aoq.device import autocast, resolve_device, seed_everything
+from aoq.device import autocast, full_precision, resolve_device, seed_everything
 from aoq.models.joint import JointModel, build_model, text_vocabulary
 from training import distributed
 from training.evaluate import dev_validator
@@ -64,7 +64,7 @@ def round1_step(
             img, cap = model(batch["images"].to(device, non_blocking=True),
                              batch["tokens"].to(device, non_blocking=True), batch["lengths"])
         # The loss sees the global batch under torchrun, in float32 whatever the precision.
-        img, cap = distributed.gather_groups(img.float()), distributed.gather_groups(cap.float())
+        img, cap = distributed.gather_groups(full_precision(img)), distributed.gather_groups(full_precision(cap))
         scores = img @ cap.T
         if spec is not None:
             loss = goal_objective(img, cap, spec)

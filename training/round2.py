@@ -49,7 +49,7 @@ from aoq.data.loaders import (
     pad_tokens,
 )
 from aoq.data.vocab import Vocabulary
-from aoq.device import autocast, resolve_device, seed_everything
+from aoq.device import autocast, full_precision, resolve_device, seed_everything
 from aoq.io import ArtefactError, atomic_write_json
 from aoq.mined import MinedNegatives, load_mined
 from aoq.models.joint import JointModel, build_model, text_vocabulary
@@ -208,15 +208,15 @@ def round2_step(r2: Round2Config) -> StepFn:
             # groups then share batch statistics (docs/gpu.md). Global batch gathered group by group.
             with autocast(device, r2.precision):
                 img, cap = model(images, tokens, lengths)
-            img, cap = distributed.gather_groups(img.float(), groups), distributed.gather_groups(cap.float(), groups)
+            img, cap = (distributed.gather_groups(full_precision(img), groups),
+                        distributed.gather_groups(full_precision(cap), groups))
             b = img.shape[0] // groups
             s = round2_scores(img, cap, b)
             loss = loss_of(s, s.get("off_pair_tilde"))
         else:
             def encoded(encode, *inputs: Tensor) -> Tensor:  # scores in full precision whatever the autocast
                 with autocast(device, r2.precision):
-                    out = encode(*inputs)
-                return out.float() if out.dtype in (torch.bfloat16, torch.float16) else out
+                    return full_precision(encode(*inputs))
 
             emb = encode_round2(
                 GroupEncoder.of(model.image_encoder, lambda rows: encoded(model.encode_images, images[rows]), b),

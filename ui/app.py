@@ -9,6 +9,7 @@ Behaviour lives in ``ui.handlers``; this module only lays out components and wir
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Gradio reads this when it is imported and when it launches: no telemetry, no version check.
@@ -18,6 +19,7 @@ import gradio as gr  # noqa: E402
 
 from ui import handlers  # noqa: E402
 from ui.client import BackendClient  # noqa: E402
+from ui.examples import ExampleQuery  # noqa: E402
 from ui.render import CSS, DIRECTION_LABELS, WHICH_LABELS, media_url  # noqa: E402
 
 TITLE = "AOQ retrieval: baseline vs AOQ"
@@ -45,11 +47,14 @@ class _Shared:
 class _Filled:
     """The components of the tabs that the page load fills from the backend."""
 
+    query: gr.Textbox
     examples: gr.Dataset
     captions: gr.State
     gallery: gr.Gallery
     images: gr.State
     train_pick: gr.Dropdown
+    neg_kind: gr.Radio
+    neg_item: gr.Number
     neg_model: gr.Dropdown
     metric_models: gr.CheckboxGroup
 
@@ -60,8 +65,13 @@ def build_app(
     public_url: str | None = None,
     client: BackendClient | None = None,
     concurrency: int = DEFAULT_CONCURRENCY,
+    example_queries: Sequence[ExampleQuery] = (),
 ) -> gr.Blocks:
-    """The comparison page for the search service at ``backend_url`` (not contacted until a page loads)."""
+    """The comparison page for the search service at ``backend_url`` (not contacted until a page loads).
+
+    ``example_queries`` (``ui.examples``) are offered as clickable free-text queries next to the
+    test-split examples.
+    """
     api = client or BackendClient(backend_url, public_url=public_url)
 
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
@@ -73,27 +83,34 @@ def build_app(
             right = gr.Dropdown(label="Right model", choices=[], elem_id="right-model", scale=2)
             top_k = gr.Slider(1, 20, value=DEFAULT_K, step=1, label="top k", scale=1)
         shared = _Shared(api, left, right, top_k)
-        examples, captions = _text_to_image_tab(shared)
+        free_text = list(example_queries)
+        query, examples, captions = _text_to_image_tab(shared, free_text)
         gallery, images = _image_to_text_tab(shared)
         _failures_tab(shared)
-        train_pick, neg_model = _negatives_tab(shared)
+        train_pick, neg_kind, neg_item, neg_model = _negatives_tab(shared)
         metric_models = _metrics_tab(shared)
-        _fill_on_load(demo, shared, status, _Filled(examples, captions, gallery, images, train_pick, neg_model,
-                                                    metric_models))
+        _fill_on_load(demo, shared, status, _Filled(query, examples, captions, gallery, images, train_pick,
+                                                    neg_kind, neg_item, neg_model, metric_models),
+                      free_text[0].text if free_text else None)
 
     # Two models answer every query: let a few events run at once instead of Gradio's one.
     demo.queue(default_concurrency_limit=concurrency)
     return demo
 
 
-def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Filled) -> None:
-    """At each page load: the status line, the model choices and the example queries."""
+def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Filled, first_query: str | None) -> None:
+    """At each page load: the status line, the model choices and the example queries; the query
+    box starts on ``first_query`` (else the first test caption), so every tab's button works as
+    the page opens."""
     api = shared.api
 
     def on_load():
         page = handlers.load_page(api)
         samples = [[c.text] for c in page.example_captions]
         thumbs = [(media_url(api.public_url, i.thumbnail_url), f"image {i.id}") for i in page.example_images]
+        # The negatives tab starts on the first training example, so "Show" works as it stands.
+        first = handlers.parse_train_pick(page.train_picks[0][1]) if page.train_picks else None
+        query = first_query or (page.example_captions[0].text if page.example_captions else "")
         return (
             page.status_html,
             gr.update(choices=page.model_choices, value=page.left),
@@ -104,21 +121,31 @@ def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Fill
             page.example_captions,
             thumbs,
             page.example_images,
-            gr.update(choices=page.train_picks, value=None),
+            gr.update(choices=page.train_picks, value=page.train_picks[0][1] if first else None),
+            gr.update(value=first[0]) if first else gr.update(),
+            gr.update(value=first[1]) if first else gr.update(),
+            query,
         )
 
     demo.load(on_load, outputs=[status, shared.left, shared.right, tabs.neg_model, tabs.metric_models,
-                                tabs.examples, tabs.captions, tabs.gallery, tabs.images, tabs.train_pick])
+                                tabs.examples, tabs.captions, tabs.gallery, tabs.images, tabs.train_pick,
+                                tabs.neg_kind, tabs.neg_item, tabs.query])
 
 
-def _text_to_image_tab(shared: _Shared) -> tuple[gr.Dataset, gr.State]:
-    """A query box and example captions; returns (examples, their captions) for the page load."""
+def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]) -> tuple[gr.Textbox, gr.Dataset, gr.State]:
+    """A query box, the given free-text examples and example captions; returns (query box,
+    examples, their captions) for the page load."""
     api = shared.api
     with gr.Tab("Text to image"):
         captions = gr.State([])
         with gr.Row():
             query = gr.Textbox(label="Query", placeholder="describe an image", elem_id="t2i-query", scale=5)
             search = gr.Button("Search", variant="primary", elem_id="t2i-search", scale=1)
+        if free_text:
+            groups = ", ".join(dict.fromkeys(q.group for q in free_text))
+            fine = gr.Dataset(components=[query], samples=[[q.text] for q in free_text], type="index",
+                              label=f"Fine-grained queries, free text ({groups})",
+                              samples_per_page=len(free_text), elem_id="t2i-free-examples")
         examples = gr.Dataset(components=[query], samples=[], type="index",
                               label="Example queries (test split)", samples_per_page=N_PAGE)
         shown_query = gr.HTML()
@@ -139,7 +166,13 @@ def _text_to_image_tab(shared: _Shared) -> tuple[gr.Dataset, gr.State]:
     search.click(on_text, [query, *shared.pair_and_k], outputs)
     query.submit(on_text, [query, *shared.pair_and_k], outputs)
     examples.click(on_example, [examples, captions, *shared.pair_and_k], [query, *outputs])
-    return examples, captions
+    if free_text:
+        def on_free(index, left, right, k):
+            text = free_text[index].text if index is not None and 0 <= index < len(free_text) else ""
+            return text, *handlers.search_text(api, text, left, right, k)
+
+        fine.click(on_free, [fine, *shared.pair_and_k], [query, *outputs])
+    return query, examples, captions
 
 
 def _image_to_text_tab(shared: _Shared) -> tuple[gr.Gallery, gr.State]:
@@ -154,7 +187,7 @@ def _image_to_text_tab(shared: _Shared) -> tuple[gr.Gallery, gr.State]:
                 upload = gr.Image(label="...or upload a PNG/JPEG", type="filepath", format="png",
                                   sources=["upload"], height=180, elem_id="i2t-upload")
                 upload_search = gr.Button("Search with the upload", elem_id="i2t-upload-search")
-        shown_query = gr.HTML()
+        shown_query = gr.HTML(elem_id="i2t-query")
         with gr.Row(equal_height=False):
             left_column = gr.HTML(elem_id="i2t-left")
             right_column = gr.HTML(elem_id="i2t-right")
@@ -182,7 +215,7 @@ def _failures_tab(shared: _Shared) -> None:
             which = gr.Radio([(v, k) for k, v in WHICH_LABELS.items()], value="baseline_only", label="Cases")
             limit = gr.Slider(5, 100, value=20, step=5, label="list at most")
         list_cases = gr.Button("List cases", elem_id="failures-list")
-        summary = gr.HTML()
+        summary = gr.HTML(elem_id="failures-summary")
         cases = gr.Dropdown(label="Case", choices=[], elem_id="failures-case")
         shown_query = gr.HTML()
         with gr.Row(equal_height=False):
@@ -202,16 +235,16 @@ def _failures_tab(shared: _Shared) -> None:
     cases.input(on_case, [cases, listed, *shared.pair_and_k], columns)
 
 
-def _negatives_tab(shared: _Shared) -> tuple[gr.Dropdown, gr.Dropdown]:
-    """Offline vs online hard negatives of a training item; returns (training picks, model) for
-    the page load."""
+def _negatives_tab(shared: _Shared) -> tuple[gr.Dropdown, gr.Radio, gr.Number, gr.Dropdown]:
+    """Offline vs online hard negatives of a training item; returns (training picks, anchor kind,
+    item id, model) for the page load."""
     api = shared.api
     with gr.Tab("Offline negatives"):
         gr.Markdown("What each method learns from (paper Fig. 3): the hardest negatives of a training "
                     "item mined offline from the whole training set, next to the hardest ones a "
                     "random batch offers online.")
         with gr.Row():
-            train_pick = gr.Dropdown(label="Training examples", choices=[], scale=3)
+            train_pick = gr.Dropdown(label="Training examples", choices=[], scale=3, elem_id="negatives-pick")
             model = gr.Dropdown(label="Model (whose mining run)", choices=[], scale=2)
         with gr.Row():
             kind = gr.Radio([("caption", "caption"), ("image", "image")], value="caption", label="Anchor kind")
@@ -236,7 +269,7 @@ def _negatives_tab(shared: _Shared) -> tuple[gr.Dropdown, gr.Dropdown]:
     outputs = [anchor, offline, online]
     show.click(on_show, [kind, item_id, model, n_negatives, batch_seed], outputs)
     train_pick.input(on_pick, [train_pick, model, n_negatives, batch_seed], [kind, item_id, *outputs])
-    return train_pick, model
+    return train_pick, kind, item_id, model
 
 
 def _metrics_tab(shared: _Shared) -> gr.CheckboxGroup:
@@ -245,7 +278,7 @@ def _metrics_tab(shared: _Shared) -> gr.CheckboxGroup:
     with gr.Tab("Metrics") as tab:
         with gr.Row():
             models = gr.CheckboxGroup(label="Models", choices=[], scale=4)
-            refresh = gr.Button("Refresh", scale=1)
+            refresh = gr.Button("Refresh", scale=1, elem_id="metrics-refresh")
         table = gr.HTML(elem_id="metrics-table")
         curves = gr.Plot(label="R@1 during training")
         histogram = gr.Plot(label="Cross-retrieval rank histogram")

@@ -76,11 +76,16 @@ def load_page(client: BackendClient) -> PageData:
     try:
         test = client.examples("test", N_EXAMPLES)
         page.example_captions, page.example_images = test.captions, test.images
+    except BackendError as exc:
+        warnings.append(f"Could not load example queries: {exc}")
+    # Training items exist in the catalogue only for models with mined negatives: without them
+    # the negatives tab has nothing to show, and the rest of the page still works.
+    try:
         train = client.examples("train", N_TRAIN_PICKS)
         page.train_picks = [(f"caption {c.id}: {c.text}", f"caption:{c.id}") for c in train.captions]
         page.train_picks += [(f"image {i.id}", f"image:{i.id}") for i in train.images]
     except BackendError as exc:
-        warnings.append(f"Could not load example queries: {exc}")
+        warnings.append(f"Could not load training examples for the negatives tab: {exc}")
     page.status_html = render_status(client.base_url, health, models, warnings=warnings)
     return page
 

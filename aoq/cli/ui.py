@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 
 from ui.client import DEFAULT_BACKEND_URL
 
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the service per request (default %(default)s)"
     )
+    parser.add_argument(
+        "--examples", default=None, metavar="YAML",
+        help="free-text example queries to offer, grouped (e.g. configs/emoji_queries.yaml)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,8 +53,15 @@ def run(args: argparse.Namespace) -> int:
     if not log.isEnabledFor(logging.DEBUG):
         # One INFO line per backend call drowns the log; `aoq -v ui` shows them.
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    from ui.examples import ExamplesError, load_example_queries
+
+    try:
+        queries = load_example_queries(args.examples) if args.examples else []
+    except ExamplesError as exc:
+        print(f"aoq ui: error: {exc}", file=sys.stderr)
+        return 2
     client = BackendClient(args.backend, public_url=args.public_backend_url, timeout=args.timeout)
-    demo = build_app(args.backend, client=client, concurrency=args.concurrency)
+    demo = build_app(args.backend, client=client, concurrency=args.concurrency, example_queries=queries)
     log.info("comparison UI on http://%s:%d (search service %s)", args.host, args.port, args.backend)
     try:
         launch(demo, args.host, args.port, block=True)

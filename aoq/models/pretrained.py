@@ -135,7 +135,9 @@ class EffNetImageEncoder(_PretrainedEncoder):
         if pixels.shape[-2:] != (INPUT_SIZE, INPUT_SIZE):
             raise ValueError(f"EfficientNet-Lite0 reads {INPUT_SIZE}x{INPUT_SIZE} images, got "
                              f"{tuple(pixels.shape[-2:])} (set data.image_size={INPUT_SIZE})")
-        return self.backbone.features(effnet_normalise(pixels))
+        # channels_last: oneDNN's depthwise convolutions take about 30% less CPU time in it
+        # (measured 50 vs 69 ms per image, one thread); results agree within 1e-5.
+        return self.backbone.features(effnet_normalise(pixels).contiguous(memory_format=torch.channels_last))
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, 3, 224, 224) pixels or (B, 1280) backbone features -> (B, d), unit L2 norm."""

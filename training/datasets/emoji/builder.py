@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from collections import Counter
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from tqdm import tqdm
 
 from aoq.data.vocab import tokenize
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
-from aoq.io import atomic_dir, atomic_save_npy, check_replaceable, write_manifest
+from aoq.io import ArtefactError, atomic_dir, atomic_save_npy, check_replaceable, read_manifest, write_manifest
 from training.datasets.emoji.captions import CAPTIONS_PER_IMAGE, emoji_captions
 from training.datasets.emoji.catalogue import Emoji, load_catalogue
 from training.datasets.emoji.render import (
@@ -42,6 +43,8 @@ from training.datasets.emoji.render import (
 )
 from training.datasets.emoji.sources import EmojiSources, locate_sources
 from training.datasets.synth.render import png_bytes
+
+log = logging.getLogger(__name__)
 
 MANIFEST_KIND = "emoji_dataset"
 #: bump when the same sources and arguments would produce different files.
@@ -118,15 +121,7 @@ def build_emoji_dataset(
         dropped[vendor][DROP_SHARED] += n
     splits = assign_splits(pictures, split_by, seed)
 
-    config = {
-        "split_by": split_by,
-        "limit": limit,
-        "seed": seed,
-        "image_size": SIZE,
-        "split_shares": SPLIT_SHARES,
-        "builder_version": BUILDER_VERSION,
-        "sources": sources.fingerprint(),
-    }
+    config = build_config(sources, split_by, limit, seed)
     stats = _stats(chosen, pictures, dropped, splits)
     with atomic_dir(out) as tmp:
         tmp.chmod(0o755)  # a temporary folder is private (0700); a dataset is meant to be shared
@@ -136,6 +131,41 @@ def build_emoji_dataset(
             tmp, MANIFEST_KIND, config,
             n_regions=N_REGIONS, feature_dim=FEATURE_DIM, captions_per_image=CAPTIONS_PER_IMAGE, stats=stats,
         )
+
+
+def build_config(sources: EmojiSources, split_by: str, limit: int | None, seed: int) -> dict:
+    """The manifest ``config`` of a build: its arguments, the builder version and the sources."""
+    return {
+        "split_by": split_by,
+        "limit": limit,
+        "seed": seed,
+        "image_size": SIZE,
+        "split_shares": SPLIT_SHARES,
+        "builder_version": BUILDER_VERSION,
+        "sources": sources.fingerprint(),
+    }
+
+
+def ensure_emoji_dataset(
+    out: str | Path, *, split_by: str = "base", limit: int | None = None, seed: int = 0,
+    sources: EmojiSources | None = None, progress: bool = True,
+) -> bool:
+    """Build the dataset into ``out`` unless it already holds one built from these sources with
+    these arguments (``make demo``). Returns True when it built, False when it skipped.
+
+    Raises:
+        DataError: a missing source, naming the package to install.
+    """
+    sources = sources or locate_sources()
+    try:
+        config = read_manifest(out, kind=MANIFEST_KIND, verify=False)["config"]
+        if config == json.loads(json.dumps(build_config(sources, split_by, limit, seed))):
+            log.info("dataset %s: up to date, skipped", out)
+            return False
+    except ArtefactError:
+        pass
+    build_emoji_dataset(out, split_by=split_by, limit=limit, seed=seed, sources=sources, progress=progress)
+    return True
 
 
 def select_emoji(catalogue: list[Emoji], limit: int | None, seed: int) -> list[Emoji]:
