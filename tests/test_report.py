@@ -134,3 +134,19 @@ def test_within_family_table_gives_means_and_the_paired_interval():
     assert table[2] == "| baseline | 95.0 ± 7.1 | 20.0 ± 14.1 | — |"  # sample std over seeds
     # paired differences +10 and +6: mean +8, and the bootstrap interval lies within [6, 10]
     assert table[3] == "| AdapOffQuin | 103.0 ± 4.2 | 30.0 ± 14.1 | +8.0 [+6.0, +10.0] |"
+
+
+def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
+    from training.report import COLLAPSED_FILE, ReportSetup, Sweep, seed_config, sweep_setup, sweeps_table
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({"name": "x", "data": {"path": str(tmp_path / "data")}}))
+    sweep = Sweep("shallow", ("round2.h_t=2",), ("only_offline",))
+    setup = ReportSetup(config, (0,), ("aoq",), tmp_path / "runs", sweeps=(sweep,), sweep_seeds=(0,))
+    run_dir = seed_config(sweep_setup(setup, sweep), 0).run_dir
+    run_dir.mkdir(parents=True)
+    (run_dir / COLLAPSED_FILE).write_text(json.dumps(
+        {"message": "round2 collapsed: dev rsum 9.76 at chance (chance 6.38) for 3 epoch(s). Try a lower lr"}))
+    row = sweeps_table(setup).splitlines()[2]
+    assert row == ("| shallow | `round2.h_t=2` | OnlyOffline (ablation) | — | collapsed | dev rsum 9.76 at chance "
+                   "(chance 6.38) for 3 epoch(s) | | | |")

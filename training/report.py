@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from aoq.config import ExperimentConfig, load_config
-from aoq.io import atomic_write_bytes, atomic_write_text
+from aoq.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from training.guards import TrainingCollapsed
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ PROTOCOLS = {
 }
 KEYS = (("i2t", "r1"), ("i2t", "r5"), ("i2t", "r10"), ("t2i", "r1"), ("t2i", "r5"), ("t2i", "r10"))
 BOOTSTRAP_SAMPLES = 10_000
+#: written into a sweep run that the collapse guard stopped (the point is reported as collapsed)
+COLLAPSED_FILE = "collapsed.json"
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,14 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
     for job, seed in jobs:
         cfg = seed_config(job, seed)
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
-        run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in job.arms})
+        try:
+            run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in job.arms})
+        except TrainingCollapsed as exc:
+            if not job.runs_root.is_relative_to(setup.runs_root / "sweeps"):
+                raise  # a main seed must finish: the tables compare every arm on every seed
+            # A sweep point that collapses is a result: recorded, shown in the table, not retried.
+            log.warning("report: sweep run %s collapsed: %s", cfg.run_dir, exc)
+            atomic_write_json(cfg.run_dir / COLLAPSED_FILE, {"message": str(exc)})
         run_dirs.append(cfg.run_dir)
     return run_dirs[:len(setup.seeds)] if main else []
 
@@ -554,6 +564,14 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _collapsed(run_dirs: list[Path]) -> str | None:
+    """The collapse message of the first run of a sweep point that the collapse guard stopped."""
+    for run_dir in run_dirs:
+        if (run_dir / COLLAPSED_FILE).is_file():
+            return json.loads((run_dir / COLLAPSED_FILE).read_text())["message"]
+    return None
+
+
 def sweeps_table(setup: ReportSetup) -> str:
     """One row per sweep point and arm: rsum of the point's baseline and arm, the paired
     difference (bootstrap interval over the sweep seeds) and the mined lists' diagnostics."""
@@ -561,7 +579,14 @@ def sweeps_table(setup: ReportSetup) -> str:
              "| S_on − S_off (img / cap) | premise held |", "|---|---|---|---:|---:|---:|---|---:|---:|"]
     for sweep in setup.sweeps:
         point = sweep_setup(setup, sweep)
-        collected = collect([seed_config(point, s).run_dir for s in point.seeds], point.methods)
+        run_dirs = [seed_config(point, s).run_dir for s in point.seeds]
+        stopped = _collapsed(run_dirs)
+        if stopped is not None:
+            reason = stopped.split(":", 1)[-1].split(". ")[0].strip()
+            lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | "
+                         f"{', '.join(point.methods[a] for a in sweep.arms)} | — | collapsed | {reason} | | | |")
+            continue
+        collected = collect(run_dirs, point.methods)
         protocol = _protocols(collected)[0]
         depth, _, _, gap, held = _diagnostic_cells(collected["seeds"])
         base = _mean_std([s["results"]["baseline"][protocol]["rsum"] for s in collected["seeds"]])[0]
