@@ -109,3 +109,16 @@ def test_relative_depth_needs_h_rel():
     cfg = config_from_dict({"data": {"path": "x"}, "mining": {"top_captions": 5},
                             "round2": {"depth": "relative", "h_rel": 0.07}})
     assert cfg.round2.h_rel == 0.07
+
+
+def test_certain_false_negatives_count_mined_captions_with_the_anchors_own_text():
+    from training.mining.diagnostics import certain_false_negatives
+
+    # 3 images x 2 captions; image 1's caption 3 repeats image 0's "red" and image 2 says "Red "
+    captions = ["a cat", "red", "a dog", "red", "a bird", "Red "]
+    img_top_caps = np.array([[3, 2, 5], [1, 4, 0], [0, 2, 1]])
+    # depth 2: image 0 mined 3 ("red": own text) and 2; image 1 mined 1 ("red": own text) and 4;
+    # image 2 mined 0 and 2 (neither says "red") -> 2 of 6 pairs, 2 of 3 images
+    assert certain_false_negatives(img_top_caps, captions, 2, depth=2) == {"pairs": 2 / 6, "images": 2 / 3}
+    # depth 3 adds image 0's 5 ("Red ": own text after folding) and image 2's 1 ("red": own) -> 4 of 9
+    assert certain_false_negatives(img_top_caps, captions, 2, depth=3) == {"pairs": 4 / 9, "images": 1.0}

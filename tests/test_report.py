@@ -137,7 +137,14 @@ def test_within_family_table_gives_means_and_the_paired_interval():
 
 
 def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
-    from training.report import COLLAPSED_FILE, ReportSetup, Sweep, seed_config, sweep_setup, sweeps_table
+    from training.report import (
+        COLLAPSED_FILE,
+        ReportSetup,
+        Sweep,
+        seed_config,
+        sweep_setup,
+        sweeps_table,
+    )
 
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({"name": "x", "data": {"path": str(tmp_path / "data")}}))

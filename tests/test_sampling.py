@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aoq.config import ConfigError, Round2Config
+from aoq.config import Round2Config
 from aoq.data.dataset import SplitData
 from aoq.data.facts import SplitFacts, facts_hold, index_facts, parse_fact
 from training.round2 import false_negative_check
@@ -208,10 +208,12 @@ def test_false_negative_filter_skips_exactly_the_false_negatives() -> None:
     assert (stuck.filtered, stuck.false_negatives) == (2, 1)
 
 
-def test_filter_on_without_facts_is_a_clear_error() -> None:
-    train = SplitData("train", ["a", "b"], 1, ["0", "1"], source="fixture (split train)")
+def test_filter_without_facts_drops_captions_by_text_identity() -> None:
+    # image 0: "a cat", "red"; image 1: "a dog", "red"
+    train = SplitData("train", ["a cat", "red", "a dog", "red"], 2, ["0", "1"], source="fixture (split train)")
     assert false_negative_check(train, Round2Config()) is None
-    with pytest.raises(ConfigError, match="false_negative_filter needs structured facts"):
-        false_negative_check(train, Round2Config(false_negative_filter=True))
+    true_of = false_negative_check(train, Round2Config(false_negative_filter=True))
+    # caption 3 ("red") is true of image 0 (its caption 1 says "red"), caption 2 ("a dog") is not
+    np.testing.assert_array_equal(true_of(np.array([3, 2, 0, 1]), np.array([0, 0, 1, 1])), [True, False, False, True])
     train.facts = SplitFacts(images=[["x"], ["y"]], captions=[["x"], ["y"]])
     assert false_negative_check(train, Round2Config(false_negative_filter=True)) == train.facts.caption_true_of

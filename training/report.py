@@ -558,6 +558,15 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
               "the offline negatives are the harder ones (the paper's premise). Budget: epochs run, the epoch "
               "of the best dev rsum (epochs to plateau) and wall time of training plus validation.", "",
               diagnostics_table(collected), ""]
+    certain = [s["diagnostics"]["certain_false_negatives"] for s in collected["seeds"]
+               if s["diagnostics"] and "certain_false_negatives" in s["diagnostics"]]
+    if certain:
+        lines += [f"Certain false negatives in the mined lists (a mined caption within h_t whose text is one of the "
+                  f"anchor image's own captions), mean over seeds: "
+                  f"{100 * statistics.fmean(c['pairs'] for c in certain):.2f}% of the (image, mined caption) pairs, "
+                  f"{100 * statistics.fmean(c['images'] for c in certain):.1f}% of the images have at least one. "
+                  "`round2.false_negative_filter` drops them (and, where the data has structured facts, every "
+                  "mined caption that is true of the anchor).", ""]
     for s in collected["seeds"]:
         for warning in (s["diagnostics"] or {}).get("warnings", []):
             lines += [f"**Warning ({Path(s['run_dir']).name}):** {warning}", ""]

@@ -40,6 +40,7 @@ from aoq.backbone_cache import input_modes, with_backbone_features
 from aoq.checkpoint import load_checkpoint
 from aoq.config import ConfigError, ExperimentConfig, Round2Config
 from aoq.data.dataset import SplitData
+from aoq.data.facts import text_identity
 from aoq.data.load import load_split
 from aoq.data.loaders import (
     CaptionDataset,
@@ -83,19 +84,15 @@ def epoch_negatives(
 
 
 def false_negative_check(train: SplitData, r2: Round2Config) -> CaptionTrueOf | None:
-    """The filter of ``round2.false_negative_filter`` (not in the paper), or None when it is off.
-
-    Raises:
-        ConfigError: the filter is on but the training split has no facts.
-    """
+    """The filter of ``round2.false_negative_filter`` (not in the paper), or None when it is off:
+    the split's structured facts when it has them, else text identity (a mined caption whose
+    text is one of the anchor image's own captions: a certain false negative)."""
     if not r2.false_negative_filter:
         return None
     if train.facts is None:
-        raise ConfigError(
-            f"round2.false_negative_filter needs structured facts beside the training split "
-            f"({train.source}: no train_facts.jsonl / Karpathy \"facts\"); regenerate with aoq synth "
-            f"or set round2.false_negative_filter=false"
-        )
+        log.info("%s: no structured facts; the false-negative filter drops captions by text identity only",
+                 train.source)
+        return text_identity(train.captions, train.captions_per_image)
     return train.facts.caption_true_of
 
 

@@ -158,7 +158,12 @@ def ensure_features(cfg: ExperimentConfig, workers: int) -> None:
     """Compute the frozen pretrained backbones' features of every split into the feature cache
     once, on ``workers`` processes, so training, mining and indexing only run the heads. When
     every entry is there, no model is even built (that alone takes seconds)."""
-    from aoq.backbone_cache import caption_key_inputs, has_entry, image_key_inputs, with_backbone_features
+    from aoq.backbone_cache import (
+        caption_key_inputs,
+        has_entry,
+        image_key_inputs,
+        with_backbone_features,
+    )
     from aoq.data.load import load_split
     from aoq.models import packages
 

@@ -25,7 +25,7 @@ Optional data, read beside a split (``SplitData.facts``, None when absent):
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,3 +211,24 @@ def read_facts_file(path: Path, n_images: int, captions_per_image: int) -> Split
         None if None in change else change,
     )
     return check_facts(facts, n_images, captions_per_image, str(path))
+
+
+def normalised_text(text: str) -> str:
+    """A caption's text for identity tests: case and white space folded."""
+    return " ".join(text.lower().split())
+
+
+def text_identity(captions: list[str], captions_per_image: int) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """Element-wise "caption ``c`` is true of image ``i``" by text identity alone: ``c``'s text is
+    one of ``i``'s own captions. Always a *certain* false negative (a dataset whose pictures share
+    caption text, like emoji variants sharing CLDR keywords, has many); no facts needed."""
+    ids = {t: k for k, t in enumerate(dict.fromkeys(normalised_text(c) for c in captions))}
+    text_id = np.array([ids[normalised_text(c)] for c in captions], dtype=np.int64)
+    own = text_id.reshape(-1, captions_per_image)
+
+    def true_of(caps: np.ndarray, images: np.ndarray) -> np.ndarray:
+        caps = np.asarray(caps, dtype=np.int64).reshape(-1)
+        images = np.asarray(images, dtype=np.int64).reshape(-1)
+        return (text_id[caps][:, None] == own[images]).any(axis=1)
+
+    return true_of

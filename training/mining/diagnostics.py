@@ -154,6 +154,7 @@ def hardness_diagnostics(
     cap_top_imgs: np.ndarray,
     settings: dict[str, Any],
     batches: np.ndarray | None = None,
+    captions: list[str] | None = None,
 ) -> dict[str, Any]:
     """The diagnostics of the module docstring.
 
@@ -163,6 +164,7 @@ def hardness_diagnostics(
         settings: :func:`diagnostics_settings`.
         batches: ``(n, B)`` caption ids to use as batches; default :func:`sample_batches` from
             ``settings["seed"]``.
+        captions: the training captions; with them, ``certain_false_negatives`` is added.
 
     Returns:
         ``{"kind", "settings", "anchors", "image_anchors", "caption_anchors", "hinges_active",
@@ -186,10 +188,26 @@ def hardness_diagnostics(
         "hinges_active": _hinges(rows, settings["margin_online"], settings["margin_offline"]),
         "adaptive_weight": _weights(rows, settings["alpha"], settings["beta"]),
     }
+    if captions is not None:
+        result["certain_false_negatives"] = certain_false_negatives(img_top_caps, captions, captions_per_image,
+                                                                    settings["h_t"])
     warning = premise_warning(result)
     result["premise_holds"] = warning is None
     result["warnings"] = [warning] if warning else []
     return result
+
+
+def certain_false_negatives(img_top_caps: np.ndarray, captions: list[str], captions_per_image: int,
+                            depth: int) -> dict[str, float]:
+    """Mined captions within ``depth`` whose text is one of the anchor image's own captions (by
+    :func:`aoq.data.facts.text_identity`): ``pairs`` is their share of all (image, mined caption)
+    pairs within the depth, ``images`` the share of images with at least one."""
+    from aoq.data.facts import text_identity
+
+    top = np.asarray(img_top_caps)[:, :depth]
+    images = np.repeat(np.arange(top.shape[0]), top.shape[1])
+    hit = text_identity(captions, captions_per_image)(top.reshape(-1), images).reshape(top.shape)
+    return {"pairs": float(hit.mean()), "images": float(hit.any(axis=1).mean())}
 
 
 def summary_line(result: dict[str, Any]) -> str:

@@ -123,7 +123,8 @@ def mine_with_checkpoint(
             backend=m.backend, precision=m.precision, work_dir=work, progress=progress,
         )
     checked_depths(img_top_caps, cap_top_imgs, cfg.round2, out)
-    diagnostics = hardness_diagnostics(img, cap, split.captions_per_image, img_top_caps, cap_top_imgs, settings)
+    diagnostics = hardness_diagnostics(img, cap, split.captions_per_image, img_top_caps, cap_top_imgs, settings,
+                                       captions=split.captions)
     for warning in diagnostics["warnings"]:
         log.warning("%s: %s", out, warning)
     save_mined(out, img_top_caps, cap_top_imgs, {

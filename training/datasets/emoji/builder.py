@@ -31,7 +31,14 @@ from tqdm import tqdm
 
 from aoq.data.vocab import tokenize
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
-from aoq.io import ArtefactError, atomic_dir, atomic_save_npy, check_replaceable, read_manifest, write_manifest
+from aoq.io import (
+    ArtefactError,
+    atomic_dir,
+    atomic_save_npy,
+    check_replaceable,
+    read_manifest,
+    write_manifest,
+)
 from training.datasets.emoji.captions import CAPTIONS_PER_IMAGE, emoji_captions
 from training.datasets.emoji.catalogue import Emoji, load_catalogue
 from training.datasets.emoji.render import (
