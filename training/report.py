@@ -688,7 +688,7 @@ def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: P
         *_scene_section(setup, run_dirs[0], h_t),
     ]
     text = "\n".join(lines)
-    notes = out.parent / "results-notes.md"
+    notes = out.with_name(f"{out.stem}-notes.md")  # the hand-written part of the page: results-notes.md
     if notes.is_file():
         text += "\n" + notes.read_text()
     atomic_write_text(out, text)
