@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from sqlalchemy.orm import sessionmaker
 
+from aoq.backbone_cache import with_backbone_features
 from aoq.data.dataset import DataError, SplitData
 from aoq.data.load import load_split
-from aoq.backbone_cache import with_backbone_features
 from aoq.data.loaders import load_pixels
 from aoq.embed import encode_caption_inputs, encode_image_inputs, encode_texts
 from aoq.io import ArtefactError

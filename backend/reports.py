@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from aoq.label_metrics import label_metrics
 from aoq.metrics import (
     METRIC_KEYS,
     cross_retrieval_ranks,
     evaluate_embeddings,
-    label_metrics,
     rank_histogram,
 )
 
@@ -65,7 +65,7 @@ def cross_histogram(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image
 
 def label_table(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int,
                 image_labels: np.ndarray, k: int = 10) -> dict[str, Any]:
-    """mAP@R and NDCG@k both ways (``aoq.metrics.label_metrics``), as fractions; None (not
+    """mAP@R and NDCG@k both ways (``aoq.label_metrics.label_metrics``), as fractions; None (not
     NaN, which JSON lacks) where no query has a relevant item."""
     result = label_metrics(img_emb, cap_emb, image_labels, captions_per_image, k)
 

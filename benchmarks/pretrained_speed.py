@@ -35,7 +35,8 @@ from aoq.data.loaders import PairDataset, collate_pairs  # noqa: E402
 from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
 from tests.fixtures import write_karpathy_fixture  # noqa: E402
 from training.round1 import round1_step  # noqa: E402
-from training.trainer import epoch_loader, optimise_step  # noqa: E402
+from training.batches import epoch_loader  # noqa: E402
+from training.trainer import optimise_step  # noqa: E402
 
 
 def _timed(fn):

@@ -15,7 +15,7 @@ from aoq.cli.main import main
 from aoq.data.dataset import DataError, label_vocabulary, multi_hot
 from aoq.data.karpathy import read_karpathy
 from aoq.data.precomp import read_precomp
-from aoq.metrics import label_metrics, label_ranking_metrics, shared_label_counts
+from aoq.label_metrics import label_metrics, label_ranking_metrics, shared_label_counts
 from tests.fixtures import fixture_labels, write_karpathy_fixture, write_precomp_fixture
 
 LOG3 = math.log2(3)

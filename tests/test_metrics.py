@@ -150,7 +150,7 @@ def test_vectorised_equals_naive_loop(cpi, dtype, monkeypatch):
     # few distinct values, so ties are frequent
     sims = rng.integers(0, 12, size=(23, 23 * cpi)).astype(dtype)
     # tiny blocks so that block edges fall inside the matrix
-    monkeypatch.setattr(M, "_BLOCK_ELEMENTS", 40)
+    monkeypatch.setattr(M, "BLOCK_ELEMENTS", 40)
     assert M.i2t_ranks(sims, cpi).tolist() == naive_i2t_ranks(sims, cpi)
     assert M.t2i_ranks(sims, cpi).tolist() == naive_t2i_ranks(sims, cpi)
     # the sims-function path (used for embeddings) agrees with the array path
@@ -213,7 +213,7 @@ def test_fold_1k_defaults_and_too_few_images():
 
 
 def test_evaluate_embeddings_protocols(monkeypatch):
-    monkeypatch.setattr(M, "_BLOCK_ELEMENTS", 64)  # many blocks even on a tiny set
+    monkeypatch.setattr(M, "BLOCK_ELEMENTS", 64)  # many blocks even on a tiny set
     img, cap = small_embeddings(11)
     sims = img @ cap.T
     full = M.evaluate_embeddings(img, cap, 5, "full")
@@ -283,7 +283,7 @@ def test_pair_and_cross_retrieval_ranks_by_hand():
 
 
 def test_cross_retrieval_ranks_equal_a_naive_loop(monkeypatch):
-    monkeypatch.setattr(M, "_BLOCK_ELEMENTS", 100)
+    monkeypatch.setattr(M, "BLOCK_ELEMENTS", 100)
     rng = np.random.default_rng(9)
     sims = rng.integers(0, 30, size=(9, 45)).astype(np.float32)
     expected = []

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from aoq.cli.main import main as aoq
-from training.report import paired_bootstrap, parse_seeds
+from training.report import parse_seeds
+from training.report_tables import paired_bootstrap
 
 TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "train.epochs=2", "train.batch_size=16", "train.lr_decay_epochs=1",
@@ -122,7 +123,7 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
 
 
 def test_within_family_table_gives_means_and_the_paired_interval():
-    from training.report import within_family_table
+    from training.report_tables import within_family_table
 
     def seed(i2t, t2i, colour):
         return {"all": {"i2t_r1": i2t, "t2i_r1": t2i}, "colour": {"i2t_r1": colour, "t2i_r1": 0.0}}
@@ -143,8 +144,8 @@ def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
         Sweep,
         seed_config,
         sweep_setup,
-        sweeps_table,
     )
+    from training.report_page import sweeps_table
 
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({"name": "x", "data": {"path": str(tmp_path / "data")}}))

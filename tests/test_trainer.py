@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 from aoq.config import ConfigError, ModelConfig, TrainConfig, config_from_dict
 from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
+from training.batches import epoch_seed, shuffled_batches
 from training.losses import round1_loss
 from training.round1 import round1_step, train_round1
-from training.trainer import epoch_seed, shuffled_batches
 
 REPO = Path(__file__).resolve().parents[1]
 # 40 train images x 5 captions = 200 pairs = 8 batches of 25 per epoch.

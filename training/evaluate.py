@@ -19,7 +19,8 @@ from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_split
-from aoq.metrics import chance_rsum, evaluate_embeddings, label_metrics
+from aoq.label_metrics import label_metrics
+from aoq.metrics import chance_rsum, evaluate_embeddings
 from aoq.models.joint import JointModel
 
 
@@ -37,7 +38,7 @@ def evaluate_model(
     """Embed ``split`` with ``model`` and compute R@1/5/10, medr, meanr both ways and rsum.
 
     With ``protocol="labels"`` the recalls are those of ``full`` and the result also has
-    ``"labels"``: :func:`aoq.metrics.label_metrics` with NDCG cut-off ``ndcg_k``.
+    ``"labels"``: :func:`aoq.label_metrics.label_metrics` with NDCG cut-off ``ndcg_k``.
 
     Returns:
         ``{"i2t": {...}, "t2i": {...}, "rsum": float, "protocol": str}`` (+ ``"labels"``).

@@ -26,11 +26,12 @@ from aoq.data.loaders import PairDataset, collate_pairs
 from aoq.device import autocast, full_precision, resolve_device, seed_everything
 from aoq.models.joint import JointModel, build_model, text_vocabulary
 from training import distributed
+from training.batches import epoch_loader
 from training.evaluate import dev_validator
 from training.goal import GoalSpec, goal_objective
 from training.labels import label_prediction_loss
 from training.losses import round1_loss
-from training.trainer import StepFn, TrainResult, epoch_loader, fit
+from training.trainer import StepFn, TrainResult, fit
 
 
 def goal_spec(goal_cfg: GoalConfig) -> GoalSpec:

@@ -55,12 +55,13 @@ from aoq.io import ArtefactError, atomic_write_json
 from aoq.mined import MinedNegatives, load_mined
 from aoq.models.joint import JointModel, build_model, text_vocabulary
 from training import distributed
+from training.batches import epoch_loader
 from training.depth import checked_depths, round2_depths
 from training.evaluate import dev_validator
 from training.losses import round2_loss
 from training.round2_encode import GroupEncoder, encode_round2, loss_with_derived_pairs
 from training.sampling import CaptionTrueOf, OfflineNegatives, sample_offline_negatives
-from training.trainer import StepFn, TrainResult, epoch_loader, fit
+from training.trainer import StepFn, TrainResult, fit
 
 log = logging.getLogger(__name__)
 

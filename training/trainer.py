@@ -18,7 +18,7 @@ Contract of the plugged functions:
   sampled negatives) must come from ``generator`` -- a ``torch.Generator`` the trainer seeds from
   (``optim.seed``, epoch) and restores on resumption -- or be a pure function of the epoch and the
   item index, so a resumed epoch yields exactly the batches it would have yielded.
-  :func:`epoch_loader` does this for a map-style dataset and skips without loading anything.
+  :func:`training.batches.epoch_loader` does this for a map-style dataset and skips without loading anything.
 - ``step(model, batch) -> (loss, stats)``: moves the batch to the model's device, runs the model
   (in train mode) and returns a scalar loss tensor and a dict of floats to average over the epoch
   (logged as ``train_<name>``). The trainer does ``zero_grad``, ``backward``, clipping and the
@@ -56,10 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from aoq.checkpoint import save_checkpoint
@@ -68,6 +66,7 @@ from aoq.data.vocab import Vocabulary
 from aoq.io import atomic_write_text
 from aoq.models.joint import JointModel
 from training import distributed
+from training.batches import epoch_seed
 from training.guards import check_collapse, plateaued
 from training.trainer_state import (
     STATE_FILE,
@@ -111,54 +110,6 @@ class TrainResult:
 
 
 # --------------------------------------------------------------------------- data order
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The seed of epoch ``epoch``'s data generator: a pure function of (seed, epoch)."""
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
-
-
-def shuffled_batches(n_items: int, batch_size: int, generator: torch.Generator) -> list[list[int]]:
-    """A random permutation of ``range(n_items)`` cut into batches.
-
-    Only full batches are kept (a tiny last batch gives the in-batch losses almost no negatives),
-    except when there are fewer items than ``batch_size``: then all of them form one batch.
-    """
-    order = torch.randperm(n_items, generator=generator).tolist()
-    if n_items < batch_size:
-        return [order] if n_items else []
-    n_full = n_items // batch_size
-    return [order[k * batch_size : (k + 1) * batch_size] for k in range(n_full)]
-
-
-def epoch_loader(
-    dataset: Dataset,
-    batch_size: int,
-    collate_fn: Callable[[list], Any],
-    generator: torch.Generator,
-    skip_batches: int = 0,
-    num_workers: int = 0,
-) -> DataLoader:
-    """One epoch of shuffled batches of a map-style dataset, minus the first ``skip_batches``.
-
-    The order depends on ``generator`` alone; skipped batches are never loaded. Under torchrun
-    every rank draws the same global batches and loads only its slice of each
-    (:func:`training.distributed.shard_batch`). The generator
-    is also handed to the DataLoader, which draws its worker base seed from it rather than from
-    the global RNG (a resumed run would otherwise see different global random numbers).
-    """
-    batches = shuffled_batches(len(dataset), batch_size, generator)[skip_batches:]
-    shard = distributed.current()
-    if shard.world > 1:
-        batches = [distributed.shard_batch(b, shard) for b in batches]
-    return DataLoader(
-        dataset,
-        batch_sampler=batches,
-        collate_fn=collate_fn,
-        num_workers=num_workers,
-        generator=generator,
-        persistent_workers=False,
-    )
 
 
 # --------------------------------------------------------------------------- logging

@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
         parse_sweep,
         run_experiments,
         seed_config,
-        write_report,
     )
+    from training.report_page import write_report
 
     try:
         seeds, sweep_seeds = parse_seeds(args.seeds), parse_seeds(args.sweep_seeds)
