@@ -140,22 +140,23 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
         from training.datasets.synth.writer import ensure_dataset
 
         ensure_dataset(setup.data_dir, {"train": setup.train, "dev": setup.dev, "test": setup.test})
-    run_dirs = []
-    jobs = [(setup, seed) for seed in setup.seeds] if main else []
-    jobs += [(sweep_setup(setup, sw), seed) for sw in setup.sweeps for seed in setup.sweep_seeds]
-    for job, seed in jobs:
+    main_dirs = []
+    jobs = [(setup, seed, False) for seed in setup.seeds] if main else []
+    jobs += [(sweep_setup(setup, sw), seed, True) for sw in setup.sweeps for seed in setup.sweep_seeds]
+    for job, seed, is_sweep in jobs:
         cfg = seed_config(job, seed)
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
         try:
             run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in job.arms})
         except TrainingCollapsed as exc:
-            if not job.runs_root.is_relative_to(setup.runs_root / "sweeps"):
+            if not is_sweep:
                 raise  # a main seed must finish: the tables compare every arm on every seed
             # A sweep point that collapses is a result: recorded, shown in the table, not retried.
             log.warning("report: sweep run %s collapsed: %s", cfg.run_dir, exc)
             atomic_write_json(cfg.run_dir / COLLAPSED_FILE, {"message": str(exc)})
-        run_dirs.append(cfg.run_dir)
-    return run_dirs[:len(setup.seeds)] if main else []
+        if not is_sweep:
+            main_dirs.append(cfg.run_dir)
+    return main_dirs
 
 
 # --------------------------------------------------------------------------- collection

@@ -70,9 +70,11 @@ def scene_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, floa
       same objects by shape and colour. Captions that leave out sizes and positions, which many
       do, are then true descriptions of the anchor: likely false negatives.
     * ``duplicate_text``: share of the mined pairs within ``h_t`` whose text equals one of the
-      image's own captions: certain false negatives.
+      image's own captions: certain false negatives
+      (:func:`training.mining.diagnostics.certain_false_negatives`).
     """
     from aoq.mined import load_mined
+    from training.mining.diagnostics import certain_false_negatives
 
     mined = load_mined(run_dir / "mined")
     scenes = sorted((json.loads(line) for line in (data_dir / "scenes.jsonl").read_text().splitlines()
@@ -83,15 +85,12 @@ def scene_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, floa
     content = np.array([ids[o] for o in objects])
     captions = (data_dir / "precomp" / "train_caps.txt").read_text().splitlines()
     cpi = len(captions) // len(family)
-    top = np.asarray(mined.img_top_caps[:, :h_t])
-    owner = top // cpi
-    own = [set(captions[k * cpi:(k + 1) * cpi]) for k in range(len(family))]
-    dup = sum(captions[c] in own[k] for k in range(len(family)) for c in top[k])
+    owner = np.asarray(mined.img_top_caps[:, :h_t]) // cpi
     return {
         "family_top1": float(np.mean(family[owner[:, 0]] == family)),
         "same_objects_top1": float(np.mean(content[owner[:, 0]] == content)),
         "same_objects": float(np.mean(content[owner] == content[:, None])),
-        "duplicate_text": dup / top.size,
+        "duplicate_text": certain_false_negatives(mined.img_top_caps, captions, cpi, h_t)["pairs"],
     }
 
 

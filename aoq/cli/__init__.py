@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from aoq.config import ConfigError
@@ -59,3 +60,17 @@ def print_training_result(round_name: str, result: Any, settings: str) -> None:
     print(f"best checkpoint: {result.best_dir}")
     print(f"last checkpoint: {result.last_dir}")
     print(f"metrics log:     {result.run_dir / 'metrics.jsonl'}")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer of at least ``low``, with a one-line error otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse

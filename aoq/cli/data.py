@@ -4,27 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "Build a real image-caption dataset from packaged sources (emoji: Noto + Twemoji, CLDR words)."
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+from aoq.cli import int_at_least
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,9 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     emoji.add_argument("--split-by", choices=("base", "image"), default="base",
                        help="keep all variants of a base emoji in one split, or split picture by picture "
                             "(default: %(default)s)")
-    emoji.add_argument("--limit", type=_positive_int, default=None,
+    emoji.add_argument("--limit", type=int_at_least(1), default=None,
                        help="at most this many emoji, chosen as whole base emoji (default: all)")
-    emoji.add_argument("--seed", type=_seed, default=0, help="seeds the split and --limit (default: %(default)s)")
+    emoji.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the split and --limit (default: %(default)s)")
     sources = emoji.add_argument_group("sources (default: the installed packages; see scripts/data-deps.sh)")
     sources.add_argument("--noto-font", default=None, help="NotoColorEmoji.ttf (env AOQ_NOTO_FONT)")
     sources.add_argument("--cldr-dir", default=None, help="CLDR 'common' folder (env AOQ_CLDR_DIR)")

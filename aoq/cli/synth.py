@@ -5,21 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from aoq.cli import int_at_least
 from aoq.config import ConfigError
 from training.datasets.synth.scenes import SceneParams
-
-
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def _float(text: str) -> float:
@@ -32,16 +20,16 @@ def _float(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = SceneParams()
     parser.add_argument("--out", default="data/synth", help="output folder (default: %(default)s)")
-    parser.add_argument("--train", type=_int_at_least(1), default=4000, help="train images (default: %(default)s)")
-    parser.add_argument("--dev", type=_int_at_least(1), default=500, help="dev/val images (default: %(default)s)")
-    parser.add_argument("--test", type=_int_at_least(1), default=1000, help="test images (default: %(default)s)")
-    parser.add_argument("--seed", type=_int_at_least(0), default=0, help="random seed (default: %(default)s)")
+    parser.add_argument("--train", type=int_at_least(1), default=4000, help="train images (default: %(default)s)")
+    parser.add_argument("--dev", type=int_at_least(1), default=500, help="dev/val images (default: %(default)s)")
+    parser.add_argument("--test", type=int_at_least(1), default=1000, help="test images (default: %(default)s)")
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="random seed (default: %(default)s)")
     parser.add_argument(
-        "--workers", type=_int_at_least(1), default=None, help="processes (default: all cores; same output)"
+        "--workers", type=int_at_least(1), default=None, help="processes (default: all cores; same output)"
     )
     parser.add_argument(
         "--image-size",
-        type=_int_at_least(16),
+        type=int_at_least(16),
         default=defaults.image_size,
         help="PNG side in pixels; features are always computed at 64 px (default: %(default)s)",
     )
@@ -50,22 +38,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--family-share", type=_float, default=defaults.family_share,
         help="expected share of images that are a family base or one-change variant (default: %(default)s)",
     )
-    knobs.add_argument("--max-variants", type=_int_at_least(1), default=defaults.max_variants,
+    knobs.add_argument("--max-variants", type=int_at_least(1), default=defaults.max_variants,
                        help="variants per family, at most (default: %(default)s)")
-    knobs.add_argument("--shapes", type=_int_at_least(2), default=defaults.n_shapes,
+    knobs.add_argument("--shapes", type=int_at_least(2), default=defaults.n_shapes,
                        help="number of shape kinds, 2..8 (default: %(default)s)")
-    knobs.add_argument("--colours", type=_int_at_least(2), default=defaults.n_colours,
+    knobs.add_argument("--colours", type=int_at_least(2), default=defaults.n_colours,
                        help="number of colours, 2..9 (default: %(default)s)")
     knobs.add_argument("--noise", type=_float, default=defaults.noise,
                        help="texture / colour / size jitter scale, 0..2 (default: %(default)s)")
     knobs.add_argument("--caption-detail", type=_float, default=defaults.caption_detail,
                        help="probability of each optional extra fact in a caption, 0..1 (default: %(default)s)")
-    knobs.add_argument("--contrast-captions", type=_int_at_least(0), default=defaults.contrast_captions,
+    knobs.add_argument("--contrast-captions", type=int_at_least(0), default=defaults.contrast_captions,
                        help="captions per family member (0..5) that state what tells it apart from a sibling, "
                             "checked false for that sibling (default: %(default)s)")
-    knobs.add_argument("--min-objects", type=_int_at_least(1), default=defaults.min_objects,
+    knobs.add_argument("--min-objects", type=int_at_least(1), default=defaults.min_objects,
                        help="objects per scene, at least (default: %(default)s)")
-    knobs.add_argument("--max-objects", type=_int_at_least(1), default=defaults.max_objects,
+    knobs.add_argument("--max-objects", type=int_at_least(1), default=defaults.max_objects,
                        help="objects per scene, at most (<= 4) (default: %(default)s)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 

@@ -7,16 +7,10 @@ import logging
 import os
 import sys
 
+from aoq.cli import int_at_least
 from ui.client import DEFAULT_BACKEND_URL
 
 log = logging.getLogger(__name__)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on (default %(default)s)")
     parser.add_argument(
-        "--concurrency", type=_positive_int, default=4, help="events handled at once (default %(default)s)"
+        "--concurrency", type=int_at_least(1), default=4, help="events handled at once (default %(default)s)"
     )
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds to wait for the service per request (default %(default)s)"
