@@ -100,13 +100,24 @@ def test_changed_config_moves_an_interrupted_stage_aside(tmp_path, synth, caplog
 
 def test_cli_arms_and_table(tmp_path, synth, capsys):
     cfg_path = _config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1})
-    assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "aoq,offtri", "--no-progress"]) == 0
+    assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "aoq,offtri,goal-nca-sig", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "round2:offtri" in out and "| offtri | full (8 images) |" in out and "| baseline |" in out
-    offtri = load_checkpoint(tmp_path / "runs" / "tiny" / "models" / "offtri")
+    assert "round1:goal-nca-sig" in out and "| goal-nca-sig | full (8 images) |" in out
+    run_dir = tmp_path / "runs" / "tiny"
+    offtri = load_checkpoint(run_dir / "models" / "offtri")
     assert offtri.extra["loss"] == "offline_triplet"
+    # A round-1 arm trains its own model from scratch with its objective, not on mined negatives.
+    goal = load_checkpoint(run_dir / "models" / "goal-nca-sig")
+    assert goal.extra["loss"] == "goal" and "mined_dir" not in goal.extra
+    assert goal.config.goal.triplet == "nca" and goal.config.goal.pair == "sig"
+    assert goal.extra["metrics_log"] == ["round1-goal-nca-sig/metrics.jsonl"]
+    assert goal.content_hash != load_checkpoint(run_dir / "models" / "baseline").content_hash
+    # The synthetic set carries object-class labels: the comparison has the label-wise metrics.
+    comparison = json.loads((run_dir / "comparison" / "comparison.json").read_text())
+    assert set(comparison["goal-nca-sig"]["full"]["labels"]) >= {"i2t", "t2i", "k"}
     assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "nope"]) == 2
-    assert "unknown arm(s) nope" in capsys.readouterr().err
+    assert "unknown arm 'nope'" in capsys.readouterr().err
 
 
 def test_resumes_after_kill_9(tmp_path, synth):

@@ -98,7 +98,7 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
     }))
     out = tmp_path / "results.md"
     sweep = ["--sweep", "shallow:round2.h_t=2,round2.h_i=1@offtri", "--sweep-seeds", "1"]
-    assert aoq(["report", "--config", str(config), "--seeds", "0-1", "--arms", "aoq", "--run", "--runs",
+    assert aoq(["report", "--config", str(config), "--seeds", "0-1", "--arms", "aoq,goal-con-lin", "--run", "--runs",
                 str(tmp_path / "runs"), "--out", str(out), "--figures", str(tmp_path / "fig"), *sweep]) == 0
     text = out.read_text()
     # the sweep point: its own baseline and arm, seed 1 only, its depth in the diagnostics
@@ -107,7 +107,7 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
     gap = point["offtri"]["full"]["rsum"] - point["baseline"]["full"]["rsum"]
     row = next(line for line in text.splitlines() if line.startswith("| shallow |"))
     assert row.startswith(f"| shallow | `round2.h_t=2 round2.h_i=1` | OffTri (Eq. 3) | {point['baseline']['full']['rsum']:.1f} |")
-    assert f"| {gap:+.1f} [{gap:+.1f}, {gap:+.1f}] | 2 / 1 |" in row
+    assert f"| {gap:+.1f} [{gap:+.1f}, {gap:+.1f}] | — / — | 2 / 1 |" in row  # no labels: no NDCG
     assert not (tmp_path / "runs" / "sweeps" / "shallow" / "seed0").exists()
     assert text.startswith(f"# Results on `fixture-{fmt}`")
     diag = [json.loads((tmp_path / "runs" / f"seed{s}" / "mined" / "diagnostics.json").read_text()) for s in (0, 1)]
@@ -120,6 +120,13 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
     mean, low, high = paired_bootstrap(diffs)
     assert f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]" in text
     assert "Mining diagnostics from the scene records" not in text
+    # the GOAL round-1 arm: its own row and interval; the mined lists' diagnostics do not apply to it
+    goal = [r["goal-con-lin"]["full"]["rsum"] - r["baseline"]["full"]["rsum"] for r in res]
+    mean, low, high = paired_bootstrap(goal)
+    goal_rows = [line for line in text.splitlines() if line.startswith("| GOAL (con x lin) |")]
+    assert f"| {mean:+.1f} [{low:+.1f}, {high:+.1f}] |" in goal_rows[0]
+    assert goal_rows[1].startswith("| GOAL (con x lin) | — | — | — | — | — |")
+    assert "Round-1 arms (GOAL (con x lin))" in text and "Label-wise retrieval" not in text
 
 
 def test_within_family_table_gives_means_and_the_paired_interval():
@@ -157,4 +164,24 @@ def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
         {"message": "round2 collapsed: dev rsum 9.76 at chance (chance 6.38) for 3 epoch(s). Try a lower lr"}))
     row = sweeps_table(setup).splitlines()[2]
     assert row == ("| shallow | `round2.h_t=2` | OnlyOffline (ablation) | — | collapsed | dev rsum 9.76 at chance "
-                   "(chance 6.38) for 3 epoch(s) | | | |")
+                   "(chance 6.38) for 3 epoch(s) | | | | |")
+
+
+def test_label_table_gives_percent_means_and_the_paired_ndcg_interval():
+    from training.report_tables import label_table
+
+    def result(i2t_ndcg, t2i_ndcg):
+        return {"full": {"labels": {"k": 10, "i2t": {"map_at_r": 0.5, "ndcg_at_10": i2t_ndcg},
+                                    "t2i": {"map_at_r": 0.25, "ndcg_at_10": t2i_ndcg}}}}
+
+    collected = {"methods": {"baseline": "Baseline", "aoq": "AOQ"}, "seeds": [
+        {"results": {"baseline": result(0.5, 0.3), "aoq": result(0.6, 0.4)}},
+        {"results": {"baseline": result(0.7, 0.5), "aoq": result(0.7, 0.6)}},
+    ]}
+    table = label_table(collected)
+    assert "| Baseline | 50.00 ± 0.00 | 60.00 ± 14.14 | 25.00 ± 0.00 | 40.00 ± 14.14 | — |" in table
+    # mean NDCG differences per seed: +10 and +5 -> mean +7.5, bootstrap interval within [5, 10]
+    aoq_row = table.splitlines()[-1]
+    assert aoq_row.startswith("| AOQ | 50.00 ± 0.00 | 65.00 ± 7.07 |") and "+7.50 [+5.00, +10.00]" in aoq_row
+    collected["seeds"][0]["results"]["aoq"]["full"].pop("labels")
+    assert label_table(collected) is None

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aoq.config import ExperimentConfig, Round2Config
+from aoq.config import ExperimentConfig
 from aoq.io import (
     atomic_dir,
     atomic_write_json,
@@ -33,24 +33,13 @@ from aoq.io import (
     sha256_json,
     write_manifest,
 )
+from training.arms import Arm, resolve_arm
 from training.stages import Stage, StageLedger, run_stages
 
 log = logging.getLogger(__name__)
 
 #: keys that change where or how fast a stage runs, not what it computes.
 RUNTIME_KEYS = {"device", "num_workers", "save_every_steps", "block_size", "collapse_epochs"}
-#: round-2 arm name -> overrides of the ``round2`` section; "aoq" is the configured method, the
-#: others are the paper's comparisons (Table 2) and ablations (Table 3).
-KNOWN_ARMS: dict[str, dict[str, Any]] = {
-    "aoq": {},
-    "offtri": {"loss": "offline_triplet"},
-    "offquin": {"loss": "offline_quintuplet"},
-    "only_offline": {"loss": "adaptive_offline_quintuplet", "variant": "only_offline"},
-    "online_quin": {"loss": "offline_quintuplet", "variant": "online_quin"},
-    "no_offline_adapt": {"loss": "adaptive_offline_quintuplet", "variant": "no_offline_adapt"},
-    "finetune": {"loss": "adaptive_offline_quintuplet", "init": "finetune"},
-}
-DEFAULT_ARMS: dict[str, dict[str, Any]] = {"aoq": {}}
 #: round-2 keys the mined artefact's hardness diagnostics depend on (training/mining/diagnostics.py).
 DIAGNOSTIC_KEYS = ("batch_size", "seed", "depth", "h_t", "h_i", "h_rel", "sampling", "normal_center",
                    "normal_scale", "margin_online", "margin_offline", "alpha", "beta")
@@ -101,12 +90,6 @@ def seeded_config(cfg: ExperimentConfig, seed: int) -> ExperimentConfig:
         "round2": cfg.round2.model_copy(update={"seed": seed}),
         "out_dir": str(run_dir),
     })
-
-
-def arm_config(cfg: ExperimentConfig, overrides: dict[str, Any]) -> ExperimentConfig:
-    """The run config with one arm's ``round2`` overrides applied (validated)."""
-    r2 = Round2Config.model_validate({**cfg.round2.model_dump(), **overrides})
-    return cfg.model_copy(update={"round2": r2})
 
 
 def _checkpoint_hash(path: Path) -> str:
@@ -173,14 +156,18 @@ def comparison_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def compare_models(models: dict[str, Path], split: str, out: Path) -> dict[str, Any]:
+def compare_models(models: dict[str, Path], split: str, out: Path, *, labels: bool = False) -> dict[str, Any]:
     """Evaluate every model on ``split`` (full protocol; 1K 5-fold and 5K when there are 5,000
-    images or more) and write ``comparison.json`` and ``comparison.md`` atomically."""
+    images or more) and write ``comparison.json`` and ``comparison.md`` atomically.
+
+    ``labels``: the split carries labels, so the full protocol's results also hold the label-wise
+    metrics (``"labels"``: mAP@R, NDCG@10, both directions).
+    """
     from training.evaluate import evaluate_checkpoint
 
     results: dict[str, dict[str, Any]] = {}
     for name, path in models.items():
-        full = evaluate_checkpoint(path, split, "full")
+        full = evaluate_checkpoint(path, split, "labels" if labels else "full")
         results[name] = {"full": full}
         if full["n_images"] >= 5000:
             for protocol in ("1k5fold", "5k"):
@@ -195,7 +182,7 @@ def compare_models(models: dict[str, Path], split: str, out: Path) -> dict[str, 
 
 def run_pipeline(
     cfg: ExperimentConfig,
-    arms: dict[str, dict[str, Any]] | None = None,
+    arms: list[Arm] | None = None,
     *,
     progress_bar: bool = True,
 ) -> PipelineResult:
@@ -203,17 +190,19 @@ def run_pipeline(
 
     Args:
         cfg: the run configuration.
-        arms: round-2 variants to train, name -> ``round2`` overrides; default one arm "aoq"
-            with the configured method. Arms share round 1 and the mined negatives.
+        arms: what to train beside the baseline (:mod:`training.arms`); default one arm "aoq"
+            with the configured method. Round-2 arms share round 1 and the mined negatives;
+            round-1 arms (GOAL, the label term) train like the baseline with their own settings.
 
     Returns:
         Stage status (ran/skipped), the published model folders and the comparison results.
     """
+    from aoq.data.load import load_split
     from training.mining import mine_with_checkpoint
     from training.round1 import train_round1
     from training.round2 import train_round2
 
-    arms = DEFAULT_ARMS if arms is None else arms
+    arms = [resolve_arm("aoq")] if arms is None else arms
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = StageLedger(run_dir / "pipeline.json")
@@ -222,53 +211,79 @@ def run_pipeline(
     mined_dir = run_dir / "mined"
     models_dir = run_dir / "models"
 
-    def round1_inputs() -> dict[str, Any]:
-        return {"data": data_id, "model": _section(cfg.model), "train": _section(cfg.train)}
-
-    def run_round1() -> None:
-        _fresh(round1_dir, ledger, "round1", round1_inputs())
-        train_round1(cfg, round1_dir, progress_bar=progress_bar)
-
     teacher = Path(cfg.mining.teacher) if cfg.mining.teacher else round1_dir / "best"
 
     def mine_inputs() -> dict[str, Any]:
         return {"checkpoint": _checkpoint_hash(teacher), "data": data_id, "mining": _section(cfg.mining),
                 "diagnostics": {k: getattr(cfg.round2, k) for k in DIAGNOSTIC_KEYS}}
 
+    train_baseline, publish_baseline = _round1_stages("baseline", cfg, round1_dir, models_dir, data_id, ledger,
+                                                      train_round1, progress_bar)
     stages = [
-        Stage("round1", round1_dir / "best", round1_inputs, run_round1),
+        train_baseline,
         Stage("mine", mined_dir, mine_inputs,
               lambda: mine_with_checkpoint(teacher, cfg, mined_dir, progress=progress_bar)),
-        Stage("publish:baseline", models_dir / "baseline",
-              lambda: {"source": _checkpoint_hash(round1_dir / "best"), "role": "baseline"},
-              lambda: publish(round1_dir / "best", models_dir / "baseline", "baseline",
-                              {"metrics_log": "round1/metrics.jsonl", "mined_dir": "mined"})),
+        publish_baseline,
     ]
     models = {"baseline": models_dir / "baseline"}
-    for arm, overrides in arms.items():
-        arm_cfg = arm_config(cfg, overrides)
-        arm_dir = run_dir / ("round2" if arm == "aoq" else f"round2-{arm}")
-        stages += _arm_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, data_id, ledger,
-                              train_round2, progress_bar)
-        models[arm] = models_dir / arm
+    for arm in arms:
+        arm_cfg = arm.config(cfg)
+        if arm.round == 1:
+            stages += _round1_stages(arm.name, arm_cfg, run_dir / arm.folder, models_dir, data_id, ledger,
+                                     train_round1, progress_bar)
+        else:
+            stages += _round2_stages(arm.name, arm_cfg, run_dir / arm.folder, mined_dir, round1_dir, models_dir,
+                                     data_id, ledger, train_round2, progress_bar)
+        models[arm.name] = models_dir / arm.name
 
     comparison_dir = run_dir / "comparison"
+    labelled = load_split(cfg.data, "test").labels is not None
     stages.append(Stage(
         "compare", comparison_dir,
-        lambda: {"models": {k: _checkpoint_hash(v) for k, v in models.items()}, "split": cfg.data.test_split},
-        lambda: compare_models(models, "test", comparison_dir),
+        lambda: {"models": {k: _checkpoint_hash(v) for k, v in models.items()}, "split": cfg.data.test_split,
+                 "labels": labelled},
+        lambda: compare_models(models, "test", comparison_dir, labels=labelled),
     ))
     status = run_stages(stages, ledger)
     comparison = json.loads((comparison_dir / "comparison.json").read_text())
     return PipelineResult(run_dir, status, models, comparison)
 
 
-def _arm_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, data_id, ledger, train_round2,
-                progress_bar) -> list[Stage]:
+def _round1_inputs(cfg: ExperimentConfig, data_id: dict[str, Any]) -> dict[str, Any]:
+    """What a round-1 model depends on (the ``goal`` section only when the loss is GOAL, so that
+    other runs keep their hashes)."""
+    inputs = {"data": data_id, "model": _section(cfg.model), "train": _section(cfg.train)}
+    if cfg.train.loss == "goal":
+        inputs["goal"] = _section(cfg.goal)
+    return inputs
+
+
+def _round1_stages(name, cfg, train_dir, models_dir, data_id, ledger, train_round1, progress_bar) -> list[Stage]:
+    """The training and publish stages of a round-1 model: the baseline (stage ``round1``) or a
+    round-1 arm (``round1:<arm>``)."""
+    stage = "round1" if name == "baseline" else f"round1:{name}"
+    log_path = f"{train_dir.name}/metrics.jsonl"
+    # The baseline mined the negatives; a round-1 arm did not. A one-item list marks its log as round 1.
+    extra = ({"metrics_log": log_path, "mined_dir": "mined"} if name == "baseline" else {"metrics_log": [log_path]})
+
+    def run() -> None:
+        _fresh(train_dir, ledger, stage, _round1_inputs(cfg, data_id))
+        train_round1(cfg, train_dir, progress_bar=progress_bar)
+
+    return [
+        Stage(stage, train_dir / "best", lambda: _round1_inputs(cfg, data_id), run),
+        Stage(f"publish:{name}", models_dir / name,
+              lambda: {"source": _checkpoint_hash(train_dir / "best"), "role": name},
+              lambda: publish(train_dir / "best", models_dir / name, name, extra)),
+    ]
+
+
+def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, data_id, ledger, train_round2,
+                   progress_bar) -> list[Stage]:
     """The round-2 and publish stages of one arm."""
     r2 = arm_cfg.round2
     if r2.init == "finetune" and not r2.init_from:
-        arm_cfg = arm_config(arm_cfg, {"init_from": str(round1_dir / "best")})
+        arm_cfg = arm_cfg.model_copy(update={"round2": r2.model_copy(update={"init_from": str(round1_dir / "best")})})
 
     def inputs() -> dict[str, Any]:
         init = _checkpoint_hash(round1_dir / "best") if arm_cfg.round2.init == "finetune" else None

@@ -19,21 +19,11 @@ from typing import Any
 
 from aoq.config import ExperimentConfig, load_config
 from aoq.io import atomic_write_json
+from training.arms import arm_label, resolve_arm, resolve_arms
 from training.guards import TrainingCollapsed
 
 log = logging.getLogger(__name__)
 
-#: pipeline arm (``models/<arm>``) -> display name; "baseline" is round 1.
-LABELS: dict[str, str] = {
-    "baseline": "Baseline (VSE++ max violation)",
-    "offtri": "OffTri (Eq. 3)",
-    "offquin": "OffQuin (Eq. 4)",
-    "aoq": "AdapOffQuin (Eq. 5, AOQ)",
-    "only_offline": "OnlyOffline (ablation)",
-    "online_quin": "OnlineQuin (ablation)",
-    "no_offline_adapt": "w/o OfflineAdap (ablation)",
-    "finetune": "AdapOffQuin, finetuned from round 1",
-}
 ARMS = ("offtri", "offquin", "aoq")
 #: protocol -> heading, in the order the report shows them.
 PROTOCOLS = {
@@ -94,7 +84,7 @@ class ReportSetup:
     @property
     def methods(self) -> dict[str, str]:
         """arm -> label, baseline first."""
-        return {arm: LABELS.get(arm, arm) for arm in ("baseline", *self.arms)}
+        return {arm: arm_label(arm) for arm in ("baseline", *self.arms)}
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -134,7 +124,7 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
     """Generate the synthetic set if asked, then run (or resume) every seed's pipeline with all arms
     (unless ``main`` is False), then every sweep point. Finished stages are skipped, so several
     processes may share the work by sweep points."""
-    from training.pipeline import KNOWN_ARMS, run_pipeline
+    from training.pipeline import run_pipeline
 
     if setup.synth:
         from training.datasets.synth.writer import ensure_dataset
@@ -147,7 +137,7 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
         cfg = seed_config(job, seed)
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
         try:
-            run_pipeline(cfg, {arm: KNOWN_ARMS[arm] for arm in job.arms})
+            run_pipeline(cfg, resolve_arms(job.arms))
         except TrainingCollapsed as exc:
             if not is_sweep:
                 raise  # a main seed must finish: the tables compare every arm on every seed
@@ -167,9 +157,7 @@ def _history(path: Path) -> list[dict[str, Any]]:
 
 
 def _round_dir(run_dir: Path, arm: str) -> Path:
-    if arm == "baseline":
-        return run_dir / "round1"
-    return run_dir / ("round2" if arm == "aoq" else f"round2-{arm}")
+    return run_dir / ("round1" if arm == "baseline" else resolve_arm(arm).folder)
 
 
 def _diagnostics(run_dir: Path) -> dict[str, Any] | None:
@@ -189,18 +177,3 @@ def collect(run_dirs: list[Path], methods: dict[str, str]) -> dict[str, Any]:
             "diagnostics": _diagnostics(run_dir),
         })
     return {"seeds": seeds, "methods": methods}
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-# --------------------------------------------------------------------------- tables
-
-
-# --------------------------------------------------------------------------- figures
-
-
-# --------------------------------------------------------------------------- scene diagnostics (synthetic)
-
-
-# --------------------------------------------------------------------------- the page

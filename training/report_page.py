@@ -33,6 +33,9 @@ from training.report_tables import (
     batch_time_ratios,
     diagnostic_cells,
     diagnostics_table,
+    is_round1,
+    label_scores,
+    label_table,
     mean_std,
     paired_bootstrap,
     per_seed_rsum,
@@ -125,6 +128,7 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
     data = (f"`aoq synth --out {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}` "
             "(the demo's generator and seed)" if setup.synth
             else f"`{cfg.data.name}` ({cfg.data.format}, `{cfg.data.path}`)")
+    round1_arms = [a for a in collected["methods"] if a != "baseline" and is_round1(a)]
     stop = (f"early stopping on dev rsum with patience {r1.patience} (round 1) / {r2.patience} (round 2), "
             "`epochs` as the cap" if r1.patience or r2.patience else "every epoch of the schedule")
     return [
@@ -136,6 +140,10 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
         + (f" with `{' '.join(setup.overrides)}`" if setup.overrides else "") + ".",
         f"- Round 1 (the baseline): `{r1.loss}`, at most {r1.epochs} epochs, lr {r1.lr:g} x{r1.lr_decay_factor:g} "
         f"every {r1.lr_decay_epochs} epochs, batch {r1.batch_size}.",
+        *([f"- Round-1 arms ({', '.join(collected['methods'][a] for a in round1_arms)}): trained like the baseline, "
+           f"from scratch and without mined negatives, with their own objective; GOAL with tau = {cfg.goal.tau:g}, "
+           f"margin = {cfg.goal.margin}, multi-similarity a = {cfg.goal.ms_a:g}, b = {cfg.goal.ms_b:g}, "
+           f"lambda = {cfg.goal.ms_lambda:g} ([goal.md](goal.md))."] if round1_arms else []),
         f"- Mining: top {cfg.mining.top_captions} captions per image, top {cfg.mining.top_images} images per "
         "caption, by the seed's own round-1 model.",
         f"- Round 2 (from scratch): at most {r2.epochs} epochs, lr {r2.lr:g} x{r2.lr_decay_factor:g} every "
@@ -154,7 +162,14 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     for p in protocols:
         lines += [f"## {PROTOCOLS[p]}, mean ± std over seeds", "", results_table(collected, p), ""]
-    lines += [f"rsum per seed ({PROTOCOLS[protocols[0]]}):", "", per_seed_rsum(collected, protocols[0]), "",
+    lines += [f"rsum per seed ({PROTOCOLS[protocols[0]]}):", "", per_seed_rsum(collected, protocols[0]), ""]
+    labels = label_table(collected)
+    if labels:
+        lines += ["## Label-wise retrieval (full test split), mean ± std over seeds", "",
+                  "Relevance = the number of labels a query and a gallery item share; mAP@R and NDCG@k as defined "
+                  "in [evaluation.md](evaluation.md#label-wise-evaluation), in percent, both directions.", "",
+                  labels, ""]
+    lines += [
               "## Hardness diagnostics and training budget per method", "",
               "Diagnostics of the mined lists at the round-1 model (`mined/diagnostics.json`, "
               "[mining.md](mining.md#hardness-diagnostics)), means over seeds; a negative S_on − S_off means "
@@ -187,8 +202,9 @@ def _collapsed(run_dirs: list[Path]) -> str | None:
 def sweeps_table(setup: ReportSetup) -> str:
     """One row per sweep point and arm: rsum of the point's baseline and arm, the paired
     difference (bootstrap interval over the sweep seeds) and the mined lists' diagnostics."""
-    lines = ["| sweep | overrides | method | baseline rsum | method rsum | Δ rsum [95% CI] | h_t / h_i "
-             "| S_on − S_off (img / cap) | premise held |", "|---|---|---|---:|---:|---:|---|---:|---:|"]
+    lines = ["| sweep | overrides | method | baseline rsum | method rsum | Δ rsum [95% CI] | NDCG@10 baseline / "
+             "method | h_t / h_i | S_on − S_off (img / cap) | premise held |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
     for sweep in setup.sweeps:
         point = sweep_setup(setup, sweep)
         run_dirs = [seed_config(point, s).run_dir for s in point.seeds]
@@ -196,7 +212,7 @@ def sweeps_table(setup: ReportSetup) -> str:
         if stopped is not None:
             reason = stopped.split(":", 1)[-1].split(". ")[0].strip()
             lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | "
-                         f"{', '.join(point.methods[a] for a in sweep.arms)} | — | collapsed | {reason} | | | |")
+                         f"{', '.join(point.methods[a] for a in sweep.arms)} | — | collapsed | {reason} | | | | |")
             continue
         collected = collect(run_dirs, point.methods)
         protocol = _protocols(collected)[0]
@@ -205,10 +221,17 @@ def sweeps_table(setup: ReportSetup) -> str:
         for arm in sweep.arms:
             value = mean_std([s["results"][arm][protocol]["rsum"] for s in collected["seeds"]])[0]
             mean, low, high = paired_bootstrap(rsum_differences(collected, arm, protocol))
+            mined = ["—"] * 3 if is_round1(arm) else [depth, gap, held]
             lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | {point.methods[arm]} | "
-                         f"{base:.1f} | {value:.1f} | {mean:+.1f} [{low:+.1f}, {high:+.1f}] | {depth} | {gap} "
-                         f"| {held} |")
+                         f"{base:.1f} | {value:.1f} | {mean:+.1f} [{low:+.1f}, {high:+.1f}] | "
+                         f"{_mean_ndcg(collected, 'baseline')} / {_mean_ndcg(collected, arm)} | " + " | ".join(mined) + " |")
     return "\n".join(lines)
+
+
+def _mean_ndcg(collected: dict[str, Any], arm: str) -> str:
+    """Seed mean of an arm's NDCG@k (mean of both directions, full test split), or a dash."""
+    scores = [label_scores(s["results"][arm]["full"]) for s in collected["seeds"]]
+    return "—" if any(v is None for v in scores) else f"{statistics.fmean(v['ndcg'] for v in scores):.2f}"
 
 
 def _sweeps_section(setup: ReportSetup) -> list[str]:

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from training.arms import resolve_arm
+
 BOOTSTRAP_SAMPLES = 10_000
 
 KEYS = (("i2t", "r1"), ("i2t", "r5"), ("i2t", "r10"), ("t2i", "r1"), ("t2i", "r5"), ("t2i", "r10"))
@@ -75,6 +77,11 @@ def per_seed_rsum(collected: dict[str, Any], protocol: str) -> str:
     return "\n".join(lines)
 
 
+def is_round1(arm: str) -> bool:
+    """The baseline and round-1 arms: trained without the mined lists, so their diagnostics do not apply."""
+    return arm == "baseline" or resolve_arm(arm).round == 1
+
+
 def diagnostic_cells(seeds: list[dict[str, Any]]) -> list[str]:
     """Seed means of the hardness diagnostics (image / caption anchors), or dashes without them."""
     diags = [s["diagnostics"] for s in seeds if s["diagnostics"]]
@@ -98,7 +105,7 @@ def diagnostics_table(collected: dict[str, Any]) -> str:
              "(img / cap) | S_on − S_off (img / cap) | premise held (seeds) | epochs run | best epoch "
              "| wall time (min) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for arm, label in collected["methods"].items():
-        diag = ["—"] * 5 if arm == "baseline" else diagnostic_cells(collected["seeds"])
+        diag = ["—"] * 5 if is_round1(arm) else diagnostic_cells(collected["seeds"])
         runs = [budget(s["history"][arm]) for s in collected["seeds"]]
         spend = [f"{statistics.fmean(r[k] for r in runs):.{d}f}" for k, d in
                  (("epochs", 1), ("best_epoch", 1), ("minutes", 1))]
@@ -146,4 +153,40 @@ def within_family_table(scores: dict[str, list[dict[str, dict[str, float]]]], na
             mean, low, high = paired_bootstrap(diffs)
             delta = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
         lines.append(f"| {names[method]} | " + " | ".join(cells) + f" | {delta} |")
+    return "\n".join(lines)
+
+
+def label_scores(result: dict[str, Any]) -> dict[str, float] | None:
+    """Label-wise metrics of one evaluation in percent (``i2t_map``, ``t2i_map``, ``i2t_ndcg``,
+    ``t2i_ndcg``, and ``ndcg``: the mean of both directions' NDCG), None without labels."""
+    labels = result.get("labels")
+    if not labels:
+        return None
+    ndcg = f"ndcg_at_{labels['k']}"
+    out = {f"{d}_{short}": 100 * labels[d][key] for d in ("i2t", "t2i")
+           for short, key in (("map", "map_at_r"), ("ndcg", ndcg))}
+    out["ndcg"] = (out["i2t_ndcg"] + out["t2i_ndcg"]) / 2
+    return out
+
+
+def label_table(collected: dict[str, Any], protocol: str = "full") -> str | None:
+    """Mean ± std over seeds of mAP@R and NDCG@k per direction and method (percent), and the
+    mean-NDCG difference to the baseline with its paired bootstrap 95% interval; None when the
+    results carry no label-wise metrics."""
+    per_arm = {arm: [label_scores(s["results"][arm][protocol]) for s in collected["seeds"]]
+               for arm in collected["methods"]}
+    if any(v is None for runs in per_arm.values() for v in runs):
+        return None
+    k = collected["seeds"][0]["results"]["baseline"][protocol]["labels"]["k"]
+    lines = [f"| method | i2t mAP@R | i2t NDCG@{k} | t2i mAP@R | t2i NDCG@{k} | Δ NDCG@{k} (mean of both) vs "
+             "baseline [95% CI] |", "|---|" + "---:|" * 5]
+    base = [r["ndcg"] for r in per_arm["baseline"]]
+    for arm, label in collected["methods"].items():
+        runs = per_arm[arm]
+        cells = [mean_std([r[key] for r in runs]) for key in ("i2t_map", "i2t_ndcg", "t2i_map", "t2i_ndcg")]
+        delta = "—"
+        if arm != "baseline":
+            mean, low, high = paired_bootstrap([r["ndcg"] - b for r, b in zip(runs, base)])
+            delta = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]"
+        lines.append(f"| {label} | " + " | ".join(f"{m:.2f} ± {sd:.2f}" for m, sd in cells) + f" | {delta} |")
     return "\n".join(lines)

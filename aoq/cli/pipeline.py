@@ -13,12 +13,12 @@ STOPS = (TrainingCollapsed,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from training.pipeline import KNOWN_ARMS
+    from training.arms import ARM_CHOICES
 
     add_config_flags(parser, example="round2.epochs=5")
     parser.add_argument("--out", help="run folder (default: the config's out_dir)")
     parser.add_argument("--arms", default="aoq",
-                        help=f"comma-separated round-2 arms to train, from: {', '.join(KNOWN_ARMS)} "
+                        help=f"comma-separated arms to train beside the baseline, from: {ARM_CHOICES} "
                              "(default: %(default)s = the configured round-2 method)")
     parser.add_argument("--seed", type=int,
                         help="set train.seed and round2.seed to N and run in <run folder>/seed<N>")
@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from training.arms import resolve_arms
     from training.pipeline import (
-        KNOWN_ARMS,
         comparison_table,
         run_pipeline,
         seeded_config,
@@ -38,12 +38,11 @@ def run(args: argparse.Namespace) -> int:
         cfg.out_dir = args.out
     if args.seed is not None:
         cfg = seeded_config(cfg, args.seed)
-    names = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in names if a not in KNOWN_ARMS]
-    if unknown or not names:
-        raise ConfigError(f"--arms: unknown arm(s) {', '.join(unknown) or '(none given)'}; "
-                          f"choose from {', '.join(KNOWN_ARMS)}")
-    result = run_pipeline(cfg, {a: KNOWN_ARMS[a] for a in names}, progress_bar=not args.no_progress)
+    try:
+        arms = resolve_arms([a.strip() for a in args.arms.split(",") if a.strip()])
+    except ValueError as exc:
+        raise ConfigError(f"--arms: {exc}") from None
+    result = run_pipeline(cfg, arms, progress_bar=not args.no_progress)
     for stage, state in result.status.items():
         print(f"  {stage:<22} {state}")
     print(f"\nTest split, {cfg.data.name} ({result.run_dir}):\n")

@@ -14,7 +14,7 @@ STOPS = (TrainingCollapsed,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from training.pipeline import KNOWN_ARMS
+    from training.arms import ARM_CHOICES
     from training.report import ARMS
 
     parser.add_argument("--config", type=Path, default=Path("configs/synthetic.yaml"))
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a config value for every seed (repeatable)")
     parser.add_argument("--seeds", default="0-4", help="seeds, e.g. 0-4 or 0,1,2 (default: %(default)s)")
     parser.add_argument("--arms", default=",".join(ARMS),
-                        help=f"round-2 arms compared with the baseline, from: {', '.join(KNOWN_ARMS)} "
+                        help=f"arms compared with the baseline, from: {ARM_CHOICES} "
                              "(default: %(default)s)")
     parser.add_argument("--patience", type=int, default=3,
                         help="early stopping patience in epochs for both rounds (epochs = the cap); 0 = off")
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.pipeline import KNOWN_ARMS
+    from training.arms import resolve_arms
     from training.report import (
         ReportSetup,
         parse_seeds,
@@ -63,13 +63,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    unknown = [a for a in arms if a not in KNOWN_ARMS]
-    if unknown or not arms:
-        raise ConfigError(f"--arms: unknown arm(s) {', '.join(unknown) or '(none given)'}; "
-                          f"choose from {', '.join(KNOWN_ARMS)}")
-    unknown = [a for sw in sweeps for a in sw.arms if a not in KNOWN_ARMS]
-    if unknown:
-        raise ConfigError(f"--sweep: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(KNOWN_ARMS)}")
+    try:
+        resolve_arms(arms)
+    except ValueError as exc:
+        raise ConfigError(f"--arms: {exc}") from None
+    for sweep in sweeps:
+        try:
+            resolve_arms(sweep.arms)
+        except ValueError as exc:
+            raise ConfigError(f"--sweep {sweep.name}: {exc}") from None
     setup = ReportSetup(args.config, seeds, arms, args.runs, args.synth, args.data, args.train, args.dev,
                         args.test, tuple(args.overrides), args.patience or None, sweeps, sweep_seeds)
     if args.run and args.sweeps_only:
