@@ -12,12 +12,15 @@ single call over its groups: every row's embedding is then the same as in separa
 
 **Every row is encoded once, with gradients.** The cost of a step is the rows encoded
 (docs/training.md, Speed). A ``~`` row whose derived-pair hinge is inactive has no gradient,
-so it could be encoded without gradients and only the active rows again with them (exact
-too); measured on the caption GRU (:mod:`aoq.models.packed_gru`, CPU) that is slower than one
-call over all kB rows at both ends of training: the pass without gradients costs about a third
-of a row's forward and backward, and the second call costs a GRU loop of its own (the T time
-steps' operations), which outweighs the backward passes it saves unless nearly every hinge is
-inactive. Rows with gradients through the online hinges (positives, offline negatives) have
+so the ``~`` group could be encoded without gradients and only its active rows again with them
+(also exact). Measured with the caption GRU of :mod:`aoq.models.packed_gru` (CPU, one thread,
+synthetic config, each comparison in one run): at random init, where about half of the hinges
+are active, that costs 2.50x and 2.17x a round-1 step against 2.05x and 1.70x for one call over
+all the rows; with (almost) no hinge active, as late in a run (the share fell from 0.46 to
+0.07 over a 10-epoch synthetic round 2), the two were within this shared machine's noise
+(-10% to +12% over four runs). So the simpler one call stays: the pass without gradients costs
+about a third of a row's forward and backward, and the second call a loop over the time steps
+of its own. Rows with gradients through the online hinges (positives, offline negatives) have
 none to spare: with a margin of 0.2 the hardest in-batch negative nearly always violates it.
 """
 
