@@ -182,7 +182,7 @@ def round2_step(r2: Round2Config) -> StepFn:
     Stats: ``pos`` (mean positive score), ``hardest_neg`` (mean hardest in-batch negative image
     of a caption), ``i2t_off`` / ``t2i_off`` (mean offline negative scores) and, with the derived
     pairs, ``derived_active`` (share of the derived-pair hinges ``[g2 - S(i, t) + S(i~, t~)]+``
-    that are active: how often the ``~`` pairs still teach the model anything).
+    that are active: how often the ``~`` pairs still add a gradient).
     """
 
     def step(model: JointModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
