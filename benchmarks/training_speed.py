@@ -13,9 +13,9 @@ Timings are the median wall time over ``--steps`` steps after ``--warmup`` steps
 CPU time of the process per step (on a busy shared machine the wall time includes waiting for
 a core; with one thread the CPU time is what an idle machine would take), for each torch
 intra-op thread count in ``--threads``. The demo estimate is one epoch of the demo-size
-synthetic train split (4,000 images x 5 captions). The random models score the derived pairs
-like positives, so about half of the derived-pair hinges are active: the share (``derived
-rows``) bounds round 2's cost (docs/training.md, Speed); a trained model has fewer.
+synthetic train split (4,000 images x 5 captions). Round 2 encodes 3B rows per modality with
+gradients where round 1 encodes B, whatever the model has learnt, so random models give the
+ratio of a whole run (docs/training.md, Speed).
 
 Last line: ``RESULT device=<d> batch=<B> <enc>_ms_per_batch=<t> <enc>_pairs_per_s=<p> ...
 <enc>_round2_ms_per_batch=<t> <enc>_round2_cpu_ratio=<r> ... <enc>_threads=<n> ...
@@ -51,12 +51,10 @@ ROUNDS = ("round1", "round2")
 
 @dataclass
 class Timing:
-    """One arm's figures: median wall seconds and mean CPU seconds per step, and the mean of
-    the round-2 stat ``derived_active`` (share of derived rows re-encoded with gradients)."""
+    """One arm's figures: median wall seconds and mean CPU seconds per step."""
 
     wall: float
     cpu: float
-    derived_active: float | None = None
 
 
 def make_batch(batch: int, vocab_size: int, generator: torch.Generator, groups: int = 1) -> dict[str, torch.Tensor]:
@@ -92,23 +90,19 @@ def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device:
                       [make_batch(batch, vocab_size, generator, k) for _ in range(4)])
     times = {name: [] for name in ROUNDS}
     cpu = dict.fromkeys(ROUNDS, 0.0)
-    active: list[float] = []
     for it in range(warmup + steps):
         for name in ROUNDS:
             step, model, params, optimizer, clip, batches = arms[name]
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start, cpu_start = time.perf_counter(), time.process_time()
-            _, stats = optimise_step(step, model, batches[it % len(batches)], optimizer, params, clip)
+            optimise_step(step, model, batches[it % len(batches)], optimizer, params, clip)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             if it >= warmup:
                 times[name].append(time.perf_counter() - start)
                 cpu[name] += time.process_time() - cpu_start
-                if "derived_active" in stats:
-                    active.append(stats["derived_active"])
-    return {name: Timing(statistics.median(times[name]), cpu[name] / steps,
-                         statistics.mean(active) if name == "round2" and active else None) for name in ROUNDS}
+    return {name: Timing(statistics.median(times[name]), cpu[name] / steps) for name in ROUNDS}
 
 
 def precision_speedup(cfg, args, device: torch.device) -> str:
@@ -142,13 +136,14 @@ def main() -> int:
     parser.add_argument("--encoders", default="vse,vsrn")
     parser.add_argument("--vocab-size", type=int, default=200, help="about the synthetic vocabulary's size")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--quick", action="store_true", help="5 steps after 1 warm-up, one thread count")
+    parser.add_argument("--quick", action="store_true",
+                        help="8 steps after 2 warm-ups (each of the 4 batches twice), one thread count")
     parser.add_argument("--bf16", action="store_true",
                         help="compare train.precision fp32 and bf16 (autocast) instead, at torch's thread count")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved fp32/bf16 runs with --bf16")
     args = parser.parse_args()
     if args.quick:
-        args.steps, args.warmup = 5, 1
+        args.steps, args.warmup = 8, 2
         args.threads = str(torch.get_num_threads())
 
     cfg = load_config(args.config)
@@ -171,10 +166,9 @@ def main() -> int:
                 arms = time_encoder(cfg, encoder, b, args.steps, args.warmup, device, args.vocab_size)
                 for name in ROUNDS:
                     t = arms[name]
-                    extra = f", derived rows re-encoded {100 * t.derived_active:.0f}%" if t.derived_active is not None else ""
                     print(f"{encoder:5s} threads={threads} {name}: {1000 * t.wall:8.1f} ms/batch (CPU "
                           f"{1000 * t.cpu:7.1f} ms), {b / t.wall:8.0f} pairs/s, demo epoch ({DEMO_PAIRS // b} "
-                          f"batches) {DEMO_PAIRS // b * t.wall:6.1f} s{extra}")
+                          f"batches) {DEMO_PAIRS // b * t.wall:6.1f} s")
                 print(f"{encoder:5s} threads={threads} round2 / round1: CPU {arms['round2'].cpu / arms['round1'].cpu:.2f}x, "
                       f"wall {arms['round2'].wall / arms['round1'].wall:.2f}x")
                 if encoder not in best or arms["round1"].wall < best[encoder][0]["round1"].wall:

@@ -6,6 +6,7 @@ import importlib.util
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence
 
 from aoq.config import ModelConfig
 from aoq.models.image import (
@@ -144,3 +145,32 @@ def test_resnet_missing_weights_is_a_clear_error(tmp_path):
     cfg = ModelConfig(image_encoder="cnn", resnet_weights=str(tmp_path / "r18.pth"))
     with pytest.raises(FileNotFoundError, match="r18.pth: ResNet weights file not found"):
         build_model(cfg, 10, None)
+
+
+@pytest.mark.parametrize(("layers", "bidirectional"), [(1, False), (1, True), (2, False), (2, True)])
+@pytest.mark.parametrize("train", [True, False])
+def test_text_encoder_equals_nn_gru_over_the_packed_embeddings(layers, bidirectional, train):
+    """The CPU recurrence (aoq.models.packed_gru) gives nn.GRU's embeddings and parameter
+    gradients (float64), with repeated tokens, lengths out of order and a one-token caption."""
+    torch.manual_seed(0)
+    enc = TextEncoder(30, 8, E, num_layers=layers, bidirectional=bidirectional).double().train(train)
+    tokens = torch.randint(0, 30, (7, 9))
+    lengths = torch.tensor([9, 3, 5, 1, 9, 4, 2])
+    weights = torch.randn(7, E, dtype=torch.float64)
+
+    def reference() -> torch.Tensor:
+        packed = pack_padded_sequence(enc.embed(tokens), lengths, batch_first=True, enforce_sorted=False)
+        _, h_n = enc.rnn(packed)
+        return torch.nn.functional.normalize((h_n[-2] + h_n[-1]) / 2 if bidirectional else h_n[-1], dim=-1)
+
+    results = []
+    for encode in (reference, lambda: enc(tokens, lengths)):
+        enc.zero_grad(set_to_none=True)
+        out = encode()
+        (out * weights).sum().backward()
+        results.append((out.detach(), {n: p.grad for n, p in enc.named_parameters()}))
+    (expected, expected_grads), (got, got_grads) = results
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert got_grads.keys() == expected_grads.keys()
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)

@@ -1,6 +1,6 @@
-"""Round 2: batches, the step (groups apart under batch statistics, the derived rows re-encoded only where
-active) and its scores, every loss and ablation, training through
-the shared trainer (resume, finetune, teacher mining), and the ``aoq train2`` command."""
+"""Round 2: batches, the step (groups apart under batch statistics) and its scores, every loss and
+ablation, training through the shared trainer (resume, finetune, teacher mining), and the ``aoq train2``
+command."""
 
 from __future__ import annotations
 
@@ -165,13 +165,18 @@ def _recorded(model):
     return calls
 
 
-def _reference(model, batch, r2: Round2Config, b: int, mixed: bool = False):
-    """The full computation: every group with gradients, one call per group (or one mixed call)."""
+def _reference_scores(model, batch, b: int, mixed: bool = False) -> dict[str, torch.Tensor]:
+    """Every group with gradients, one call per group (or one mixed call)."""
     groups = batch["images"].shape[0] // b
     parts = [slice(0, groups * b)] if mixed else [slice(g * b, (g + 1) * b) for g in range(groups)]
     img = torch.cat([model.encode_images(batch["images"][p]) for p in parts])
     cap = torch.cat([model.encode_texts(batch["tokens"][p], batch["lengths"][p]) for p in parts])
-    s = round2_scores(img, cap, b)
+    return round2_scores(img, cap, b)
+
+
+def _reference(model, batch, r2: Round2Config, b: int, mixed: bool = False):
+    """The full computation's loss on :func:`_reference_scores`."""
+    s = _reference_scores(model, batch, b, mixed)
     return round2_loss(s["scores"], s["i2t_off"], s["t2i_off"], s["off_pair"], s.get("off_pair_tilde"),
                        loss=r2.loss, variant=r2.variant, margin_online=r2.margin_online,
                        margin_offline=r2.margin_offline, alpha=r2.alpha, beta=r2.beta)
@@ -193,14 +198,17 @@ def _loss_and_grads(model, compute):
 ])
 def test_step_equals_the_full_computation_with_groups_apart(data: Path, encoder: str, loss: str,
                                                             variant: str) -> None:
-    """Same loss and parameter gradients (float64) as every group encoded alone with gradients,
-    while the ~ captions are encoded without gradients and only their active rows again."""
+    """Same loss and parameter gradients (float64) as every group encoded alone with gradients;
+    encoders without batch statistics take all the groups in one call."""
     b = 20
     _, vocab, batch = _batch(data, list(range(0, 60, 3)))  # groups hold different images
     batch = {**batch, "images": batch["images"].double()}
     model = _float64_model(vocab, encoder)
     r2 = Round2Config(loss=loss, variant=variant)
     expected, expected_grads = _loss_and_grads(model, lambda: _reference(model, batch, r2, b))
+    with torch.no_grad():
+        s = _reference_scores(model, batch, b)
+        active = int((r2.margin_offline - s["scores"].diagonal() + s["off_pair_tilde"] > 0).sum())
     calls = _recorded(model)
     box = {}
 
@@ -213,15 +221,11 @@ def test_step_equals_the_full_computation_with_groups_apart(data: Path, encoder:
     assert got_grads.keys() == expected_grads.keys()
     for name, grad in expected_grads.items():
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
-
-    active = round(box["stats"]["derived_active"] * b)
-    assert 0 < active < b  # the saving is exercised: some rows re-encoded, some not
-    # captions (a GRU: rows independent): [positives | offline] in one call, ~ without gradients,
-    # then the active ~ rows again
-    assert calls["texts"] == [(2 * b, True), (b, False), (active, True)]
+    assert 0 < active < b and box["stats"]["derived_active"] == active / b
+    assert calls["texts"] == [(3 * b, True)]  # a GRU: rows independent
     if encoder == "vse":
-        assert calls["images"] == [(2 * b, True), (b, False), (active, True)]
-    else:  # BatchNorm in train mode: one call per group, all with gradients
+        assert calls["images"] == [(3 * b, True)]
+    else:  # BatchNorm in train mode: one call per group
         assert calls["images"] == [(b, True), (b, True), (b, True)]
 
 
@@ -247,22 +251,17 @@ def test_batch_statistics_of_a_group_do_not_mix_with_the_others(data: Path) -> N
     assert abs(float(loss.detach()) - float(mixed_loss)) > 1e-3
 
 
-def test_which_encoders_are_encoded_per_group_or_in_subsets() -> None:
+def test_which_encoders_are_encoded_per_group() -> None:
     from torch import nn
 
     from aoq.models.image import ConvImageEncoder, VSEImageEncoder, VSRNImageEncoder
-    from training.round2_encode import rows_independent, uses_batch_statistics
+    from training.round2_encode import uses_batch_statistics
 
     vsrn, cnn, vse = VSRNImageEncoder(12, 16, 1), ConvImageEncoder(16, 4), VSEImageEncoder(12, 16)
     assert uses_batch_statistics(vsrn.train()) and uses_batch_statistics(cnn.train())
     assert not uses_batch_statistics(vsrn.eval()) and not uses_batch_statistics(cnn.eval())
-    assert not uses_batch_statistics(vse.train()) and rows_independent(vse)
-    no_running = nn.BatchNorm1d(4, track_running_stats=False).eval()
-    assert uses_batch_statistics(no_running) and not rows_independent(no_running)
-    dropout = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1))
-    assert not uses_batch_statistics(dropout.train()) and not rows_independent(dropout)
-    assert rows_independent(dropout.eval()) and rows_independent(nn.Sequential(nn.Dropout(0.0)).train())
-    assert not rows_independent(nn.GRU(4, 4, num_layers=2, dropout=0.2).train())
+    assert not uses_batch_statistics(vse.train())
+    assert uses_batch_statistics(nn.BatchNorm1d(4, track_running_stats=False).eval())
 
 
 COMBINATIONS = [

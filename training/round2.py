@@ -9,9 +9,8 @@ a resumed epoch sees the same negatives. A batch of B pairs is collated as
     captions = [t_1..t_B | t_off_1..t_off_B | t~_off_1..t~_off_B]      (3B items)
 
 and the step encodes the groups as :mod:`training.round2_encode` says (one call per group for an
-encoder with batch statistics, one call otherwise; the ``~`` rows with gradients only where
-their derived-pair hinge is active), then reads every score from these embeddings: the (B, B)
-in-batch matrix ``S(i_a, t_b)`` plus the row-wise dot products
+encoder with batch statistics, one call otherwise), then reads every score from these
+embeddings: the (B, B) in-batch matrix ``S(i_a, t_b)`` plus the row-wise dot products
 ``i2t_off = S(i, t_off)``, ``t2i_off = S(i_off, t)``, ``off_pair = S(i_off, t_off)`` and
 ``off_pair_tilde = S(i~_off, t~_off)``. The loss is :func:`training.losses.round2_loss` with
 ``round2.loss`` / ``round2.variant`` and the margins, alpha and beta of the config. When the
@@ -59,7 +58,7 @@ from training.batches import epoch_loader
 from training.depth import checked_depths, round2_depths
 from training.evaluate import dev_validator
 from training.losses import round2_loss
-from training.round2_encode import GroupEncoder, encode_round2, loss_with_derived_pairs
+from training.round2_encode import encode_groups
 from training.sampling import CaptionTrueOf, OfflineNegatives, sample_offline_negatives
 from training.trainer import StepFn, TrainResult, fit
 
@@ -182,17 +181,9 @@ def round2_step(r2: Round2Config) -> StepFn:
 
     Stats: ``pos`` (mean positive score), ``hardest_neg`` (mean hardest in-batch negative image
     of a caption), ``i2t_off`` / ``t2i_off`` (mean offline negative scores) and, with the derived
-    pairs, ``derived_active`` (share of derived-pair hinges that are active: the ``~`` rows that
-    carry gradient, and are encoded with gradients where the encoder allows it).
+    pairs, ``derived_active`` (share of the derived-pair hinges ``[g2 - S(i, t) + S(i~, t~)]+``
+    that are active: how often the ``~`` pairs still add a gradient).
     """
-
-    def loss_of(s: dict[str, Tensor], off_pair_tilde: Tensor | None) -> Tensor:
-        return round2_loss(
-            s["scores"], s["i2t_off"], s["t2i_off"],
-            s["off_pair"] if off_pair_tilde is not None else None, off_pair_tilde,
-            loss=r2.loss, variant=r2.variant, margin_online=r2.margin_online,
-            margin_offline=r2.margin_offline, alpha=r2.alpha, beta=r2.beta,
-        )
 
     def step(model: JointModel, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
         device = next(model.parameters()).device
@@ -200,7 +191,6 @@ def round2_step(r2: Round2Config) -> StepFn:
         groups = batch["images"].shape[0] // b
         images = batch["images"].to(device, non_blocking=True)
         tokens, lengths = batch["tokens"].to(device, non_blocking=True), batch["lengths"].to(device)
-        stats: dict[str, float] = {}
         if isinstance(model, DistributedDataParallel):
             # Under torchrun: one forward call, since DDP syncs gradients only through forward; the
             # groups then share batch statistics (docs/gpu.md). Global batch gathered group by group.
@@ -209,34 +199,33 @@ def round2_step(r2: Round2Config) -> StepFn:
             img, cap = (distributed.gather_groups(full_precision(img), groups),
                         distributed.gather_groups(full_precision(cap), groups))
             b = img.shape[0] // groups
-            s = round2_scores(img, cap, b)
-            loss = loss_of(s, s.get("off_pair_tilde"))
         else:
             def encoded(encode, *inputs: Tensor) -> Tensor:  # scores in full precision whatever the autocast
                 with autocast(device, r2.precision):
                     return full_precision(encode(*inputs))
 
-            emb = encode_round2(
-                GroupEncoder.of(model.image_encoder, lambda rows: encoded(model.encode_images, images[rows]), b),
-                GroupEncoder.of(model.text_encoder,
-                                lambda rows: encoded(model.encode_texts, tokens[rows], lengths[rows]), b),
-                groups,
-            )
-            s = round2_scores(emb.images, emb.captions, b)
-            if emb.derived_images is None:
-                loss = loss_of(s, None)
-            else:
-                loss, active = loss_with_derived_pairs(emb, lambda tilde: loss_of(s, tilde))
-                stats["derived_active"] = active.numel() / b
+            img = encode_groups(model.image_encoder, lambda rows: encoded(model.encode_images, images[rows]),
+                                b, groups)
+            cap = encode_groups(model.text_encoder,
+                                lambda rows: encoded(model.encode_texts, tokens[rows], lengths[rows]), b, groups)
+        s = round2_scores(img, cap, b)
+        derived = (s["off_pair"], s["off_pair_tilde"]) if "off_pair_tilde" in s else (None, None)
+        loss = round2_loss(
+            s["scores"], s["i2t_off"], s["t2i_off"], *derived, loss=r2.loss, variant=r2.variant,
+            margin_online=r2.margin_online, margin_offline=r2.margin_offline, alpha=r2.alpha, beta=r2.beta,
+        )
         with torch.no_grad():
             scores = s["scores"]
             eye = torch.eye(b, dtype=torch.bool, device=scores.device)
-            stats.update({
+            stats = {
                 "pos": float(scores.diagonal().mean()),
                 "hardest_neg": float(scores.masked_fill(eye, -2.0).amax(dim=0).mean()),
                 "i2t_off": float(s["i2t_off"].mean()),
                 "t2i_off": float(s["t2i_off"].mean()),
-            })
+            }
+            if "off_pair_tilde" in s:
+                hinge = r2.margin_offline - scores.diagonal() + s["off_pair_tilde"]
+                stats["derived_active"] = float((hinge > 0).double().mean())
         return loss, stats
 
     return step

@@ -2,7 +2,10 @@
 
 The GRU's hidden size is the joint-space size, so its final state *is* the projection into the
 joint space (VSE++/VSRN have no separate projection layer either). Sequences are packed, so the
-padding after a caption never changes its embedding.
+padding after a caption never changes its embedding; the token ids are packed before they are
+embedded, so padding is neither embedded nor sorted. On CUDA the packed GRU is ``nn.GRU``
+(cuDNN's fused kernels); elsewhere it is :mod:`aoq.models.packed_gru`, the same recurrence with
+the same weights, about twice as fast on CPU for a training step.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
+
+from aoq.models.packed_gru import packed_gru_final_states
 
 
 class TextEncoder(nn.Module):
@@ -51,14 +56,14 @@ class TextEncoder(nn.Module):
         Returns:
             (B, embed_dim) float tensor with unit L2 norm per row.
         """
-        x = self.embed(tokens)
-        packed = pack_padded_sequence(x, lengths.detach().cpu().long(), batch_first=True, enforce_sorted=False)
-        _, h_n = self.rnn(packed)
-        # h_n: (layers * directions, B, H); keep the last layer's state(s). For the backward
-        # direction this is the state after reading the whole caption (from its end), which is
-        # why it is used rather than the output at the last time step.
-        if self.bidirectional:
-            out = (h_n[-2] + h_n[-1]) / 2
+        packed = pack_padded_sequence(tokens, lengths.detach().cpu().long(), batch_first=True, enforce_sorted=False)
+        if tokens.is_cuda:
+            _, h_n = self.rnn(packed._replace(data=self.embed(packed.data)))
+            # h_n: (layers * directions, B, H); the last layer's state(s).
+            last = list(h_n[-2:] if self.bidirectional else h_n[-1:])
         else:
-            out = h_n[-1]
+            last = packed_gru_final_states(self.rnn, self.embed, packed)
+        # For the backward direction the final state is the one after reading the whole caption
+        # (from its end), which is why it is used rather than the output at the last time step.
+        out = (last[0] + last[1]) / 2 if self.bidirectional else last[0]
         return F.normalize(out, dim=-1)
