@@ -154,3 +154,40 @@ def label_metrics(
         "k": k,
         "relevance": "shared_labels",
     }
+
+
+def label_metrics_folds(
+    img_emb: np.ndarray,
+    cap_emb: np.ndarray,
+    image_labels: np.ndarray,
+    captions_per_image: int = 5,
+    k: int = 10,
+    *,
+    fold_images: int = 1000,
+    n_folds: int = 5,
+) -> dict:
+    """:func:`label_metrics` under the COCO 1K protocol: the mean over ``n_folds`` consecutive folds
+    of ``fold_images`` images (and their captions) of each metric, ``queries`` summed.
+
+    On a 5,000-image split this is 5x cheaper than the whole split at once (each fold ranks a
+    fifth of the gallery for a fifth of the queries), and it ranks against the same galleries as
+    the 1K recalls.
+
+    Raises:
+        ValueError: fewer than ``n_folds * fold_images`` images, or :func:`label_metrics`'s errors.
+    """
+    img_emb, cap_emb, image_labels = np.asarray(img_emb), np.asarray(cap_emb), np.asarray(image_labels)
+    if img_emb.shape[0] < fold_images * n_folds:
+        raise ValueError(f"{n_folds} folds of {fold_images} images need {fold_images * n_folds} images, "
+                         f"got {img_emb.shape[0]}")
+    folds = []
+    for f in range(n_folds):
+        lo, hi = f * fold_images, (f + 1) * fold_images
+        folds.append(label_metrics(img_emb[lo:hi], cap_emb[lo * captions_per_image : hi * captions_per_image],
+                                   image_labels[lo:hi], captions_per_image, k))
+    out: dict = {"k": k, "relevance": "shared_labels", "folds": n_folds, "fold_images": fold_images}
+    for direction in ("i2t", "t2i"):
+        keys = [key for key in folds[0][direction] if key != "queries"]
+        out[direction] = {key: float(np.mean([fold[direction][key] for fold in folds])) for key in keys}
+        out[direction]["queries"] = int(sum(fold[direction]["queries"] for fold in folds))
+    return out

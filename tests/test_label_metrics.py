@@ -15,7 +15,7 @@ from aoq.cli.main import main
 from aoq.data.dataset import DataError, label_vocabulary, multi_hot
 from aoq.data.karpathy import read_karpathy
 from aoq.data.precomp import read_precomp
-from aoq.label_metrics import label_metrics, label_ranking_metrics, shared_label_counts
+from aoq.label_metrics import label_metrics, label_metrics_folds, label_ranking_metrics, shared_label_counts
 from tests.fixtures import fixture_labels, write_karpathy_fixture, write_precomp_fixture
 
 LOG3 = math.log2(3)
@@ -109,6 +109,26 @@ def test_label_metrics_both_directions_by_hand():
     assert out["k"] == 2 and out["relevance"] == "shared_labels"
 
 
+def test_label_metrics_over_folds_rank_each_fold_alone():
+    # Two folds of one image with one caption. Fold 0: image 0 {a}, its caption scores 0.1.
+    # Fold 1: image 1 {a}. Across folds, caption 1 would outrank caption 0 for image 0 (score 0.9);
+    # inside fold 0 it is not in the gallery, so image 0's only caption is first: AP = NDCG = 1.
+    img = np.array([[1.0, 0.0], [0.0, 1.0]])
+    cap = np.array([[0.1, 0.0], [0.9, 0.5]])
+    hot = np.array([[1.0, 0.0], [1.0, 0.0]])
+    folds = label_metrics_folds(img, cap, hot, captions_per_image=1, k=1, fold_images=1, n_folds=2)
+    assert folds["i2t"] == {"map_at_r": 1.0, "ndcg_at_1": 1.0, "queries": 2}
+    assert (folds["folds"], folds["fold_images"], folds["k"]) == (2, 1, 1)
+    # The whole set at once: image 0 sees caption 1 first (also relevant: shares "a"), so AP stays 1,
+    # but with image 1 {b} caption 1 is irrelevant to image 0 and comes first: AP@R = 0, NDCG@1 = 0.
+    assert label_metrics(img, cap, hot, 1, k=1)["i2t"]["map_at_r"] == 1.0
+    hot_b = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert label_metrics(img, cap, hot_b, 1, k=1)["i2t"]["ndcg_at_1"] == 0.5  # image 1 still finds its own
+    assert label_metrics_folds(img, cap, hot_b, 1, k=1, fold_images=1, n_folds=2)["i2t"]["ndcg_at_1"] == 1.0
+    with pytest.raises(ValueError, match="2 folds of 1 images need 2 images"):
+        label_metrics_folds(img[:1], cap[:1], hot[:1], 1, k=1, fold_images=1, n_folds=2)
+
+
 # --------------------------------------------------------------------------- readers
 
 
@@ -174,6 +194,12 @@ def test_evaluate_protocol_labels(tmp_path, capsys, one_thread):
         assert 0 < labels[direction]["map_at_r"] <= 1 and 0 < labels[direction]["ndcg_at_5"] <= 1
     assert main(["evaluate", "--checkpoint", ckpt, "--protocol", "labels"]) == 0
     assert "mAP@R" in capsys.readouterr().out
+    # The comparison's one-encoding evaluation gives the same figures (9 images: full only).
+    from training.evaluate import compare_checkpoint
+
+    both = compare_checkpoint(ckpt, "test", labels=True, ndcg_k=5)
+    assert list(both) == ["full"] and both["full"]["labels"] == labels
+    assert both["full"]["i2t"] == out["i2t"] and both["full"]["rsum"] == out["rsum"]
     (data / "test_labels.json").unlink()
     assert main(["evaluate", "--checkpoint", ckpt, "--protocol", "labels"]) == 2
     assert "has no labels" in capsys.readouterr().err

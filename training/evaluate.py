@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from aoq.checkpoint import load_checkpoint
@@ -19,7 +20,7 @@ from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_split
-from aoq.label_metrics import label_metrics
+from aoq.label_metrics import label_metrics, label_metrics_folds
 from aoq.metrics import chance_rsum, evaluate_embeddings
 from aoq.models.joint import JointModel
 
@@ -46,16 +47,28 @@ def evaluate_model(
     Raises:
         DataError: ``protocol="labels"`` on a split without labels.
     """
-    if protocol == "labels" and split.labels is None:
-        raise DataError(f"{split.source}: has no labels, so protocol 'labels' does not apply")
+    _check_labels(split, protocol == "labels")
     img, cap = encode_split(model, vocab, split, batch_size=batch_size, device=device, image_size=image_size)
+    return _evaluate_encoded(img, cap, split, protocol, ndcg_k)
+
+
+def _check_labels(split: SplitData, wanted: bool) -> None:
+    if wanted and split.labels is None:
+        raise DataError(f"{split.source}: has no labels, so label-wise metrics do not apply")
+
+
+def _label_scores(img: np.ndarray, cap: np.ndarray, split: SplitData, ndcg_k: int, folds: bool) -> dict:
+    """The label-wise metrics of a labelled split's embeddings, whole or over the 1K folds."""
+    targets = multi_hot(split.labels, label_vocabulary(split.labels))
+    scores = (label_metrics_folds if folds else label_metrics)(img, cap, targets, split.captions_per_image, ndcg_k)
+    return {**scores, "n_labels": int(targets.shape[1])}
+
+
+def _evaluate_encoded(img: np.ndarray, cap: np.ndarray, split: SplitData, protocol: str, ndcg_k: int) -> dict:
     if protocol != "labels":
         return evaluate_embeddings(img, cap, split.captions_per_image, protocol=protocol)
     result = evaluate_embeddings(img, cap, split.captions_per_image, protocol="full")
-    targets = multi_hot(split.labels, label_vocabulary(split.labels))
-    result["labels"] = label_metrics(img, cap, targets, split.captions_per_image, k=ndcg_k)
-    result["labels"]["n_labels"] = int(targets.shape[1])
-    return {**result, "protocol": "labels"}
+    return {**result, "labels": _label_scores(img, cap, split, ndcg_k, folds=False), "protocol": "labels"}
 
 
 def dev_validator(split: SplitData, vocab: Vocabulary, image_size: int = 64, batch_size: int = 256):
@@ -99,18 +112,49 @@ def evaluate_checkpoint(
     Raises:
         CheckpointError / DataError: a broken checkpoint or dataset.
     """
+    split, img, cap, common = _load_encoded(ckpt_dir, split_name, data_path, device, batch_size, protocol == "labels")
+    return {"n_images": split.n_images, **_evaluate_encoded(img, cap, split, protocol, ndcg_k), **common}
+
+
+def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path | None,
+                  device: str | torch.device, batch_size: int, labels: bool) -> tuple:
+    """One split of a checkpoint's data (or of ``data_path``), its embeddings by the checkpoint's
+    model and the fields every result of it carries (split, checkpoint hash, vocabulary coverage);
+    ``labels``: the split must have labels (checked before encoding)."""
     ckpt = load_checkpoint(ckpt_dir, resolve_device(device))
     data_cfg = ckpt.config.data
     if data_path is not None:
         data_cfg = data_cfg.model_copy(update={"path": str(data_path)})
     split = load_split(data_cfg, split_name)
-    result = evaluate_model(ckpt.model, ckpt.vocab, split, protocol, image_size=data_cfg.image_size,
-                            batch_size=batch_size, ndcg_k=ndcg_k)
-    out = {"n_images": split.n_images, **result, "split": split_name, "checkpoint": ckpt.content_hash}
+    _check_labels(split, labels)
+    img, cap = encode_split(ckpt.model, ckpt.vocab, split, batch_size=batch_size, image_size=data_cfg.image_size)
+    common = {"split": split_name, "checkpoint": ckpt.content_hash}
     # Unknown words exist only for a word vocabulary; a WordPiece tokenizer (minilm) covers every word.
     if isinstance(ckpt.vocab, Vocabulary):
-        out["vocabulary"] = coverage(ckpt.vocab, split.captions)
-    return out
+        common["vocabulary"] = coverage(ckpt.vocab, split.captions)
+    return split, img, cap, common
+
+
+def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels: bool = False,
+                       device: str | torch.device = "auto", batch_size: int = 256, ndcg_k: int = 10) -> dict:
+    """Every protocol that applies to a checkpoint on one split, from one encoding of the split:
+    ``full``, plus ``1k5fold`` and ``5k`` when the split has 5,000 images or more.
+
+    ``labels``: add the label-wise metrics (``"labels"``) to one protocol, ``1k5fold`` where it
+    applies (the mean over the folds, :func:`aoq.label_metrics.label_metrics_folds`: ranking
+    25,000 captions for each of 5,000 images and back costs about a minute of CPU per model) and
+    ``full`` otherwise.
+
+    Returns:
+        ``{protocol: result}``, each result as :func:`evaluate_checkpoint`'s for that protocol.
+    """
+    split, img, cap, common = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
+    protocols = ("full", "1k5fold", "5k") if split.n_images >= 5000 else ("full",)
+    results = {p: {**evaluate_embeddings(img, cap, split.captions_per_image, protocol=p), **common} for p in protocols}
+    if labels:
+        where = "1k5fold" if "1k5fold" in results else "full"
+        results[where]["labels"] = _label_scores(img, cap, split, ndcg_k, folds=where == "1k5fold")
+    return results
 
 
 def format_table(result: dict) -> str:

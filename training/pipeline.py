@@ -158,20 +158,15 @@ def comparison_table(results: dict[str, dict[str, Any]]) -> str:
 
 def compare_models(models: dict[str, Path], split: str, out: Path, *, labels: bool = False) -> dict[str, Any]:
     """Evaluate every model on ``split`` (full protocol; 1K 5-fold and 5K when there are 5,000
-    images or more) and write ``comparison.json`` and ``comparison.md`` atomically.
+    images or more; one encoding per model) and write ``comparison.json`` and ``comparison.md``
+    atomically.
 
-    ``labels``: the split carries labels, so the full protocol's results also hold the label-wise
-    metrics (``"labels"``: mAP@R, NDCG@10, both directions).
+    ``labels``: the split carries labels, so one protocol's results (1K 5-fold where it applies,
+    else full) also hold the label-wise metrics (``"labels"``: mAP@R, NDCG@10, both directions).
     """
-    from training.evaluate import evaluate_checkpoint
+    from training.evaluate import compare_checkpoint
 
-    results: dict[str, dict[str, Any]] = {}
-    for name, path in models.items():
-        full = evaluate_checkpoint(path, split, "labels" if labels else "full")
-        results[name] = {"full": full}
-        if full["n_images"] >= 5000:
-            for protocol in ("1k5fold", "5k"):
-                results[name][protocol] = evaluate_checkpoint(path, split, protocol)
+    results = {name: compare_checkpoint(path, split, labels=labels) for name, path in models.items()}
     table = comparison_table(results)
     with atomic_dir(out) as tmp:
         atomic_write_json(tmp / "comparison.json", results)

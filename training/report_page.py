@@ -34,6 +34,7 @@ from training.report_tables import (
     diagnostic_cells,
     diagnostics_table,
     is_round1,
+    label_protocol,
     label_scores,
     label_table,
     mean_std,
@@ -165,7 +166,8 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
     lines += [f"rsum per seed ({PROTOCOLS[protocols[0]]}):", "", per_seed_rsum(collected, protocols[0]), ""]
     labels = label_table(collected)
     if labels:
-        lines += ["## Label-wise retrieval (full test split), mean ± std over seeds", "",
+        where = PROTOCOLS[label_protocol(collected["seeds"][0]["results"]["baseline"])]
+        lines += [f"## Label-wise retrieval ({where}), mean ± std over seeds", "",
                   "Relevance = the number of labels a query and a gallery item share; mAP@R and NDCG@k as defined "
                   "in [evaluation.md](evaluation.md#label-wise-evaluation), in percent, both directions.", "",
                   labels, ""]
@@ -229,8 +231,9 @@ def sweeps_table(setup: ReportSetup) -> str:
 
 
 def _mean_ndcg(collected: dict[str, Any], arm: str) -> str:
-    """Seed mean of an arm's NDCG@k (mean of both directions, full test split), or a dash."""
-    scores = [label_scores(s["results"][arm]["full"]) for s in collected["seeds"]]
+    """Seed mean of an arm's NDCG@k (mean of both directions, on the protocol that has it), or a dash."""
+    scores = [label_scores(s["results"][arm].get(label_protocol(s["results"][arm]) or "full", {}))
+              for s in collected["seeds"]]
     return "—" if any(v is None for v in scores) else f"{statistics.fmean(v['ndcg'] for v in scores):.2f}"
 
 

@@ -169,10 +169,19 @@ def label_scores(result: dict[str, Any]) -> dict[str, float] | None:
     return out
 
 
-def label_table(collected: dict[str, Any], protocol: str = "full") -> str | None:
+def label_protocol(results: dict[str, Any]) -> str | None:
+    """The protocol of one model's comparison results that holds the label-wise metrics (1K
+    5-fold on a 5,000-image split, else full), None without them."""
+    return next((p for p in ("1k5fold", "full") if "labels" in results.get(p, {})), None)
+
+
+def label_table(collected: dict[str, Any]) -> str | None:
     """Mean ± std over seeds of mAP@R and NDCG@k per direction and method (percent), and the
     mean-NDCG difference to the baseline with its paired bootstrap 95% interval; None when the
     results carry no label-wise metrics."""
+    protocol = label_protocol(collected["seeds"][0]["results"]["baseline"])
+    if protocol is None:
+        return None
     per_arm = {arm: [label_scores(s["results"][arm][protocol]) for s in collected["seeds"]]
                for arm in collected["methods"]}
     if any(v is None for runs in per_arm.values() for v in runs):
