@@ -190,3 +190,35 @@ def test_sampled_threshold_of_the_whole_population_lets_k_through() -> None:
         np.testing.assert_array_equal(sampled_threshold([scores.T.copy()], k, 2000, axis=0),
                                       sampled_threshold([scores], k, 2000))
     assert (sampled_threshold([scores[:, :5]], 10, 2000) == LOWEST).all()  # too small a sample
+
+
+def test_interrupted_pass_resumes_from_its_column_snapshot(small_tiles, tmp_path, monkeypatch) -> None:
+    """With a snapshot of the column pools after every block, a rerun starts at the last one:
+    no sample phase, no row scored twice, and still the brute-force ids."""
+    rng = np.random.default_rng(10)
+    img, cap = exact_embeddings(rng, 80, 6, 4), exact_embeddings(rng, 240, 6, 4)
+    monkeypatch.setattr(fused, "COL_HITS", 1)
+    monkeypatch.setattr(fused, "SNAPSHOT_SECONDS", 0.0)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_third(direction, first):
+        if direction == "img_top_caps" and first == 32:
+            raise Stop
+
+    with pytest.raises(Stop):
+        mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
+                               progress=False, on_block=stop_at_third)
+    assert (tmp_path / "parts" / "columns.npz").is_file()  # saved after the block ending at row 32
+    tiles = _count_row_tiles(monkeypatch)
+    phases = []
+    monkeypatch.setattr(fused.FusedPass, "_sample_phase", lambda *a: phases.append(a))
+    got = mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
+                                 progress=False)
+    ref = reference(img, cap, 3, 30, 8)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert not phases and min(p0 for p0, _, _ in tiles) == 32
+    assert {wanted for p0, _, wanted in tiles if p0 < 48} == {False}  # block 32 was saved before the stop
+    assert not list((tmp_path / "parts").glob("columns*"))  # dropped once the caption lists are saved

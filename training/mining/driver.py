@@ -66,6 +66,12 @@ class _Parts:
         if self.dir is not None:
             atomic_save_npy(self._path(name, first), part)
 
+    def drop_snapshots(self) -> None:
+        """Remove the fused pass's column snapshots (:meth:`FusedPass.save_columns`) once unneeded."""
+        if self.dir is not None:
+            for path in self.dir.glob("columns*"):
+                path.unlink(missing_ok=True)
+
 
 def _check_inputs(img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captions: int, top_images: int) -> None:
     if img_emb.ndim != 2 or cap_emb.ndim != 2 or img_emb.shape[1] != cap_emb.shape[1]:
@@ -114,7 +120,7 @@ def mine_offline_negatives(
         gallery_chunk: gallery columns scored at once (torch backend); default 1024 on the CPU
             (``training.mining.fused.CHUNK``), 16384 on CUDA.
         precision: CPU torch backend: ``bf16`` filters with bfloat16 products and re-scores the
-            passing pairs in float32 (``training.mining.topk.Bf16Scorer``); ``fp32`` is exact.
+            candidates in float32 (``training.mining.fused``); ``fp32`` scores everything in float32.
         work_dir: folder for resumable per-block results; None keeps everything in memory.
         progress: show a tqdm bar over the blocks.
         on_block: called with (direction, first row) after each block is finished and saved
@@ -238,18 +244,17 @@ def _mine_fused(
                 next_first[0] = next(pending, None)
 
         miner = FusedPass(img_emb, cap_emb, cpi, top_captions, top_images, chunk=gallery_chunk, precision=precision)
-        miner.run(img_out, cap_out, block_size, img_done.__contains__, rows_done)
+        miner.run(img_out, cap_out, block_size, img_done.__contains__, rows_done, state=parts.dir)
         bar.close()
         for first in cap_missing:
             cap_block_done(first)
-    elif cap_missing:
+        parts.drop_snapshots()
+    elif cap_missing:  # float32 whatever the precision: a few blocks, exact
         direction = directions(img_emb, cap_emb, cpi, top_captions, top_images)[1]
         gallery = torch.from_numpy(direction.gallery)
-        gallery_bf16 = gallery.bfloat16() if precision == "bf16" else None
         for first in tqdm(cap_missing, desc="mining cap_top_imgs", unit="block", disable=not progress, leave=False):
             last = min(n_cap, first + block_size)
             q = torch.from_numpy(direction.queries[first:last])
-            cap_out[first:last] = block_topk_torch(direction, q, np.arange(first, last), gallery, gallery_chunk,
-                                                   gallery_bf16=gallery_bf16)
+            cap_out[first:last] = block_topk_torch(direction, q, np.arange(first, last), gallery, gallery_chunk)
             cap_block_done(first)
     return img_out, cap_out

@@ -7,34 +7,40 @@ and selects both directions from it, so the product, most of the cost, is paid o
 Layout
     Images and captions are visited in a fixed pseudo-random order (:func:`processing_order`),
     so any contiguous slice of either is a fair sample of all ids, whatever their original order.
-    Caption chunks are contiguous slices of that order; the first one is wide enough to sample
-    row thresholds from. Image rows are scored ``ROW_TILE`` at a time (a tile of 256 x 4096
-    floats stays in the caches between the product and the compares), by one worker thread per
-    torch thread, each running single-threaded kernels.
+    Caption chunks are ``CHUNK`` consecutive positions of that order. Image rows are scored
+    ``ROW_TILE`` at a time against every chunk (a 512 x 1024 tile stays in the caches from the
+    product to the compares), one row tile per worker thread, one worker per torch thread, each
+    running single-threaded kernels. Row tiles are grouped in blocks of ``block_size`` rows, the
+    resumable unit.
 
 Thresholds
-    Each row tile starts with the first chunk; every row reads a sampled threshold from it
-    (:func:`training.mining.pools.sampled_threshold`). The first rows of the image order (enough
-    for a column sample) are scored first, one tall tile per chunk, and give every column its
-    sampled threshold. A score then enters a row's pool when it reaches the row's threshold and a
-    column's pool when it reaches the column's (one combined compare per tile, ~5% of the scores
-    pass at the benchmark's size). A pool past its budget is compacted to its best k keys per list
-    and the list's threshold raised to its k-th best score: a running bound, exact, that only rises,
-    so after the first blocks few scores still enter.
+    Rows: a row tile scores the first ``sample_chunks`` chunks first (~``ROW_HITS`` sampled scores
+    above the target level) and reads each row's threshold from them
+    (:func:`training.mining.pools.sampled_threshold`). Columns: the pass starts with its sample
+    phase, the first ``sample_height`` rows of the image order scored as one tall tile per chunk,
+    whose first ``sample_rows`` give each column its threshold (~``COL_HITS`` hits). A score then
+    enters a row's pool when it reaches the row's threshold and a column's pool when it reaches the
+    column's (one combined compare per tile). Thresholds only rise: a pool list that would overflow
+    is cut to its best k and its threshold raised to its k-th best score (exact); after a quarter
+    and after half of a row's chunks (of the image rows, for columns) the thresholds are estimated
+    again from the pools, which by then hold a larger fair sample.
 
 bf16 filter (``precision="bf16"``)
     Tiles are scored with bfloat16 products; a score is a candidate when it reaches a threshold
     minus ``margin``, and only candidates are re-scored in float32 (``torch.sparse.sampled_addmm``
     on the tile's operands), so pools, keys and lists hold float32 scores. ``margin`` is twice the
-    largest |bf16 - float32| difference on the first tile (an empirical bound, see docs/mining.md).
+    largest |bf16 - float32| difference on a first tile (an empirical bound, see docs/mining.md).
 
-Exactness: a list whose pool ends with fewer than k keys (its sampled threshold was too high) is
-redone with no threshold by the per-direction path (:func:`training.mining.topk.exact_rows`).
+Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
+threshold (an estimate that was too high), is redone with no threshold by the per-direction path
+(:func:`training.mining.topk.exact_rows`). Every other list equals the brute force: each member
+reached every threshold it met.
 
 Memory, beyond the inputs and the two returned id arrays: a permuted float32 copy of both
-embedding arrays (plus a bfloat16 copy with ``bf16``), the column pools (at most about
-``1.5 k_cols`` keys of 8 bytes per caption, plus 2 bytes per pending key), and per worker a tile
-and its masks.
+embedding arrays (plus a bfloat16 copy with ``bf16``); the column pools, ``N_captions x (1.5
+k_cols + 64)`` int64 keys; the sample phase's row pool, ``sample_height x (2 k_rows + 64)``
+keys; per worker a row pool (``ROW_TILE x (2 k_rows + 64)`` keys), a tall tile (``sample_height
+x CHUNK`` floats) and its two masks.
 """
 
 from __future__ import annotations
@@ -42,16 +48,19 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
-from training.mining.keys import LOWEST, decode_ids, decode_scores, encode_keys
+from aoq.io import atomic_open
+from training.mining.keys import LOWEST, PAD, decode_ids, decode_scores, encode_keys
 from training.mining.pools import Pool, sample_rank, sampled_threshold
 from training.mining.topk import directions, exact_rows
 
@@ -59,6 +68,7 @@ ROW_TILE = 512  # image rows per tile: with CHUNK columns, the tile stays in the
 CHUNK = 1024  # caption columns per tile
 ROW_HITS = 100  # sampled scores above a row threshold's level (a row samples ~5% of its gallery at H = 2000)
 COL_HITS = 32  # the same for columns, whose sample is the first rows of the image order, scored as tall tiles
+SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kill loses at most ~that much work
 
 
 def processing_order(n: int, seed: int) -> np.ndarray:
@@ -284,13 +294,60 @@ class FusedPass:
 
     # ------------------------------------------------------------------ the pass
 
+    # ------------------------------------------------------------------ snapshots
+
+    def save_columns(self, folder: Path, position: int) -> None:
+        """Save the column pools and thresholds as they are once the rows below ``position`` are
+        scored: the keys first, then the small file naming them (its presence validates them)."""
+        width = max(int(p.fill.max()) for p in self.col_pools)
+        keys_file = folder / f"columns_{position:010d}.npy"
+        with atomic_open(keys_file) as fh:
+            np.lib.format.write_array_header_1_0(fh, {"descr": "<i8", "fortran_order": False,
+                                                      "shape": (self.n_cap, width)})
+            for p in self.col_pools:
+                part = np.full((p.n, width), PAD, dtype=np.int64)
+                used = min(width, p.cap)
+                part[:, :used] = p.keys[: p.n, :used]
+                fh.write(part.tobytes())
+        with atomic_open(folder / "columns.npz") as fh:
+            np.savez(fh, keys_file=keys_file.name, position=position, width=width, margin=self.margin, tc=self.tc,
+                     fill=np.concatenate([p.fill for p in self.col_pools]))
+        for old in folder.glob("columns_*.npy"):
+            if old != keys_file:
+                old.unlink(missing_ok=True)
+
+    def load_columns(self, folder: Path, usable: Callable[[int], bool]) -> int:
+        """Restore the state saved by :meth:`save_columns` if ``usable(position)`` (the rows below
+        it have their lists); returns that position, or 0 (nothing restored)."""
+        try:
+            with np.load(folder / "columns.npz") as meta:
+                keys = np.load(folder / str(meta["keys_file"]), mmap_mode="r")
+                position, width, margin = int(meta["position"]), int(meta["width"]), float(meta["margin"])
+                tc, fill = meta["tc"], meta["fill"]
+        except (OSError, ValueError, KeyError):
+            return 0
+        if (keys.shape != (self.n_cap, width) or tc.shape != (self.n_cap,) or fill.shape != (self.n_cap,)
+                or not usable(position)):
+            return 0
+        for p, c0, c1 in zip(self.col_pools, self.bounds[:-1], self.bounds[1:]):
+            if width > p.cap:
+                p._grow(width)
+            p.keys[: p.n, :width] = keys[c0:c1]
+            p.fill = fill[c0:c1].astype(np.int64)
+        self.tc[:], self.margin = tc, margin
+        return position
+
+    # ------------------------------------------------------------------ the pass
+
     def run(self, img_out: np.ndarray, cap_out: np.ndarray, block_size: int,
-            done: Callable[[int], bool], on_rows: Callable[[int], None]) -> None:
+            done: Callable[[int], bool], on_rows: Callable[[int], None], state: Path | None = None) -> None:
         """Fill ``img_out`` (by image id) for the blocks not ``done`` and all of ``cap_out``.
 
         Blocks are ``block_size`` consecutive positions of ``img_order``; ``done(first)`` says
         that block ``first`` needs no row lists; ``on_rows(end)`` is called whenever every
-        block below position ``end`` has its lists in ``img_out``.
+        block below position ``end`` has its lists in ``img_out``. With ``state`` (a folder),
+        the column pools are saved there every ``SNAPSHOT_SECONDS`` at a block boundary, and a
+        rerun whose blocks below a saved position are all done starts from that position.
         """
         short_rows: list[np.ndarray] = []
 
@@ -311,11 +368,17 @@ class FusedPass:
                     return list(ex.map(fn, items))
 
                 h = self.sample_height
-                store(0, self._sample_phase(pool_map, wanted(0, h)))
-                end = h - h % block_size
+                end = 0 if state is None else self.load_columns(
+                    state, lambda position: all(done(b) for b in range(0, position, block_size)))
                 if end:
-                    self._redo_rows(short_rows, img_out)
                     on_rows(end)
+                else:
+                    store(0, self._sample_phase(pool_map, wanted(0, h)))
+                    end = h - h % block_size
+                    if end:
+                        self._redo_rows(short_rows, img_out)
+                        on_rows(end)
+                saved = time.monotonic()
                 for b0 in range(end, self.n_img, block_size):
                     b1 = min(self.n_img, b0 + block_size)
                     start = max(b0, h)
@@ -328,6 +391,9 @@ class FusedPass:
                     on_rows(b1)
                     if b0 < self.n_img // 4 <= b1 or b0 < self.n_img // 2 <= b1:
                         self._tighten_columns(pool_map, b1)
+                    if state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS:
+                        self.save_columns(state, b1)
+                        saved = time.monotonic()
                 cols = pool_map(lambda ci: self._finish(self.col_pools[ci], self.k_cols,
                                                         self.tc[self.bounds[ci] : self.bounds[ci + 1]]),
                                 range(len(self.col_pools)))
@@ -336,7 +402,6 @@ class FusedPass:
             c0, c1 = self.bounds[ci], self.bounds[ci + 1]
             cap_out[self.cap_order[c0:c1]] = ids
             short_cols.append(self.cap_order[c0 + np.flatnonzero(short)])
-        self._redo_rows(short_rows, img_out)
         self._redo(1, np.concatenate(short_cols), cap_out)
 
     def _redo_rows(self, short_rows: list[np.ndarray], img_out: np.ndarray) -> None:
