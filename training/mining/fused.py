@@ -155,10 +155,11 @@ class FusedPass:
         if masks is None or masks[0].size < size:
             masks = self.local.masks = (np.empty(size, bool), np.empty(size, bool))
         hit, row_hit = masks[0][:size].reshape(rows, width), masks[1][:size].reshape(rows, width)
-        margin = np.float32(self.margin)
-        np.greater_equal(scores, (tc - margin)[None, :], out=hit)
+        if self.margin:
+            tc, tr = tc - np.float32(self.margin), None if tr is None else tr - np.float32(self.margin)
+        np.greater_equal(scores, tc[None, :], out=hit)
         if tr is not None:
-            np.greater_equal(scores, (tr - margin)[:, None], out=row_hit)
+            np.greater_equal(scores, tr[:, None], out=row_hit)
             np.logical_or(hit, row_hit, out=hit)
         flat = np.flatnonzero(hit)
         row = np.repeat(np.arange(rows), np.diff(np.searchsorted(flat, np.arange(rows + 1) * width)))
@@ -190,7 +191,7 @@ class FusedPass:
         row, col, values = self._passing(scores, tr, tc, p0, c0)
         to_col = np.flatnonzero(values >= tc[col])
         to_col = to_col[np.argsort(col[to_col].astype(np.int16 if c1 - c0 <= 32768 else np.int32), kind="stable")]
-        keys = encode_keys(values[to_col], self.img_order[p0 + row[to_col]])
+        keys = encode_keys(values[to_col], self.img_order[p0 : p0 + scores.shape[0]][row[to_col]])
         with self.col_locks[ci]:
             kth = self.col_pools[ci].add(col[to_col], keys, self.k_cols)
             if kth is not None:
@@ -198,7 +199,7 @@ class FusedPass:
         if tr is None:
             return None
         to_row = values >= tr[row]
-        keys = encode_keys(values[to_row], self.cap_order[c0 + col[to_row]])
+        keys = encode_keys(values[to_row], self.cap_order[c0:c1][col[to_row]])
         with rows_lock or contextlib.nullcontext():
             return rows.add(row[to_row], keys, self.k_rows)
 
