@@ -46,6 +46,7 @@ x CHUNK`` floats) and its two masks.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -63,6 +64,8 @@ from aoq.io import atomic_open
 from training.mining.keys import LOWEST, PAD, decode_ids, decode_scores, encode_keys
 from training.mining.pools import Pool, sample_rank, sampled_threshold
 from training.mining.topk import directions, exact_rows
+
+log = logging.getLogger(__name__)
 
 ROW_TILE = 512  # image rows per tile: with CHUNK columns, the tile stays in the caches from the product to the compares
 CHUNK = 1024  # caption columns per tile
@@ -414,6 +417,8 @@ class FusedPass:
         """Lists that ended short, redone exactly with no threshold (float32 products)."""
         if not ids.size:
             return
+        log.info("%d %s lists redone exactly (their threshold estimate was too high)", ids.size,
+                 ("image", "caption")[which])
         ids = np.sort(ids)
         direction = directions(self.img, self.cap, self.cpi, self.k_rows, self.k_cols)[which]
         out[ids] = exact_rows(direction, torch.from_numpy(direction.queries[ids]), ids,

@@ -20,7 +20,7 @@ class Pool:
         self.fill = np.zeros(n, dtype=np.int64)
 
     def reset(self, n: int) -> None:
-        """Empty the pool for ``n <= `` its lists (reuses the array: no new pages to fault in)."""
+        """Empty the pool and use its first ``n`` lists (the array is reused: no new pages to fault in)."""
         width = int(self.fill.max()) if self.fill.size else 0
         self.keys[:, :width] = PAD
         self.n, self.fill = n, np.zeros(n, dtype=np.int64)
