@@ -164,7 +164,7 @@ def mine_offline_negatives(
     for direction in directions(img_emb, cap_emb, captions_per_image, top_captions, top_images):
         n_q = direction.queries.shape[0]
         out = np.empty((n_q, direction.k), dtype=np.int32)
-        gallery_t = gallery_bf16 = index = None
+        gallery_t = index = None
         bar = tqdm(range(0, n_q, block_size), desc=f"mining {direction.name}", unit="block", disable=not progress,
                    leave=False)
         for first in bar:
