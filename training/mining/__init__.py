@@ -6,19 +6,18 @@ ids of its ``top_images`` best images other than its own. Round 2 samples its of
 from these lists (:mod:`training.sampling`).
 
 How it is computed (torch backend)
-    Blocked and streamed: a block of ``block_size`` queries is scored against the gallery one
-    chunk of ``gallery_chunk`` columns at a time, so the full ``n_images x n_captions`` matrix
-    never exists. The first chunk is a strided sample of the gallery (every n-th id), so its
-    scores give each row a representative threshold: the score with about ``1.25 k + 32``
-    gallery scores above it. Every chunk then contributes only its scores ``>= threshold``
-    (one vectorised compare; ~2.5% of the scores), which are kept as packed keys and sorted
-    once at the end. This costs a small fraction of the matrix product, unlike a running
-    ``torch.topk`` merge, which is slower than the product itself on the CPU. Two safety
-    valves keep it exact: a row holding more than ``max(2k, k + 4096)`` candidates is cut to
-    its best k and its threshold raised to the k-th best score; a row that ends with fewer than
-    k candidates (threshold guessed too high) is redone with no threshold.
-    float32 on the CPU; on CUDA the products run in float16 and the compare on the GPU, only
-    the passing scores travel to the host.
+    On the CPU, one pass for both directions (:mod:`training.mining.fused`): both lists read the
+    same matrix ``img @ cap.T`` (rows: an image's top captions; columns: a caption's top images),
+    so every tile of it is computed once, 512 image rows x 1024 captions at a time, and both
+    directions select from it. A score enters a row's (column's) candidate pool when it reaches
+    the row's (column's) threshold, first estimated from a fair sample of the scores, then raised
+    as the pools fill (to a k-th best, exact, or to a new estimate from the larger sample). The
+    candidates are kept as packed keys and sorted once at the end. Lists whose estimate was too
+    high are redone with no threshold, so the result is exact. ``precision="bf16"`` scores the
+    tiles with bfloat16 products and re-scores only the candidates in float32.
+    On CUDA, each direction on its own (:mod:`training.mining.topk`): a block of ``block_size``
+    queries against the gallery one chunk at a time, float16 products with float32 results, the
+    compare on the GPU; only the passing scores travel to the host.
 
 FAISS backend
     ``IndexFlatIP`` searched with ``k = H + own positives``, own positives dropped. A row whose
@@ -34,11 +33,13 @@ Tie rule (deterministic)
     give slightly different scores, hence possibly a different order among near-ties).
 
 Resuming
-    With ``work_dir``, every finished query block is saved atomically as
+    With ``work_dir``, every finished block is saved atomically as
     ``work_dir/parts/<direction>_<first row>.npy`` next to a ``job.json`` describing the job
-    (embedding hashes, H, blocks, backend, precision). A rerun of the same job skips the blocks
-    already on disk, so ``kill -9`` loses at most the block in progress. The artefact itself is
-    written by :func:`save_mined` into a temporary directory renamed into place at the end.
+    (embedding hashes, H, blocks, backend, precision, layout). A rerun of the same job skips the
+    blocks already on disk. On the CPU the caption lists are complete only at the end of the pass;
+    its column pools are saved every ``fused.SNAPSHOT_SECONDS`` (10 minutes), so ``kill -9`` loses
+    at most about that much work. The artefact itself is written by :func:`save_mined` into a
+    temporary directory renamed into place at the end.
 """
 
 from aoq.mined import CAP_FILE, IMG_FILE, KIND, MinedNegatives, load_mined, save_mined

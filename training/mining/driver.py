@@ -19,6 +19,7 @@ from aoq.io import (
     stamp_matches,
     write_stamp,
 )
+from training.mining.fused import CHUNK, FusedPass, processing_order
 from training.mining.topk import (
     block_topk_faiss,
     block_topk_torch,
@@ -65,6 +66,12 @@ class _Parts:
         if self.dir is not None:
             atomic_save_npy(self._path(name, first), part)
 
+    def drop_snapshots(self) -> None:
+        """Remove the fused pass's column snapshots (:meth:`FusedPass.save_columns`) once unneeded."""
+        if self.dir is not None:
+            for path in self.dir.glob("columns*"):
+                path.unlink(missing_ok=True)
+
 
 def _check_inputs(img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captions: int, top_images: int) -> None:
     if img_emb.ndim != 2 or cap_emb.ndim != 2 or img_emb.shape[1] != cap_emb.shape[1]:
@@ -92,7 +99,7 @@ def mine_offline_negatives(
     device: str | torch.device = "cpu",
     *,
     backend: Literal["torch", "faiss"] = "torch",
-    gallery_chunk: int = 16384,
+    gallery_chunk: int | None = None,
     precision: Literal["fp32", "bf16"] = "fp32",
     work_dir: str | Path | None = None,
     progress: bool = True,
@@ -106,12 +113,14 @@ def mine_offline_negatives(
             ``c // captions_per_image``.
         top_captions: H_t, caption ids kept per image.
         top_images: H_i, image ids kept per caption.
-        block_size: query rows scored together (memory ~ block_size x gallery_chunk floats).
+        block_size: query rows per saved part (the resumable unit); the per-direction paths (CUDA,
+            FAISS) also score that many rows at once (memory ~ block_size x gallery_chunk floats).
         device: torch device ("auto" = CUDA when present); CUDA uses float16 matrix products.
         backend: "torch" (exact tie rule) or "faiss" (IndexFlatIP on the CPU).
-        gallery_chunk: gallery columns scored at once (torch backend).
+        gallery_chunk: gallery columns scored at once (torch backend); default 1024 on the CPU
+            (``training.mining.fused.CHUNK``), 16384 on CUDA.
         precision: CPU torch backend: ``bf16`` filters with bfloat16 products and re-scores the
-            passing pairs in float32 (``training.mining.topk.Bf16Scorer``); ``fp32`` is exact.
+            candidates in float32 (``training.mining.fused``); ``fp32`` scores everything in float32.
         work_dir: folder for resumable per-block results; None keeps everything in memory.
         progress: show a tqdm bar over the blocks.
         on_block: called with (direction, first row) after each block is finished and saved
@@ -134,6 +143,7 @@ def mine_offline_negatives(
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
     bf16 = precision == "bf16" and backend == "torch" and not half
+    fused = backend == "torch" and not half  # the CPU: one pass for both directions
     job = {
         "img_emb": _array_hash(img_emb),
         "cap_emb": _array_hash(cap_emb),
@@ -143,30 +153,33 @@ def mine_offline_negatives(
         "block_size": block_size,
         "backend": backend,
         "precision": "float16" if half else ("bfloat16+float32" if bf16 else "float32"),
+        "layout": "fused" if fused else "per-direction",
     }
     parts = _Parts(None if work_dir is None else Path(work_dir), job)
+    gallery_chunk = gallery_chunk or (CHUNK if fused else 16384)
+    if fused:
+        return _mine_fused(img_emb, cap_emb, captions_per_image, top_captions, top_images, block_size,
+                           gallery_chunk, precision, parts, progress, on_block)
     results = []
     for direction in directions(img_emb, cap_emb, captions_per_image, top_captions, top_images):
         n_q = direction.queries.shape[0]
         out = np.empty((n_q, direction.k), dtype=np.int32)
-        firsts = range(0, n_q, block_size)
-        gallery_t = gallery_bf16 = index = None
-        bar = tqdm(firsts, desc=f"mining {direction.name}", unit="block", disable=not progress, leave=False)
+        gallery_t = index = None
+        bar = tqdm(range(0, n_q, block_size), desc=f"mining {direction.name}", unit="block", disable=not progress,
+                   leave=False)
         for first in bar:
             last = min(n_q, first + block_size)
             part = parts.load(direction.name, first, (last - first, direction.k))
             if part is None:
                 if gallery_t is None:
                     gallery_t = torch.from_numpy(direction.gallery).to(dev, torch.float16 if half else torch.float32)
-                    gallery_bf16 = gallery_t.bfloat16() if bf16 else None
                 if backend == "faiss":
                     if index is None:
                         index = faiss_index(direction.gallery)
                     part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first, gallery_chunk)
                 else:
                     q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
-                    part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk,
-                                            gallery_bf16=gallery_bf16)
+                    part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk)
                 parts.save(direction.name, first, part)
             out[first:last] = part
             if on_block is not None:
@@ -174,3 +187,74 @@ def mine_offline_negatives(
         results.append(out)
     return results[0], results[1]
 
+
+def _mine_fused(
+    img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captions: int, top_images: int, block_size: int,
+    gallery_chunk: int, precision: str, parts: _Parts, progress: bool,
+    on_block: Callable[[str, int], None] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Both directions from one pass (:class:`training.mining.fused.FusedPass`), resumable.
+
+    Image blocks are ``block_size`` consecutive positions of the pass's image order, saved as
+    they complete; caption blocks are consecutive caption ids, saved at the end of the pass (the
+    columns are complete only then). A rerun loads the finished blocks; when only caption blocks
+    are missing (the pass was interrupted while saving them), those are computed on their own by
+    the per-direction path rather than by a whole new pass.
+    """
+    n_img, n_cap = len(img_emb), len(cap_emb)
+    img_out = np.empty((n_img, top_captions), dtype=np.int32)
+    cap_out = np.empty((n_cap, top_images), dtype=np.int32)
+    order = processing_order(n_img, 0)
+    img_firsts = list(range(0, n_img, block_size))
+    img_done = set()
+    for first in img_firsts:
+        last = min(n_img, first + block_size)
+        part = parts.load("img_top_caps", first, (last - first, top_captions))
+        if part is not None:
+            img_out[order[first:last]] = part
+            img_done.add(first)
+    cap_missing = []
+    for first in range(0, n_cap, block_size):
+        last = min(n_cap, first + block_size)
+        part = parts.load("cap_top_imgs", first, (last - first, top_images))
+        if part is None:
+            cap_missing.append(first)
+        else:
+            cap_out[first:last] = part
+
+    def cap_block_done(first: int) -> None:
+        parts.save("cap_top_imgs", first, cap_out[first : first + block_size])
+        if on_block is not None:
+            on_block("cap_top_imgs", first)
+
+    if len(img_done) < len(img_firsts):
+        bar = tqdm(total=len(img_firsts), desc="mining (both directions)", unit="block", disable=not progress,
+                   leave=False)
+        pending = iter(img_firsts)
+        next_first = [next(pending, None)]
+
+        def rows_done(end: int) -> None:
+            while next_first[0] is not None and min(n_img, next_first[0] + block_size) <= end:
+                first = next_first[0]
+                if first not in img_done:
+                    parts.save("img_top_caps", first, img_out[order[first : first + block_size]])
+                if on_block is not None:
+                    on_block("img_top_caps", first)
+                bar.update(1)
+                next_first[0] = next(pending, None)
+
+        miner = FusedPass(img_emb, cap_emb, cpi, top_captions, top_images, chunk=gallery_chunk, precision=precision)
+        miner.run(img_out, cap_out, block_size, img_done.__contains__, rows_done, state=parts.dir)
+        bar.close()
+        for first in cap_missing:
+            cap_block_done(first)
+        parts.drop_snapshots()
+    elif cap_missing:  # float32 whatever the precision: a few blocks, exact
+        direction = directions(img_emb, cap_emb, cpi, top_captions, top_images)[1]
+        gallery = torch.from_numpy(direction.gallery)
+        for first in tqdm(cap_missing, desc="mining cap_top_imgs", unit="block", disable=not progress, leave=False):
+            last = min(n_cap, first + block_size)
+            q = torch.from_numpy(direction.queries[first:last])
+            cap_out[first:last] = block_topk_torch(direction, q, np.arange(first, last), gallery, gallery_chunk)
+            cap_block_done(first)
+    return img_out, cap_out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -138,41 +137,6 @@ def _half_product(queries: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
         return (queries @ chunk.T).float()
 
 
-class Bf16Scorer:
-    """bfloat16 products (AMX/AVX512-BF16 on the CPU: ~3.5x float32 here) for the filter, float32
-    scores for everything kept. A chunk's bf16 scores pass when they are ``>= threshold -
-    margin``; only those pairs are re-scored in float32 (``torch.sparse.sampled_addmm``: the
-    products at the passing positions only) and compared with the threshold again, so the
-    candidates, their keys and the final lists are float32 ones. ``margin`` is twice the
-    largest |bf16 - float32| difference seen on the block's first (sampled) chunk, whose float32
-    scores the threshold needs anyway; a pair whose bf16 error exceeds it could be missed (see
-    docs/mining.md for the measured share of identical lists)."""
-
-    def __init__(self, queries: torch.Tensor, gallery_bf16: torch.Tensor) -> None:
-        self.queries, self.queries_bf16, self.gallery_bf16 = queries, queries.bfloat16(), gallery_bf16
-        self.margin: float | None = None
-
-    def rescored(self, scores: torch.Tensor, chunk_bf16: torch.Tensor, chunk: torch.Tensor,
-                 threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Flat positions and float32 values of the chunk's scores ``>= threshold``; ``scores``
-        receives the bf16 products (as float32) on the way."""
-        scores.copy_(torch.mm(self.queries_bf16, chunk_bf16.T))
-        flat, _ = _passing(scores, threshold - np.float32(self.margin))
-        if not flat.size:
-            return flat, np.empty(0, np.float32)
-        width = scores.shape[1]
-        rows, cols = flat // width, flat % width
-        crow = np.zeros(scores.shape[0] + 1, dtype=np.int64)
-        np.cumsum(np.bincount(rows, minlength=scores.shape[0]), out=crow[1:])
-        with warnings.catch_warnings():  # "sparse CSR support is in beta": sampled_addmm is what we need
-            warnings.simplefilter("ignore", UserWarning)
-            pattern = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(cols), torch.zeros(flat.size),
-                                              size=tuple(scores.shape), check_invariants=False)
-            values = torch.sparse.sampled_addmm(pattern, self.queries, chunk.T, beta=0.0).values().numpy()
-        keep = values >= threshold[rows]
-        return flat[keep], values[keep]
-
-
 def block_topk_torch(
     direction: Direction,
     queries: torch.Tensor,
@@ -181,7 +145,6 @@ def block_topk_torch(
     gallery_chunk: int,
     threshold: np.ndarray | None = None,
     cap: int | None = None,
-    gallery_bf16: torch.Tensor | None = None,
 ) -> np.ndarray:
     """Top-k gallery ids (int32, tie rule order) of one query block, streamed over gallery chunks.
 
@@ -192,8 +155,6 @@ def block_topk_torch(
         threshold: per-row starting threshold; None estimates it from the first (sampled)
             chunk; ``LOWEST`` everywhere makes every score a candidate (the exact redo).
         cap: candidates a row may hold before it is cut to k (default ``max(2k, k + 4096)``).
-        gallery_bf16: the gallery in bfloat16 (CPU): filter with bf16 products and re-score the
-            passing pairs in float32 (:class:`Bf16Scorer`); None scores everything in float32.
     """
     k, n_gal, n_q = direction.k, gallery.shape[0], queries.shape[0]
     device = queries.device
@@ -205,7 +166,6 @@ def block_topk_torch(
     own = position[direction.own_start(query_ids)[:, None] + np.arange(direction.own_count)]  # (n, own)
     buf = torch.empty(n_q * min(gallery_chunk, n_gal), dtype=torch.float32, device=device)
     cands = Candidates(n_q)
-    bf16 = None if gallery_bf16 is None else Bf16Scorer(queries, gallery_bf16)
     for start in range(0, n_gal, gallery_chunk):
         stop = min(n_gal, start + gallery_chunk)
         width = stop - start
@@ -214,27 +174,15 @@ def block_topk_torch(
         # Own positives get -inf, which is below every threshold.
         rows, cols = np.nonzero((own >= start) & (own < stop))
         own_rows, own_cols = torch.from_numpy(rows).to(device), torch.from_numpy(own[rows, cols] - start).to(device)
-        if bf16 is not None and bf16.margin is not None:
-            flat, values = bf16.rescored(scores, gallery_bf16.index_select(0, order_t[start:stop]), chunk, threshold)
-            own_flat = rows * width + own[rows, cols] - start
-            if own_flat.size and flat.size:
-                values = np.where(np.isin(flat, own_flat), np.float32(-np.inf), values)
-                flat, values = flat[values > -np.inf], values[values > -np.inf]
+        if queries.dtype == torch.float32:
+            torch.mm(queries, chunk.T, out=scores)
         else:
-            if queries.dtype == torch.float32:
-                torch.mm(queries, chunk.T, out=scores)
-            else:
-                scores.copy_(_half_product(queries, chunk))
-            if rows.size:
-                scores[own_rows, own_cols] = float("-inf")
-            if threshold is None:
-                threshold = _estimate_threshold(scores, k + direction.own_count, n_gal)
-            if bf16 is not None:  # the sampled first chunk: measure the bf16 error for the margin
-                exact = scores.clone()
-                approx = torch.mm(bf16.queries_bf16, gallery_bf16.index_select(0, order_t[start:stop]).T).float()
-                finite = torch.isfinite(exact)
-                bf16.margin = 2.0 * float((approx - exact)[finite].abs().max()) if finite.any() else 0.0
-            flat, values = _passing(scores, threshold)
+            scores.copy_(_half_product(queries, chunk))
+        if rows.size:
+            scores[own_rows, own_cols] = float("-inf")
+        if threshold is None:
+            threshold = _estimate_threshold(scores, k + direction.own_count, n_gal)
+        flat, values = _passing(scores, threshold)
         if flat.size:
             rows = flat // width
             cands.add(rows, encode_keys(values, order[flat - rows * width + start]))

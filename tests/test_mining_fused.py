@@ -1,0 +1,224 @@
+"""The fused pass (both directions from one pass over the score matrix, training/mining/fused.py):
+identical ids to the brute force in both directions, at tile, chunk and block edges, with k
+larger than a chunk, in bf16 mode, through its safety valves, and after an interruption."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.test_mining import exact_embeddings, reference
+from training.mining import fused, mine_offline_negatives
+from training.mining.keys import LOWEST, PAD, decode_ids, encode_keys
+from training.mining.pools import Pool, sampled_threshold
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 7 rows and small samples, so that tiny cases cross every edge of the pass: the
+    sample phase covers only the first rows, the rest goes through row tiles."""
+    monkeypatch.setattr(fused, "ROW_TILE", 7)
+    monkeypatch.setattr(fused, "COL_HITS", 4)
+    monkeypatch.setattr(fused, "ROW_HITS", 4)
+
+
+def _count_row_tiles(monkeypatch) -> list[tuple[int, int, bool]]:
+    calls = []
+    original = fused.FusedPass._row_tile
+
+    def counting(self, p0, p1, wanted):
+        calls.append((p0, p1, wanted))
+        return original(self, p0, p1, wanted)
+
+    monkeypatch.setattr(fused.FusedPass, "_row_tile", counting)
+    return calls
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize(("seed", "n_img", "cpi", "dim", "levels", "ht", "hi", "block", "chunk"), [
+    (0, 101, 5, 6, 2, 40, 9, 16, 37),     # massive ties; nothing divides anything
+    (1, 64, 3, 8, 4, 150, 20, 64, 32),    # k = 150 larger than a chunk (32) and than a row tile (7)
+    (2, 90, 1, 5, 2, 60, 60, 13, 1000),   # one chunk wider than the gallery; k_cols = 60 of 89 images
+    (3, 77, 2, 16, 1024, 30, 5, 10, 19),  # entries with 10 significant bits: bf16 products are inexact
+])
+def test_identical_to_brute_force_both_directions(small_tiles, monkeypatch, precision, seed, n_img, cpi, dim,
+                                                  levels, ht, hi, block, chunk) -> None:
+    rng = np.random.default_rng(seed)
+    img, cap = exact_embeddings(rng, n_img, dim, levels), exact_embeddings(rng, n_img * cpi, dim, levels)
+    tiles = _count_row_tiles(monkeypatch)
+    got = mine_offline_negatives(img, cap, cpi, ht, hi, block_size=block, gallery_chunk=chunk, precision=precision,
+                                 progress=False)
+    ref = reference(img, cap, cpi, ht, hi)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert tiles and all(wanted for _, _, wanted in tiles)  # the row tiles ran, not only the sample phase
+
+
+def test_bf16_gives_the_fp32_ids_where_bf16_products_are_inexact(small_tiles) -> None:
+    """Entries of 10 significant bits: every float32 product is exact, every bf16 one rounded, so
+    the filter must let each member through its margin and the re-scoring must decide."""
+    rng = np.random.default_rng(11)
+    img, cap = exact_embeddings(rng, 120, 16, 1024), exact_embeddings(rng, 600, 16, 1024)
+    assert not np.array_equal(img, img.astype(np.float32).view(np.uint32) & 0xFFFF0000)  # not bf16 values
+    fp32 = mine_offline_negatives(img, cap, 5, 80, 12, block_size=32, gallery_chunk=50, progress=False)
+    bf16 = mine_offline_negatives(img, cap, 5, 80, 12, block_size=32, gallery_chunk=50, precision="bf16",
+                                  progress=False)
+    np.testing.assert_array_equal(bf16[0], fp32[0])
+    np.testing.assert_array_equal(bf16[1], fp32[1])
+
+
+def test_every_score_is_computed_once(small_tiles, monkeypatch) -> None:
+    """Both directions come from one pass: the scores computed are the matrix once, plus the
+    sample rows' threshold tiles (the sample phase reads its rows' thresholds first)."""
+    rng = np.random.default_rng(5)
+    img, cap = exact_embeddings(rng, 70, 8, 8), exact_embeddings(rng, 350, 8, 8)
+    computed = []
+    original = fused.FusedPass._dense
+
+    def counting(self, p0, p1, ci, slot=0):
+        computed.append((p1 - p0) * (self.bounds[ci + 1] - self.bounds[ci]))
+        return original(self, p0, p1, ci, slot)
+
+    monkeypatch.setattr(fused.FusedPass, "_dense", counting)
+    mine_offline_negatives(img, cap, 5, 40, 9, block_size=16, gallery_chunk=30, progress=False)
+    miner = fused.FusedPass(img, cap, 5, 40, 9, chunk=30)
+    prepass = miner.sample_height * miner.bounds[miner.sample_chunks]
+    assert sum(computed) == 70 * 350 + prepass
+    assert prepass < 70 * 350 // 4
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_thresholds_guessed_too_high_redo_every_list_exactly(small_tiles, monkeypatch, precision) -> None:
+    rng = np.random.default_rng(6)
+    img, cap = exact_embeddings(rng, 40, 6, 4), exact_embeddings(rng, 120, 6, 4)
+    monkeypatch.setattr(fused, "sampled_threshold", lambda blocks, k, n, axis=1: np.full(
+        blocks[0].shape[1 - axis], 1e9, dtype=np.float32))
+    redone = []
+    original = fused.FusedPass._redo
+
+    def counting(self, which, ids, out):
+        redone.append((which, ids.size))
+        return original(self, which, ids, out)
+
+    monkeypatch.setattr(fused.FusedPass, "_redo", counting)
+    got = mine_offline_negatives(img, cap, 3, 25, 6, block_size=8, gallery_chunk=16, precision=precision,
+                                 progress=False)
+    ref = reference(img, cap, 3, 25, 6)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert sum(n for which, n in redone if which == 0) == 40 and sum(n for which, n in redone if which == 1) == 120
+
+
+def test_everything_passing_compacts_the_pools_and_stays_exact(small_tiles, monkeypatch) -> None:
+    """No usable sample (every score passes): the pools overflow, are cut to their best k and the
+    thresholds raised to the k-th best (the running bound), many times."""
+    rng = np.random.default_rng(8)
+    img, cap = exact_embeddings(rng, 60, 6, 4), exact_embeddings(rng, 300, 6, 4)
+    monkeypatch.setattr(fused, "sampled_threshold", lambda blocks, k, n, axis=1: np.full(
+        blocks[0].shape[1 - axis], LOWEST, dtype=np.float32))
+    compactions = []
+    original = Pool.compact
+
+    def counting(self, k, lists):
+        compactions.append(lists.size)
+        return original(self, k, lists)
+
+    monkeypatch.setattr(Pool, "compact", counting)
+    got = mine_offline_negatives(img, cap, 5, 20, 7, block_size=16, gallery_chunk=25, progress=False)
+    ref = reference(img, cap, 5, 20, 7)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert len(compactions) >= 10
+
+
+def test_interrupted_pass_resumes_without_redoing_finished_image_blocks(small_tiles, tmp_path, monkeypatch) -> None:
+    rng = np.random.default_rng(9)
+    img, cap = exact_embeddings(rng, 80, 6, 4), exact_embeddings(rng, 240, 6, 4)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_third(direction, first):
+        if direction == "img_top_caps" and first == 32:
+            raise Stop
+
+    monkeypatch.setattr(fused, "COL_HITS", 1)  # a short sample phase: most rows go through row tiles
+    with pytest.raises(Stop):
+        mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
+                               progress=False, on_block=stop_at_third)
+    assert sorted(p.name for p in (tmp_path / "parts").glob("*.npy")) == [
+        f"img_top_caps_{first:010d}.npy" for first in (0, 16, 32)]
+    tiles = _count_row_tiles(monkeypatch)
+    got = mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
+                                 progress=False)
+    ref = reference(img, cap, 3, 30, 8)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    # every row is scored again for the columns, but only rows of the two missing blocks get lists
+    assert {(p0, wanted) for p0, _, wanted in tiles if p0 < 48} == {(p0, False) for p0, _, _ in tiles if p0 < 48}
+    assert all(wanted for p0, _, wanted in tiles if p0 >= 48)
+
+
+# --------------------------------------------------------------------------- pools and thresholds
+
+
+def test_pool_keeps_the_best_k_and_reports_the_kth_score() -> None:
+    pool = Pool(2, cap=4)
+    keys = encode_keys(np.array([0.5, 0.1, 0.9, 0.3, 0.7], np.float32), np.array([1, 2, 3, 4, 5]))
+    assert pool.add(np.array([0, 0, 0, 1, 1]), keys, k=2) is None
+    kth = pool.add(np.array([0, 0]), encode_keys(np.array([0.2, 0.5], np.float32), np.array([6, 0])), k=2)
+    np.testing.assert_array_equal(kth, np.array([0.5, -np.inf], np.float32))  # list 0 overflowed: cut to 0.9, 0.5
+    best, short = pool.best(2)
+    np.testing.assert_array_equal(decode_ids(best), [[3, 0], [5, 4]])  # 0.5 twice: the lower id (0) first
+    np.testing.assert_array_equal(short, [False, False])
+    np.testing.assert_array_equal(pool.rth_best(3), np.array([0.5, -np.inf], np.float32))  # 0.9, 0.5, 0.5
+    np.testing.assert_array_equal(pool.rth_best(4), np.array([0.2, -np.inf], np.float32))
+    best, short = pool.best(5)
+    assert best[1, 2] == PAD and short.tolist() == [True, True]
+
+
+def test_sampled_threshold_of_the_whole_population_lets_k_through() -> None:
+    """A sample that is the whole population: at least k scores reach the threshold, always
+    (the r-th best group maximum has r >= k groups, hence scores, at or above it)."""
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((50, 2000)).astype(np.float32)
+    for k in (1, 10, 300):
+        for blocks in ([scores], [scores[:, :700], scores[:, 700:]]):
+            t = sampled_threshold(blocks, k, 2000)
+            assert ((scores >= t[:, None]).sum(axis=1) >= k).all()
+        # columns (axis=0) give what rows give on the transpose
+        np.testing.assert_array_equal(sampled_threshold([scores.T.copy()], k, 2000, axis=0),
+                                      sampled_threshold([scores], k, 2000))
+    assert (sampled_threshold([scores[:, :5]], 10, 2000) == LOWEST).all()  # too small a sample
+
+
+def test_interrupted_pass_resumes_from_its_column_snapshot(small_tiles, tmp_path, monkeypatch) -> None:
+    """With a snapshot of the column pools after every block, a rerun starts at the last one:
+    no sample phase, no row scored twice, and still the brute-force ids."""
+    rng = np.random.default_rng(10)
+    img, cap = exact_embeddings(rng, 80, 6, 4), exact_embeddings(rng, 240, 6, 4)
+    monkeypatch.setattr(fused, "COL_HITS", 1)
+    monkeypatch.setattr(fused, "SNAPSHOT_SECONDS", 0.0)
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_third(direction, first):
+        if direction == "img_top_caps" and first == 32:
+            raise Stop
+
+    with pytest.raises(Stop):
+        mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
+                               progress=False, on_block=stop_at_third)
+    assert (tmp_path / "parts" / "columns.npz").is_file()  # saved after the block ending at row 32
+    tiles = _count_row_tiles(monkeypatch)
+    phases = []
+    monkeypatch.setattr(fused.FusedPass, "_sample_phase", lambda *a: phases.append(a))
+    got = mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
+                                 progress=False)
+    ref = reference(img, cap, 3, 30, 8)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    assert not phases and min(p0 for p0, _, _ in tiles) == 32
+    assert {wanted for p0, _, wanted in tiles if p0 < 48} == {False}  # block 32 was saved before the stop
+    assert not list((tmp_path / "parts").glob("columns*"))  # dropped once the caption lists are saved

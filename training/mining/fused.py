@@ -1,0 +1,425 @@
+"""One pass over the score matrix for both directions (CPU, torch backend).
+
+Both lists read the same matrix ``S = img @ cap.T``: a row holds an image's scores (its top
+captions), a column a caption's scores (its top images). This pass computes every tile of S once
+and selects both directions from it, so the product, most of the cost, is paid once.
+
+Layout
+    Images and captions are visited in a fixed pseudo-random order (:func:`processing_order`),
+    so any contiguous slice of either is a fair sample of all ids, whatever their original order.
+    Caption chunks are ``CHUNK`` consecutive positions of that order. Image rows are scored
+    ``ROW_TILE`` at a time against every chunk (a 512 x 1024 tile stays in the caches from the
+    product to the compares), one row tile per worker thread, one worker per torch thread, each
+    running single-threaded kernels. Row tiles are grouped in blocks of ``block_size`` rows, the
+    resumable unit.
+
+Thresholds
+    Rows: a row tile scores the first ``sample_chunks`` chunks first (~``ROW_HITS`` sampled scores
+    above the target level) and reads each row's threshold from them
+    (:func:`training.mining.pools.sampled_threshold`). Columns: the pass starts with its sample
+    phase, the first ``sample_height`` rows of the image order scored as one tall tile per chunk,
+    whose first ``sample_rows`` give each column its threshold (~``COL_HITS`` hits). A score then
+    enters a row's pool when it reaches the row's threshold and a column's pool when it reaches the
+    column's (one combined compare per tile). Thresholds only rise: a pool list that would overflow
+    is cut to its best k and its threshold raised to its k-th best score (exact); after a quarter
+    and after half of a row's chunks (of the image rows, for columns) the thresholds are estimated
+    again from the pools, which by then hold a larger fair sample.
+
+bf16 filter (``precision="bf16"``)
+    Tiles are scored with bfloat16 products; a score is a candidate when it reaches a threshold
+    minus ``margin``, and only candidates are re-scored in float32 (``torch.sparse.sampled_addmm``
+    on the tile's operands), so pools, keys and lists hold float32 scores. ``margin`` is twice the
+    largest |bf16 - float32| difference on a first tile (an empirical bound, see docs/mining.md).
+
+Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
+threshold (an estimate that was too high), is redone with no threshold by the per-direction path
+(:func:`training.mining.topk.exact_rows`). Every other list equals the brute force: each member
+reached every threshold it met.
+
+Memory, beyond the inputs and the two returned id arrays: a permuted float32 copy of both
+embedding arrays (plus a bfloat16 copy with ``bf16``); the column pools, ``N_captions x (1.5
+k_cols + 64)`` int64 keys; the sample phase's row pool, ``sample_height x (2 k_rows + 64)``
+keys; per worker a row pool (``ROW_TILE x (2 k_rows + 64)`` keys), a tall tile (``sample_height
+x CHUNK`` floats) and its two masks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from aoq.io import atomic_open
+from training.mining.keys import LOWEST, PAD, decode_ids, decode_scores, encode_keys
+from training.mining.pools import Pool, sample_rank, sampled_threshold
+from training.mining.topk import directions, exact_rows
+
+log = logging.getLogger(__name__)
+
+ROW_TILE = 512  # image rows per tile: with CHUNK columns, the tile stays in the caches from the product to the compares
+CHUNK = 1024  # caption columns per tile
+ROW_HITS = 100  # sampled scores above a row threshold's level (a row samples ~5% of its gallery at H = 2000)
+COL_HITS = 32  # the same for columns, whose sample is the first rows of the image order, scored as tall tiles
+SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kill loses at most ~that much work
+
+
+def processing_order(n: int, seed: int) -> np.ndarray:
+    """A fixed pseudo-random order of ``n`` ids: every contiguous slice is a fair sample."""
+    return np.random.default_rng(seed).permutation(n)
+
+
+def sample_width(n: int, k: int, hits: int) -> int:
+    """Ids to sample for a threshold with about ``hits`` sampled scores above its level."""
+    return min(n, math.ceil(hits * n / k))
+
+
+@contextmanager
+def _single_threaded_kernels() -> Iterator[int]:
+    """torch kernels run single-threaded in each worker; yields the previous thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(threads)
+
+
+class FusedPass:
+    """Top ``k_rows`` captions per image and top ``k_cols`` images per caption, own positives
+    excluded, from one pass over ``img @ cap.T``; see the module docstring."""
+
+    def __init__(self, img: np.ndarray, cap: np.ndarray, cpi: int, k_rows: int, k_cols: int, *,
+                 chunk: int = CHUNK, precision: Literal["fp32", "bf16"] = "fp32") -> None:
+        self.img, self.cap, self.cpi = img, cap, cpi
+        self.k_rows, self.k_cols = k_rows, k_cols
+        self.n_img, self.n_cap = len(img), len(cap)
+        self.img_order = processing_order(self.n_img, 0)
+        self.cap_order = processing_order(self.n_cap, 1)
+        cap_pos = np.empty(self.n_cap, dtype=np.int64)
+        cap_pos[self.cap_order] = np.arange(self.n_cap)
+        self.own = cap_pos[cpi * self.img_order[:, None] + np.arange(cpi)]  # own captions' positions, per row
+        self.q = torch.from_numpy(img[self.img_order])
+        self.g = torch.from_numpy(cap[self.cap_order])
+        self.bf16 = precision == "bf16"
+        if self.bf16:
+            self.q16, self.g16 = self.q.bfloat16(), self.g.bfloat16()
+        self.bounds = [*range(0, self.n_cap, chunk), self.n_cap]
+        self.sample_chunks = -(-sample_width(self.n_cap, k_rows + cpi, ROW_HITS) // chunk)
+        self.sample_rows = sample_width(self.n_img, k_cols + 1, COL_HITS)
+        self.sample_height = min(self.n_img, max(ROW_TILE, self.sample_rows))
+        self.row_cap = 2 * k_rows + 64  # candidates a list may hold before it is compacted to k
+        col_cap = k_cols + k_cols // 2 + 64
+        self.col_pools = [Pool(c1 - c0, col_cap) for c0, c1 in zip(self.bounds[:-1], self.bounds[1:])]
+        self.col_locks = [threading.Lock() for _ in self.col_pools]
+        self.tc = np.full(self.n_cap, LOWEST, dtype=np.float32)  # column thresholds, by position
+        self.margin = 0.0
+        self.workers = 1
+        self.local = threading.local()
+
+    # ------------------------------------------------------------------ one tile
+
+    def _dense(self, p0: int, p1: int, ci: int, slot: int = 0) -> np.ndarray:
+        """Rows [p0, p1) against chunk ``ci``: float32 scores (bf16 products with ``bf16``), own
+        positives at -inf, in this worker's buffer ``slot``."""
+        c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+        rows, width = p1 - p0, c1 - c0
+        bufs = self.local.__dict__.setdefault("bufs", {})
+        if slot not in bufs or bufs[slot].numel() < rows * width:
+            bufs[slot] = torch.empty(rows * width)
+        out = bufs[slot][: rows * width].view(rows, width)
+        if self.bf16:
+            out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T))
+        else:
+            torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out)
+        scores = out.numpy()
+        own = self.own[p0:p1]
+        r, u = np.nonzero((own >= c0) & (own < c1))
+        scores[r, own[r, u] - c0] = -np.inf
+        return scores
+
+    def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows, columns and float32 values of the tile's scores reaching the row or the column
+        threshold (minus the margin for bf16 scores, whose candidates are then re-scored)."""
+        rows, width = scores.shape
+        size = rows * width
+        masks = getattr(self.local, "masks", None)
+        if masks is None or masks[0].size < size:
+            masks = self.local.masks = (np.empty(size, bool), np.empty(size, bool))
+        hit, row_hit = masks[0][:size].reshape(rows, width), masks[1][:size].reshape(rows, width)
+        if self.margin:
+            tc, tr = tc - np.float32(self.margin), None if tr is None else tr - np.float32(self.margin)
+        np.greater_equal(scores, tc[None, :], out=hit)
+        if tr is not None:
+            np.greater_equal(scores, tr[:, None], out=row_hit)
+            np.logical_or(hit, row_hit, out=hit)
+        flat = np.flatnonzero(hit)
+        row = np.repeat(np.arange(rows), np.diff(np.searchsorted(flat, np.arange(rows + 1) * width)))
+        col = flat - row * width
+        if not self.bf16:
+            return row, col, scores.reshape(-1)[flat]
+        return row, col, self._rescored(row, col, p0, c0, width)
+
+    def _rescored(self, row: np.ndarray, col: np.ndarray, p0: int, c0: int, width: int) -> np.ndarray:
+        """float32 products at the given (sorted, row-major) tile positions only."""
+        if not row.size:
+            return np.empty(0, dtype=np.float32)
+        n = int(row[-1]) + 1
+        crow = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(row, minlength=n), out=crow[1:])
+        with warnings.catch_warnings():  # "sparse CSR support is in beta": sampled_addmm is what we need
+            warnings.simplefilter("ignore", UserWarning)
+            pattern = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col), torch.zeros(row.size),
+                                              size=(n, width), check_invariants=False)
+            return torch.sparse.sampled_addmm(pattern, self.q[p0 : p0 + n], self.g[c0 : c0 + width].T,
+                                              beta=0.0).values().numpy()
+
+    def _select(self, scores: np.ndarray, tr: np.ndarray | None, ci: int, p0: int,
+                rows: Pool | None, rows_lock: threading.Lock | None = None) -> np.ndarray | None:
+        """Add the tile's passing scores to the chunk's column pool and, when rows are wanted,
+        to the row pool; returns the rows' raised thresholds when their pool was compacted."""
+        c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+        tc = self.tc[c0:c1]
+        row, col, values = self._passing(scores, tr, tc, p0, c0)
+        to_col = np.flatnonzero(values >= tc[col])
+        to_col = to_col[np.argsort(col[to_col].astype(np.int16 if c1 - c0 <= 32768 else np.int32), kind="stable")]
+        keys = encode_keys(values[to_col], self.img_order[p0 : p0 + scores.shape[0]][row[to_col]])
+        with self.col_locks[ci]:
+            kth = self.col_pools[ci].add(col[to_col], keys, self.k_cols)
+            if kth is not None:
+                np.maximum(tc, kth, out=tc)
+        if tr is None:
+            return None
+        to_row = values >= tr[row]
+        keys = encode_keys(values[to_row], self.cap_order[c0:c1][col[to_row]])
+        with rows_lock or contextlib.nullcontext():
+            return rows.add(row[to_row], keys, self.k_rows)
+
+    # ------------------------------------------------------------------ rows
+
+    def _row_pool(self, n: int) -> Pool:
+        """This worker's row pool, emptied (one array per worker, faulted in once)."""
+        pool = getattr(self.local, "pool", None)
+        if pool is None or pool.keys.shape[0] < n:
+            pool = self.local.pool = Pool(n, self.row_cap)
+        else:
+            pool.reset(n)
+        return pool
+
+    def _sample_tiles(self, p0: int, p1: int) -> list[np.ndarray]:
+        """Rows [p0, p1) against the chunks that sample the row thresholds, one buffer each."""
+        return [self._dense(p0, p1, ci, slot=ci) for ci in range(self.sample_chunks)]
+
+    def _row_tile(self, p0: int, p1: int, wanted: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """Rows [p0, p1) against every chunk, the row sample first; their lists when ``wanted``."""
+        pool, tr, n = None, None, len(self.bounds) - 1
+        if wanted:
+            pool = self._row_pool(p1 - p0)
+            first = self._sample_tiles(p0, p1)
+            tr = sampled_threshold(first, self.k_rows + self.cpi, self.n_cap)
+        else:
+            first = []
+        rest = n - len(first)  # the other chunks from a tile-dependent start: workers seldom share a column pool
+        shift = (p0 // ROW_TILE) * 7919 % max(1, rest)
+        seen = 0
+        for done, ci in enumerate([*range(len(first)), *(len(first) + (shift + i) % rest for i in range(rest))], 1):
+            scores = first[ci] if ci < len(first) else self._dense(p0, p1, ci)
+            kth = self._select(scores, tr, ci, p0, pool)
+            seen += scores.shape[1]
+            if wanted and kth is not None:
+                tr = np.maximum(tr, kth)
+            if wanted and done in (-(-n // 4), -(-n // 2)):  # tighter estimates from what the rows have seen
+                tr = np.maximum(tr, pool.rth_best(sample_rank(seen, self.k_rows + self.cpi, self.n_cap)))
+        return self._finish(pool, self.k_rows, tr) if wanted else None
+
+    @staticmethod
+    def _finish(pool: Pool, k: int, threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, short): each list's best k ids, and the lists that may miss a member (their ids
+        are meaningless: the caller redoes them): fewer than k candidates, or a k-th best below
+        the list's last threshold, which was then a guess too high (an estimate: a threshold
+        raised by compaction is a k-th best, never above the final one)."""
+        keys, short = pool.best(k)
+        short |= decode_scores(keys[:, k - 1]) < threshold
+        return decode_ids(keys).astype(np.int32), short
+
+    def _sample_phase(self, pool_map: Callable, rows_wanted: bool) -> tuple[np.ndarray, np.ndarray] | None:
+        """The first ``sample_height`` rows, one tall tile per chunk: their first ``sample_rows``
+        give each column its sampled threshold; the rows' own lists come out too (their row
+        thresholds are read first, ROW_TILE rows at a time, from the row-sample chunks: a small
+        extra product, of ``sample_height x sample_chunks`` tiles)."""
+        h = self.sample_height
+        if self.bf16:  # the margin: twice the largest bf16 error seen on a first tile
+            rows = min(h, ROW_TILE)
+            approx = self._dense(0, rows, 0)
+            exact = (self.q[:rows] @ self.g[: self.bounds[1]].T).numpy()
+            finite = np.isfinite(approx)
+            self.margin = 2.0 * float(np.abs(approx - exact)[finite].max(initial=0.0))
+        tr = None
+        if rows_wanted:
+            pieces = [(p, min(h, p + ROW_TILE)) for p in range(0, h, ROW_TILE)]
+            tr = np.concatenate(pool_map(lambda t: sampled_threshold(self._sample_tiles(*t), self.k_rows + self.cpi,
+                                                                     self.n_cap), pieces))
+        pool, lock, state = Pool(h, self.row_cap), threading.Lock(), {"tr": tr}
+
+        def chunk(ci: int) -> None:
+            c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+            scores = self._dense(0, h, ci)
+            self.tc[c0:c1] = sampled_threshold([scores[: self.sample_rows]], self.k_cols + 1, self.n_img, axis=0)
+            kth = self._select(scores, state["tr"], ci, 0, pool if rows_wanted else None, lock)
+            if kth is not None:
+                with lock:
+                    state["tr"] = np.maximum(state["tr"], kth)
+
+        pool_map(chunk, range(len(self.bounds) - 1))
+        return self._finish(pool, self.k_rows, state["tr"]) if rows_wanted else None
+
+    def _tighten_columns(self, pool_map: Callable, rows_seen: int) -> None:
+        """Raise each column's threshold to an estimate from the ``rows_seen`` rows scored so far
+        (a fair sample of the images: the image order is random)."""
+        r = sample_rank(rows_seen, self.k_cols + 1, self.n_img)
+
+        def one(ci: int) -> None:
+            c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+            with self.col_locks[ci]:
+                np.maximum(self.tc[c0:c1], self.col_pools[ci].rth_best(r), out=self.tc[c0:c1])
+
+        pool_map(one, range(len(self.col_pools)))
+
+    # ------------------------------------------------------------------ the pass
+
+    # ------------------------------------------------------------------ snapshots
+
+    def save_columns(self, folder: Path, position: int) -> None:
+        """Save the column pools and thresholds as they are once the rows below ``position`` are
+        scored: the keys first, then the small file naming them (its presence validates them)."""
+        width = max(int(p.fill.max()) for p in self.col_pools)
+        keys_file = folder / f"columns_{position:010d}.npy"
+        with atomic_open(keys_file) as fh:
+            np.lib.format.write_array_header_1_0(fh, {"descr": "<i8", "fortran_order": False,
+                                                      "shape": (self.n_cap, width)})
+            for p in self.col_pools:
+                part = np.full((p.n, width), PAD, dtype=np.int64)
+                used = min(width, p.cap)
+                part[:, :used] = p.keys[: p.n, :used]
+                fh.write(part.tobytes())
+        with atomic_open(folder / "columns.npz") as fh:
+            np.savez(fh, keys_file=keys_file.name, position=position, width=width, margin=self.margin, tc=self.tc,
+                     fill=np.concatenate([p.fill for p in self.col_pools]))
+        for old in folder.glob("columns_*.npy"):
+            if old != keys_file:
+                old.unlink(missing_ok=True)
+
+    def load_columns(self, folder: Path, usable: Callable[[int], bool]) -> int:
+        """Restore the state saved by :meth:`save_columns` if ``usable(position)`` (the rows below
+        it have their lists); returns that position, or 0 (nothing restored)."""
+        try:
+            with np.load(folder / "columns.npz") as meta:
+                keys = np.load(folder / str(meta["keys_file"]), mmap_mode="r")
+                position, width, margin = int(meta["position"]), int(meta["width"]), float(meta["margin"])
+                tc, fill = meta["tc"], meta["fill"]
+        except (OSError, ValueError, KeyError):
+            return 0
+        if (keys.shape != (self.n_cap, width) or tc.shape != (self.n_cap,) or fill.shape != (self.n_cap,)
+                or not usable(position)):
+            return 0
+        for p, c0, c1 in zip(self.col_pools, self.bounds[:-1], self.bounds[1:]):
+            if width > p.cap:
+                p._grow(width)
+            p.keys[: p.n, :width] = keys[c0:c1]
+            p.fill = fill[c0:c1].astype(np.int64)
+        self.tc[:], self.margin = tc, margin
+        return position
+
+    # ------------------------------------------------------------------ the pass
+
+    def run(self, img_out: np.ndarray, cap_out: np.ndarray, block_size: int,
+            done: Callable[[int], bool], on_rows: Callable[[int], None], state: Path | None = None) -> None:
+        """Fill ``img_out`` (by image id) for the blocks not ``done`` and all of ``cap_out``.
+
+        Blocks are ``block_size`` consecutive positions of ``img_order``; ``done(first)`` says
+        that block ``first`` needs no row lists; ``on_rows(end)`` is called whenever every
+        block below position ``end`` has its lists in ``img_out``. With ``state`` (a folder),
+        the column pools are saved there every ``SNAPSHOT_SECONDS`` at a block boundary, and a
+        rerun whose blocks below a saved position are all done starts from that position.
+        """
+        short_rows: list[np.ndarray] = []
+
+        def store(p0: int, result: tuple[np.ndarray, np.ndarray] | None) -> None:
+            if result is None:
+                return
+            ids, short = result
+            img_out[self.img_order[p0 : p0 + len(ids)]] = ids
+            short_rows.append(self.img_order[p0 + np.flatnonzero(short)])
+
+        def wanted(p0: int, p1: int) -> bool:
+            return any(not done(b) for b in range(p0 - p0 % block_size, p1, block_size))
+
+        with _single_threaded_kernels() as threads:
+            self.workers = max(1, threads)
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="mining") as ex:
+                def pool_map(fn: Callable, items) -> list:
+                    return list(ex.map(fn, items))
+
+                h = self.sample_height
+                end = 0 if state is None else self.load_columns(
+                    state, lambda position: all(done(b) for b in range(0, position, block_size)))
+                if end:
+                    on_rows(end)
+                else:
+                    store(0, self._sample_phase(pool_map, wanted(0, h)))
+                    end = h - h % block_size
+                    if end:
+                        self._redo_rows(short_rows, img_out)
+                        on_rows(end)
+                saved = time.monotonic()
+                for b0 in range(end, self.n_img, block_size):
+                    b1 = min(self.n_img, b0 + block_size)
+                    start = max(b0, h)
+                    if start < b1:
+                        tiles = [(p, min(b1, p + ROW_TILE)) for p in range(start, b1, ROW_TILE)]
+                        results = pool_map(lambda t: self._row_tile(t[0], t[1], wanted(t[0], t[1])), tiles)
+                        for (p0, _), result in zip(tiles, results):
+                            store(p0, result)
+                    self._redo_rows(short_rows, img_out)
+                    on_rows(b1)
+                    if b0 < self.n_img // 4 <= b1 or b0 < self.n_img // 2 <= b1:
+                        self._tighten_columns(pool_map, b1)
+                    if state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS:
+                        self.save_columns(state, b1)
+                        saved = time.monotonic()
+                cols = pool_map(lambda ci: self._finish(self.col_pools[ci], self.k_cols,
+                                                        self.tc[self.bounds[ci] : self.bounds[ci + 1]]),
+                                range(len(self.col_pools)))
+        short_cols = []
+        for ci, (ids, short) in enumerate(cols):
+            c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+            cap_out[self.cap_order[c0:c1]] = ids
+            short_cols.append(self.cap_order[c0 + np.flatnonzero(short)])
+        self._redo(1, np.concatenate(short_cols), cap_out)
+
+    def _redo_rows(self, short_rows: list[np.ndarray], img_out: np.ndarray) -> None:
+        if short_rows:
+            self._redo(0, np.concatenate(short_rows), img_out)
+            short_rows.clear()
+
+    def _redo(self, which: int, ids: np.ndarray, out: np.ndarray) -> None:
+        """Lists that ended short, redone exactly with no threshold (float32 products)."""
+        if not ids.size:
+            return
+        log.info("%d %s lists redone exactly (their threshold estimate was too high)", ids.size,
+                 ("image", "caption")[which])
+        ids = np.sort(ids)
+        direction = directions(self.img, self.cap, self.cpi, self.k_rows, self.k_cols)[which]
+        out[ids] = exact_rows(direction, torch.from_numpy(direction.queries[ids]), ids,
+                              torch.from_numpy(direction.gallery), CHUNK)
