@@ -67,6 +67,7 @@ def test_report_from_two_tiny_synthetic_seeds(tmp_path):
                     "## Mining diagnostics from the scene records (seed0)"):
         assert heading in text
     assert "aoq report --run --config configs/synthetic.yaml --seeds 0,1 --arms offtri,offquin,aoq" in text
+    assert f"--out {out} --figures {figures}" in text  # not the defaults: the command names them
     for name in ("r1_curves.png", "rank_histogram.png"):
         assert (figures / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"](figures/{name})" in text

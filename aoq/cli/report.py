@@ -16,6 +16,7 @@ STOPS = (TrainingCollapsed,)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from training.arms import ARM_CHOICES
     from training.report import ARMS
+    from training.report_page import DEFAULT_FIGURES, DEFAULT_OUT
 
     parser.add_argument("--config", type=Path, default=Path("configs/synthetic.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -42,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweeps-only", action="store_true",
                         help="with --run: run only the sweep points, and write nothing (to share the work "
                              "between processes; a last call without it writes the page)")
-    parser.add_argument("--out", type=Path, default=Path("docs/results.md"))
-    parser.add_argument("--figures", type=Path, default=Path("docs/figures"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--figures", type=Path, default=DEFAULT_FIGURES)
 
 
 def run(args: argparse.Namespace) -> int:
