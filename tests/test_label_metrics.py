@@ -110,20 +110,21 @@ def test_label_metrics_both_directions_by_hand():
 
 
 def test_label_metrics_over_folds_rank_each_fold_alone():
-    # Two folds of one image with one caption. Fold 0: image 0 {a}, its caption scores 0.1.
-    # Fold 1: image 1 {a}. Across folds, caption 1 would outrank caption 0 for image 0 (score 0.9);
-    # inside fold 0 it is not in the gallery, so image 0's only caption is first: AP = NDCG = 1.
+    # Two folds of one image with one caption each. Image 0 = [1, 0] scores caption 0 at 0.1 and
+    # caption 1 at 0.9; image 1 = [0, 1] scores them 0 and 0.5.
     img = np.array([[1.0, 0.0], [0.0, 1.0]])
     cap = np.array([[0.1, 0.0], [0.9, 0.5]])
+    # Both images labelled {a}: every caption is relevant to every image, all metrics are 1.
     hot = np.array([[1.0, 0.0], [1.0, 0.0]])
     folds = label_metrics_folds(img, cap, hot, captions_per_image=1, k=1, fold_images=1, n_folds=2)
     assert folds["i2t"] == {"map_at_r": 1.0, "ndcg_at_1": 1.0, "queries": 2}
     assert (folds["folds"], folds["fold_images"], folds["k"]) == (2, 1, 1)
-    # The whole set at once: image 0 sees caption 1 first (also relevant: shares "a"), so AP stays 1,
-    # but with image 1 {b} caption 1 is irrelevant to image 0 and comes first: AP@R = 0, NDCG@1 = 0.
     assert label_metrics(img, cap, hot, 1, k=1)["i2t"]["map_at_r"] == 1.0
+    # Image 0 {a}, image 1 {b}. On the whole set image 0 ranks the irrelevant caption 1 first
+    # (NDCG@1 = 0) and image 1 its own caption first (1): mean 0.5. Inside its fold each image sees
+    # only its own caption: 1.0. So the folds really restrict the gallery.
     hot_b = np.array([[1.0, 0.0], [0.0, 1.0]])
-    assert label_metrics(img, cap, hot_b, 1, k=1)["i2t"]["ndcg_at_1"] == 0.5  # image 1 still finds its own
+    assert label_metrics(img, cap, hot_b, 1, k=1)["i2t"]["ndcg_at_1"] == 0.5
     assert label_metrics_folds(img, cap, hot_b, 1, k=1, fold_images=1, n_folds=2)["i2t"]["ndcg_at_1"] == 1.0
     with pytest.raises(ValueError, match="2 folds of 1 images need 2 images"):
         label_metrics_folds(img[:1], cap[:1], hot[:1], 1, k=1, fold_images=1, n_folds=2)

@@ -68,6 +68,7 @@ def test_report_from_two_tiny_synthetic_seeds(tmp_path):
         assert heading in text
     assert "aoq report --run --config configs/synthetic.yaml --seeds 0,1 --arms offtri,offquin,aoq" in text
     assert f"--out {out} --figures {figures}" in text  # not the defaults: the command names them
+    assert "round-1 arms' curves" not in text  # only round-2 arms here
     for name in ("r1_curves.png", "rank_histogram.png"):
         assert (figures / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"](figures/{name})" in text
@@ -128,6 +129,7 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
     assert f"| {mean:+.1f} [{low:+.1f}, {high:+.1f}] |" in goal_rows[0]
     assert goal_rows[1].startswith("| GOAL (con x lin) | — | — | — | — | — |")
     assert "Round-1 arms (GOAL (con x lin))" in text and "Label-wise retrieval" not in text
+    assert "the round-1 arms' curves are round 1 too" in text
 
 
 def test_within_family_table_gives_means_and_the_paired_interval():

@@ -1,5 +1,6 @@
 """The experiment report ``docs/results.md``: several paired seeds of the pipeline on any dataset,
-the baseline against round-2 arms (default OffTri, OffQuin, AdapOffQuin), from the run files only.
+the baseline against its arms (default the round-2 arms OffTri, OffQuin, AdapOffQuin; round-1
+arms such as GOAL objectives too, :mod:`training.arms`), from the run files only.
 
 ``aoq report --run`` first runs (or resumes, stage by stage) one pipeline per seed: the config's
 own dataset, or with ``--synth`` a synthetic set generated for the report (by default with a

@@ -238,9 +238,11 @@ def sweeps_table(setup: ReportSetup) -> str:
 
 def _mean_ndcg(collected: dict[str, Any], arm: str) -> str:
     """Seed mean of an arm's NDCG@k (mean of both directions, on the protocol that has it), or a dash."""
-    scores = [label_scores(s["results"][arm].get(label_protocol(s["results"][arm]) or "full", {}))
-              for s in collected["seeds"]]
-    return "—" if any(v is None for v in scores) else f"{statistics.fmean(v['ndcg'] for v in scores):.2f}"
+    results = [s["results"][arm] for s in collected["seeds"]]
+    protocols = [label_protocol(r) for r in results]
+    if None in protocols:
+        return "—"
+    return f"{statistics.fmean(label_scores(r[p])['ndcg'] for r, p in zip(results, protocols)):.2f}"
 
 
 def _sweeps_section(setup: ReportSetup) -> list[str]:
@@ -275,7 +277,9 @@ def _figures_section(collected: dict[str, Any], run_dirs: list[Path], out: Path,
     return [
         "## Figures", "", f"![dev R@1 against epoch]({rel(figures / 'r1_curves.png')})", "",
         "Dev R@1 against epoch, mean over seeds (paper Fig. 4 style): the baseline's curve is round 1, "
-        "the others are round 2 (trained from scratch with the baseline's mined negatives).", "",
+        "the others are round 2 (trained from scratch with the baseline's mined negatives)"
+        + ("; the round-1 arms' curves are round 1 too (trained from scratch like the baseline)."
+           if any(is_round1(a) for a in arms) else "."), "",
         f"![cross-retrieval rank histogram]({rel(figures / 'rank_histogram.png')})", "",
         "Cross-retrieval rank `max(5 r_i - 4, r_t)` of every positive test pair (supplement Fig. 1 style), "
         f"{Path(run_dirs[0]).name}: "
