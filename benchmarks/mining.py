@@ -46,7 +46,6 @@ import resource
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -148,8 +147,7 @@ def coco(tiles: int, top_captions: int, top_images: int) -> str:
             miner = fused.FusedPass(img, cap, COCO_CPI, top_captions, top_images, precision=mode)
         h = miner.sample_height
         firsts = list(range(h, h + tiles * fused.ROW_TILE, fused.ROW_TILE))
-        with fused._single_threaded_kernels(), ThreadPoolExecutor(threads) as ex:
-            miner.workers = threads
+        with fused.worker_pool() as (ex, miner.workers):
             pool_map = lambda fn, items: list(ex.map(fn, items))  # noqa: E731
             with Clock() as sample:
                 miner._sample_phase(pool_map, True)

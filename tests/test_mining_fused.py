@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.test_mining import exact_embeddings, reference
-from training.mining import fused, mine_offline_negatives
-from training.mining.keys import LOWEST, PAD, decode_ids, encode_keys
+from training.mining import fused, kernels, mine_offline_negatives
+from training.mining.keys import LOWEST, PAD, decode_ids
 from training.mining.pools import Pool, sampled_threshold
 
 
@@ -116,19 +116,19 @@ def test_everything_passing_compacts_the_pools_and_stays_exact(small_tiles, monk
     img, cap = exact_embeddings(rng, 60, 6, 4), exact_embeddings(rng, 300, 6, 4)
     monkeypatch.setattr(fused, "sampled_threshold", lambda blocks, k, n, axis=1: np.full(
         blocks[0].shape[1 - axis], LOWEST, dtype=np.float32))
-    compactions = []
-    original = Pool.compact
+    cuts = []
+    original = kernels.append
 
-    def counting(self, k, lists):
-        compactions.append(lists.size)
-        return original(self, k, lists)
+    def counting(*args):
+        cuts.append(original(*args))
+        return cuts[-1]
 
-    monkeypatch.setattr(Pool, "compact", counting)
+    monkeypatch.setattr(kernels, "append", counting)
     got = mine_offline_negatives(img, cap, 5, 20, 7, block_size=16, gallery_chunk=25, progress=False)
     ref = reference(img, cap, 5, 20, 7)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
-    assert len(compactions) >= 10
+    assert sum(cuts) >= 10
 
 
 def test_interrupted_pass_resumes_without_redoing_finished_image_blocks(small_tiles, tmp_path, monkeypatch) -> None:
@@ -162,19 +162,45 @@ def test_interrupted_pass_resumes_without_redoing_finished_image_blocks(small_ti
 # --------------------------------------------------------------------------- pools and thresholds
 
 
-def test_pool_keeps_the_best_k_and_reports_the_kth_score() -> None:
+def test_pool_keeps_the_best_k_and_raises_the_threshold_to_the_kth_score() -> None:
     pool = Pool(2, cap=4)
-    keys = encode_keys(np.array([0.5, 0.1, 0.9, 0.3, 0.7], np.float32), np.array([1, 2, 3, 4, 5]))
-    assert pool.add(np.array([0, 0, 0, 1, 1]), keys, k=2) is None
-    kth = pool.add(np.array([0, 0]), encode_keys(np.array([0.2, 0.5], np.float32), np.array([6, 0])), k=2)
-    np.testing.assert_array_equal(kth, np.array([0.5, -np.inf], np.float32))  # list 0 overflowed: cut to 0.9, 0.5
+    ids = np.arange(10)
+    threshold = np.array([0.0, 0.3], np.float32)
+    scores = np.array([0.5, 0.1, 0.9, 0.3, 0.7, -0.0], np.float32)
+    assert pool.add(np.array([0, 0, 0, 1, 1, 0]), np.array([1, 2, 3, 4, 5, 6]), ids, scores, 2, threshold) == 0
+    np.testing.assert_array_equal(pool.fill, [4, 2])  # 0.3 reaches list 1's 0.3; -0.0 (as +0.0) list 0's 0.0
+    # list 0 is full: cut to 0.9, 0.5 before 0.2 is looked at, which then no longer reaches the new 0.5
+    assert pool.add(np.array([0, 0]), np.array([6, 0]), ids, np.array([0.2, 0.5], np.float32), 2, threshold) == 1
+    np.testing.assert_array_equal(threshold, np.array([0.5, 0.3], np.float32))
     best, short = pool.best(2)
     np.testing.assert_array_equal(decode_ids(best), [[3, 0], [5, 4]])  # 0.5 twice: the lower id (0) first
     np.testing.assert_array_equal(short, [False, False])
     np.testing.assert_array_equal(pool.rth_best(3), np.array([0.5, -np.inf], np.float32))  # 0.9, 0.5, 0.5
-    np.testing.assert_array_equal(pool.rth_best(4), np.array([0.2, -np.inf], np.float32))
+    np.testing.assert_array_equal(pool.rth_best(2), np.array([0.5, 0.3], np.float32))
     best, short = pool.best(5)
     assert best[1, 2] == PAD and short.tolist() == [True, True]
+    padded = pool.padded(4)
+    assert (padded[0, 3:] == PAD).all() and (padded[1, 2:] == PAD).all()
+    again = Pool(2, cap=4)
+    again.load(padded, pool.fill)
+    np.testing.assert_array_equal(again.best(3)[0], pool.best(3)[0])
+
+
+def test_scan_finds_the_scores_reaching_either_level_in_row_major_order() -> None:
+    rng = np.random.default_rng(3)
+    scores = rng.standard_normal((5, 21)).astype(np.float32)  # a width that is not a multiple of 8
+    scores[3, 4] = -np.inf  # an own positive
+    tr = rng.standard_normal(5).astype(np.float32) + 1
+    tc = rng.standard_normal(21).astype(np.float32) + 1
+    tr[3] = LOWEST
+    out = np.empty(scores.size, np.int32), np.empty(scores.size, np.int32), np.empty(scores.size, np.float32)
+    mask = np.full(64, 1, np.uint8)  # stale flags past the width must not count
+    n = kernels.scan(scores, tr, tc, mask, *out)
+    r, c = np.nonzero(scores >= np.minimum(tr[:, None], tc[None, :]))
+    np.testing.assert_array_equal(out[0][:n], r)
+    np.testing.assert_array_equal(out[1][:n], c)
+    np.testing.assert_array_equal(out[2][:n], scores[r, c])
+    assert (r == 3).sum() == 20  # every finite score of the row whose level is the lowest
 
 
 def test_sampled_threshold_of_the_whole_population_lets_k_through() -> None:

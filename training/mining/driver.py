@@ -20,6 +20,7 @@ from aoq.io import (
     write_stamp,
 )
 from training.mining.fused import CHUNK, FusedPass, processing_order
+from training.mining.pools import fresh_array
 from training.mining.topk import (
     block_topk_faiss,
     block_topk_torch,
@@ -202,8 +203,8 @@ def _mine_fused(
     the per-direction path rather than by a whole new pass.
     """
     n_img, n_cap = len(img_emb), len(cap_emb)
-    img_out = np.empty((n_img, top_captions), dtype=np.int32)
-    cap_out = np.empty((n_cap, top_images), dtype=np.int32)
+    img_out = fresh_array((n_img, top_captions), np.int32)
+    cap_out = fresh_array((n_cap, top_images), np.int32)
     order = processing_order(n_img, 0)
     img_firsts = list(range(0, n_img, block_size))
     img_done = set()

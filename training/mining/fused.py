@@ -20,10 +20,10 @@ Thresholds
     phase, the first ``sample_height`` rows of the image order scored as one tall tile per chunk,
     whose first ``sample_rows`` give each column its threshold (~``COL_HITS`` hits). A score then
     enters a row's pool when it reaches the row's threshold and a column's pool when it reaches the
-    column's (one combined compare per tile). Thresholds only rise: a pool list that would overflow
-    is cut to its best k and its threshold raised to its k-th best score (exact); after a quarter
-    and after half of a row's chunks (of the image rows, for columns) the thresholds are estimated
-    again from the pools, which by then hold a larger fair sample.
+    column's (one read of the tile finds the scores reaching either). Thresholds only rise: a full
+    pool list is cut to its best k and its threshold raised to its k-th best score (exact); after a
+    quarter and after half of a row's chunks (of the image rows, for columns) the thresholds are
+    estimated again from the pools, which by then hold a larger fair sample.
 
 bf16 filter (``precision="bf16"``)
     Tiles are scored with bfloat16 products; a score is a candidate when it reaches a threshold
@@ -40,7 +40,10 @@ Memory, beyond the inputs and the two returned id arrays: a permuted float32 cop
 embedding arrays (plus a bfloat16 copy with ``bf16``); the column pools, ``N_captions x (1.5
 k_cols + 64)`` int64 keys; the sample phase's row pool, ``sample_height x (2 k_rows + 64)``
 keys; per worker a row pool (``ROW_TILE x (2 k_rows + 64)`` keys), a tall tile (``sample_height
-x CHUNK`` floats) and its two masks.
+x CHUNK`` floats) and the scan's output (``ROW_TILE x CHUNK`` positions and values).
+
+The per-score work (the scan of a tile, the appends to the pools) is compiled
+(:mod:`training.mining.kernels`): with numpy it cost more than the product itself.
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ import numpy as np
 import torch
 
 from aoq.io import atomic_open
-from training.mining.keys import LOWEST, PAD, decode_ids, decode_scores, encode_keys
-from training.mining.pools import Pool, sample_rank, sampled_threshold
+from training.mining import kernels
+from training.mining.keys import LOWEST, decode_ids, decode_scores
+from training.mining.pools import Pool, fresh_array, sample_rank, sampled_threshold
 from training.mining.topk import directions, exact_rows
 
 log = logging.getLogger(__name__)
@@ -85,14 +89,30 @@ def sample_width(n: int, k: int, hits: int) -> int:
 
 
 @contextmanager
-def _single_threaded_kernels() -> Iterator[int]:
-    """torch kernels run single-threaded in each worker; yields the previous thread count."""
+def worker_pool() -> Iterator[tuple[ThreadPoolExecutor, int]]:
+    """(executor, workers): one worker thread per torch thread, each running single-threaded
+    torch kernels; torch's thread count is 1 inside and restored after. A new thread does not
+    inherit the count set by another: a worker that did not set its own would run every product
+    on all cores, and the workers together would oversubscribe them (measured: ~20% more CPU
+    time for the pass on 2 cores)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield threads
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="mining", initializer=torch.set_num_threads,
+                                initargs=(1,)) as ex:
+            yield ex, max(1, threads)
     finally:
         torch.set_num_threads(threads)
+
+
+def _permuted(a: np.ndarray, order: np.ndarray) -> torch.Tensor:
+    """``a[order]`` as a tensor, in memory on huge pages (:func:`training.mining.pools.fresh_array`:
+    at the COCO shape, numpy's own copy spent 8 s of 8.4 in first touches of 4 KB pages)."""
+    out = torch.from_numpy(fresh_array(a.shape, a.dtype))
+    with warnings.catch_warnings():  # "the given NumPy array is not writable": it is only read
+        warnings.simplefilter("ignore", UserWarning)
+        source = torch.from_numpy(a)
+    return torch.index_select(source, 0, torch.from_numpy(order), out=out)
 
 
 class FusedPass:
@@ -109,8 +129,7 @@ class FusedPass:
         cap_pos = np.empty(self.n_cap, dtype=np.int64)
         cap_pos[self.cap_order] = np.arange(self.n_cap)
         self.own = cap_pos[cpi * self.img_order[:, None] + np.arange(cpi)]  # own captions' positions, per row
-        self.q = torch.from_numpy(img[self.img_order])
-        self.g = torch.from_numpy(cap[self.cap_order])
+        self.q, self.g = _permuted(img, self.img_order), _permuted(cap, self.cap_order)
         self.bf16 = precision == "bf16"
         if self.bf16:
             self.q16, self.g16 = self.q.bfloat16(), self.g.bfloat16()
@@ -120,7 +139,8 @@ class FusedPass:
         self.sample_height = min(self.n_img, max(ROW_TILE, self.sample_rows))
         self.row_cap = 2 * k_rows + 64  # candidates a list may hold before it is compacted to k
         col_cap = k_cols + k_cols // 2 + 64
-        self.col_pools = [Pool(c1 - c0, col_cap) for c0, c1 in zip(self.bounds[:-1], self.bounds[1:])]
+        col_keys = fresh_array((self.n_cap, col_cap), np.int64)  # one mapping: its huge pages are not cut per chunk
+        self.col_pools = [Pool(c1 - c0, col_cap, col_keys[c0:c1]) for c0, c1 in zip(self.bounds[:-1], self.bounds[1:])]
         self.col_locks = [threading.Lock() for _ in self.col_pools]
         self.tc = np.full(self.n_cap, LOWEST, dtype=np.float32)  # column thresholds, by position
         self.margin = 0.0
@@ -153,22 +173,19 @@ class FusedPass:
         """Rows, columns and float32 values of the tile's scores reaching the row or the column
         threshold (minus the margin for bf16 scores, whose candidates are then re-scored)."""
         rows, width = scores.shape
-        size = rows * width
-        masks = getattr(self.local, "masks", None)
-        if masks is None or masks[0].size < size:
-            masks = self.local.masks = (np.empty(size, bool), np.empty(size, bool))
-        hit, row_hit = masks[0][:size].reshape(rows, width), masks[1][:size].reshape(rows, width)
+        out = getattr(self.local, "scan", None)
+        if out is None or out[0].size < scores.size or out[3].size < width + 64:
+            size = max(scores.size, ROW_TILE * CHUNK)
+            out = self.local.scan = (np.empty(size, np.int32), np.empty(size, np.int32), np.empty(size, np.float32),
+                                     np.empty(max(width, CHUNK) + 64, np.uint8))
+        if tr is None:
+            tr = np.full(rows, np.inf, dtype=np.float32)
         if self.margin:
-            tc, tr = tc - np.float32(self.margin), None if tr is None else tr - np.float32(self.margin)
-        np.greater_equal(scores, tc[None, :], out=hit)
-        if tr is not None:
-            np.greater_equal(scores, tr[:, None], out=row_hit)
-            np.logical_or(hit, row_hit, out=hit)
-        flat = np.flatnonzero(hit)
-        row = np.repeat(np.arange(rows), np.diff(np.searchsorted(flat, np.arange(rows + 1) * width)))
-        col = flat - row * width
+            tc, tr = tc - np.float32(self.margin), tr - np.float32(self.margin)
+        n = kernels.scan(scores, tr, tc, *out[3:], *out[:3])
+        row, col, values = out[0][:n], out[1][:n], out[2][:n]
         if not self.bf16:
-            return row, col, scores.reshape(-1)[flat]
+            return row, col, values
         return row, col, self._rescored(row, col, p0, c0, width)
 
     def _rescored(self, row: np.ndarray, col: np.ndarray, p0: int, c0: int, width: int) -> np.ndarray:
@@ -180,31 +197,26 @@ class FusedPass:
         np.cumsum(np.bincount(row, minlength=n), out=crow[1:])
         with warnings.catch_warnings():  # "sparse CSR support is in beta": sampled_addmm is what we need
             warnings.simplefilter("ignore", UserWarning)
-            pattern = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col), torch.zeros(row.size),
-                                              size=(n, width), check_invariants=False)
+            pattern = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col.astype(np.int64)),
+                                              torch.zeros(row.size), size=(n, width), check_invariants=False)
             return torch.sparse.sampled_addmm(pattern, self.q[p0 : p0 + n], self.g[c0 : c0 + width].T,
                                               beta=0.0).values().numpy()
 
-    def _select(self, scores: np.ndarray, tr: np.ndarray | None, ci: int, p0: int,
-                rows: Pool | None, rows_lock: threading.Lock | None = None) -> np.ndarray | None:
-        """Add the tile's passing scores to the chunk's column pool and, when rows are wanted,
-        to the row pool; returns the rows' raised thresholds when their pool was compacted."""
+    def _select(self, scores: np.ndarray, ci: int, p0: int, tr: np.ndarray | None = None, first: int = 0,
+                rows: Pool | None = None, rows_lock: threading.Lock | None = None) -> None:
+        """Add the tile's passing scores (rows from image position ``p0``, columns of chunk ``ci``)
+        to the chunk's column pool and, when ``tr`` is given, to the row pool ``rows``, whose lists
+        (and thresholds ``tr``) hold the tile's rows from index ``first``. Thresholds rise in place
+        whenever a full list is cut."""
         c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+        n = scores.shape[0]
         tc = self.tc[c0:c1]
-        row, col, values = self._passing(scores, tr, tc, p0, c0)
-        to_col = np.flatnonzero(values >= tc[col])
-        to_col = to_col[np.argsort(col[to_col].astype(np.int16 if c1 - c0 <= 32768 else np.int32), kind="stable")]
-        keys = encode_keys(values[to_col], self.img_order[p0 : p0 + scores.shape[0]][row[to_col]])
+        row, col, values = self._passing(scores, None if tr is None else tr[first : first + n], tc, p0, c0)
         with self.col_locks[ci]:
-            kth = self.col_pools[ci].add(col[to_col], keys, self.k_cols)
-            if kth is not None:
-                np.maximum(tc, kth, out=tc)
-        if tr is None:
-            return None
-        to_row = values >= tr[row]
-        keys = encode_keys(values[to_row], self.cap_order[c0:c1][col[to_row]])
-        with rows_lock or contextlib.nullcontext():
-            return rows.add(row[to_row], keys, self.k_rows)
+            self.col_pools[ci].add(col, row, self.img_order[p0 : p0 + n], values, self.k_cols, tc)
+        if tr is not None:
+            with rows_lock or contextlib.nullcontext():
+                rows.add(row + first if first else row, col, self.cap_order[c0:c1], values, self.k_rows, tr)
 
     # ------------------------------------------------------------------ rows
 
@@ -235,10 +247,8 @@ class FusedPass:
         seen = 0
         for done, ci in enumerate([*range(len(first)), *(len(first) + (shift + i) % rest for i in range(rest))], 1):
             scores = first[ci] if ci < len(first) else self._dense(p0, p1, ci)
-            kth = self._select(scores, tr, ci, p0, pool)
+            self._select(scores, ci, p0, tr, 0, pool)
             seen += scores.shape[1]
-            if wanted and kth is not None:
-                tr = np.maximum(tr, kth)
             if wanted and done in (-(-n // 4), -(-n // 2)):  # tighter estimates from what the rows have seen
                 tr = np.maximum(tr, pool.rth_best(sample_rank(seen, self.k_rows + self.cpi, self.n_cap)))
         return self._finish(pool, self.k_rows, tr) if wanted else None
@@ -270,19 +280,17 @@ class FusedPass:
             pieces = [(p, min(h, p + ROW_TILE)) for p in range(0, h, ROW_TILE)]
             tr = np.concatenate(pool_map(lambda t: sampled_threshold(self._sample_tiles(*t), self.k_rows + self.cpi,
                                                                      self.n_cap), pieces))
-        pool, lock, state = Pool(h, self.row_cap), threading.Lock(), {"tr": tr}
+        pool, lock = Pool(h, self.row_cap), threading.Lock()
 
         def chunk(ci: int) -> None:
             c0, c1 = self.bounds[ci], self.bounds[ci + 1]
             scores = self._dense(0, h, ci)
             self.tc[c0:c1] = sampled_threshold([scores[: self.sample_rows]], self.k_cols + 1, self.n_img, axis=0)
-            kth = self._select(scores, state["tr"], ci, 0, pool if rows_wanted else None, lock)
-            if kth is not None:
-                with lock:
-                    state["tr"] = np.maximum(state["tr"], kth)
+            for s0 in range(0, h, ROW_TILE):  # ROW_TILE rows at a time: the scan's buffers stay one tile
+                self._select(scores[s0 : s0 + ROW_TILE], ci, s0, tr, s0, pool, lock)
 
         pool_map(chunk, range(len(self.bounds) - 1))
-        return self._finish(pool, self.k_rows, state["tr"]) if rows_wanted else None
+        return self._finish(pool, self.k_rows, tr) if rows_wanted else None
 
     def _tighten_columns(self, pool_map: Callable, rows_seen: int) -> None:
         """Raise each column's threshold to an estimate from the ``rows_seen`` rows scored so far
@@ -309,10 +317,7 @@ class FusedPass:
             np.lib.format.write_array_header_1_0(fh, {"descr": "<i8", "fortran_order": False,
                                                       "shape": (self.n_cap, width)})
             for p in self.col_pools:
-                part = np.full((p.n, width), PAD, dtype=np.int64)
-                used = min(width, p.cap)
-                part[:, :used] = p.keys[: p.n, :used]
-                fh.write(part.tobytes())
+                fh.write(p.padded(width).tobytes())
         with atomic_open(folder / "columns.npz") as fh:
             np.savez(fh, keys_file=keys_file.name, position=position, width=width, margin=self.margin, tc=self.tc,
                      fill=np.concatenate([p.fill for p in self.col_pools]))
@@ -331,13 +336,10 @@ class FusedPass:
         except (OSError, ValueError, KeyError):
             return 0
         if (keys.shape != (self.n_cap, width) or tc.shape != (self.n_cap,) or fill.shape != (self.n_cap,)
-                or not usable(position)):
+                or width > self.col_pools[0].cap or not usable(position)):
             return 0
         for p, c0, c1 in zip(self.col_pools, self.bounds[:-1], self.bounds[1:]):
-            if width > p.cap:
-                p._grow(width)
-            p.keys[: p.n, :width] = keys[c0:c1]
-            p.fill = fill[c0:c1].astype(np.int64)
+            p.load(keys[c0:c1], fill[c0:c1])
         self.tc[:], self.margin = tc, margin
         return position
 
@@ -365,42 +367,40 @@ class FusedPass:
         def wanted(p0: int, p1: int) -> bool:
             return any(not done(b) for b in range(p0 - p0 % block_size, p1, block_size))
 
-        with _single_threaded_kernels() as threads:
-            self.workers = max(1, threads)
-            with ThreadPoolExecutor(self.workers, thread_name_prefix="mining") as ex:
-                def pool_map(fn: Callable, items) -> list:
-                    return list(ex.map(fn, items))
+        with worker_pool() as (ex, self.workers):
+            def pool_map(fn: Callable, items) -> list:
+                return list(ex.map(fn, items))
 
-                h = self.sample_height
-                end = 0 if state is None else self.load_columns(
-                    state, lambda position: all(done(b) for b in range(0, position, block_size)))
+            h = self.sample_height
+            end = 0 if state is None else self.load_columns(
+                state, lambda position: all(done(b) for b in range(0, position, block_size)))
+            if end:
+                on_rows(end)
+            else:
+                store(0, self._sample_phase(pool_map, wanted(0, h)))
+                end = h - h % block_size
                 if end:
-                    on_rows(end)
-                else:
-                    store(0, self._sample_phase(pool_map, wanted(0, h)))
-                    end = h - h % block_size
-                    if end:
-                        self._redo_rows(short_rows, img_out)
-                        on_rows(end)
-                saved = time.monotonic()
-                for b0 in range(end, self.n_img, block_size):
-                    b1 = min(self.n_img, b0 + block_size)
-                    start = max(b0, h)
-                    if start < b1:
-                        tiles = [(p, min(b1, p + ROW_TILE)) for p in range(start, b1, ROW_TILE)]
-                        results = pool_map(lambda t: self._row_tile(t[0], t[1], wanted(t[0], t[1])), tiles)
-                        for (p0, _), result in zip(tiles, results):
-                            store(p0, result)
                     self._redo_rows(short_rows, img_out)
-                    on_rows(b1)
-                    if b0 < self.n_img // 4 <= b1 or b0 < self.n_img // 2 <= b1:
-                        self._tighten_columns(pool_map, b1)
-                    if state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS:
-                        self.save_columns(state, b1)
-                        saved = time.monotonic()
-                cols = pool_map(lambda ci: self._finish(self.col_pools[ci], self.k_cols,
-                                                        self.tc[self.bounds[ci] : self.bounds[ci + 1]]),
-                                range(len(self.col_pools)))
+                    on_rows(end)
+            saved = time.monotonic()
+            for b0 in range(end, self.n_img, block_size):
+                b1 = min(self.n_img, b0 + block_size)
+                start = max(b0, h)
+                if start < b1:
+                    tiles = [(p, min(b1, p + ROW_TILE)) for p in range(start, b1, ROW_TILE)]
+                    results = pool_map(lambda t: self._row_tile(t[0], t[1], wanted(t[0], t[1])), tiles)
+                    for (p0, _), result in zip(tiles, results):
+                        store(p0, result)
+                self._redo_rows(short_rows, img_out)
+                on_rows(b1)
+                if b0 < self.n_img // 4 <= b1 or b0 < self.n_img // 2 <= b1:
+                    self._tighten_columns(pool_map, b1)
+                if state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS:
+                    self.save_columns(state, b1)
+                    saved = time.monotonic()
+            cols = pool_map(lambda ci: self._finish(self.col_pools[ci], self.k_cols,
+                                                    self.tc[self.bounds[ci] : self.bounds[ci + 1]]),
+                            range(len(self.col_pools)))
         short_cols = []
         for ci, (ids, short) in enumerate(cols):
             c0, c1 = self.bounds[ci], self.bounds[ci + 1]
