@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -372,3 +373,42 @@ def test_bf16_filter_on_random_vectors_keeps_the_same_ids() -> None:
         np.testing.assert_allclose(s[rows, a], s[rows, b], atol=1e-6)  # swaps only among near-equal scores
     with pytest.raises(ValueError, match="precision"):
         mine_offline_negatives(img, cap, 5, 100, 20, precision="fp16", progress=False)
+
+
+def test_blocks_shared_out_over_several_devices_give_the_same_ids(tmp_path: Path, monkeypatch) -> None:
+    """Two devices (CPU here; GPUs on a multi-GPU machine): the blocks go to both, one thread each,
+    and the lists equal the brute force; an interruption resumes from the saved blocks."""
+    from training.mining import driver
+
+    rng = np.random.default_rng(4)
+    img, cap = exact_embeddings(rng, 70, 6, 4), exact_embeddings(rng, 210, 6, 4)
+    threads = []
+    original = driver.block_topk_torch
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(driver, "block_topk_torch", recording)
+
+    class Stop(Exception):
+        pass
+
+    def stop(direction, first):
+        if direction == "cap_top_imgs" and first == 64:
+            raise Stop
+
+    with pytest.raises(Stop):
+        mine_offline_negatives(img, cap, 3, 25, 7, block_size=16, device=["cpu", "cpu"], gallery_chunk=32,
+                               work_dir=tmp_path, progress=False, on_block=stop)
+    assert sorted(set(threads)) == ["mining-0-cpu_0", "mining-1-cpu_0"]  # one thread per device, both used
+    first_run = len(threads)
+    got = mine_offline_negatives(img, cap, 3, 25, 7, block_size=16, device=("cpu", "cpu"), gallery_chunk=32,
+                                 work_dir=tmp_path, progress=False)
+    ref = reference(img, cap, 3, 25, 7)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    # the image direction (5 blocks) and the caption blocks up to 64 (5 of 14) were saved, not redone
+    assert len(threads) - first_run <= 14 - 5
+    with pytest.raises(ValueError, match="all CUDA or all CPU"):
+        driver._devices(["cpu", torch.device("meta")])

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -97,7 +99,7 @@ def mine_offline_negatives(
     top_captions: int,
     top_images: int,
     block_size: int = 4096,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | Sequence[str | torch.device] = "cpu",
     *,
     backend: Literal["torch", "faiss"] = "torch",
     gallery_chunk: int | None = None,
@@ -117,6 +119,11 @@ def mine_offline_negatives(
         block_size: query rows per saved part (the resumable unit); the per-direction paths (CUDA,
             FAISS) also score that many rows at once (memory ~ block_size x gallery_chunk floats).
         device: torch device ("auto" = CUDA when present); CUDA uses float16 matrix products.
+            ``"cuda"`` without an index means every visible GPU, and a sequence names several
+            devices: the query blocks of each direction are then shared out among them, one
+            thread and one copy of the gallery per device (the ids do not depend on how many).
+            Several CPU devices run the per-direction path in float32 (tests; the fused pass is
+            the faster CPU path).
         backend: "torch" (exact tie rule) or "faiss" (IndexFlatIP on the CPU).
         gallery_chunk: gallery columns scored at once (torch backend); default 1024 on the CPU
             (``training.mining.fused.CHUNK``), 16384 on CUDA.
@@ -139,12 +146,12 @@ def mine_offline_negatives(
     cap_emb = np.asarray(cap_emb, dtype=np.float32)
     _check_inputs(img_emb, cap_emb, captions_per_image, top_captions, top_images)
     # FAISS runs on the CPU; there the torch gallery only serves the exact re-ranking of tied rows.
-    dev = resolve_device(device) if backend == "torch" else torch.device("cpu")
-    half = dev.type == "cuda"
+    devs = _devices(device) if backend == "torch" else [torch.device("cpu")]
+    half = devs[0].type == "cuda"
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
     bf16 = precision == "bf16" and backend == "torch" and not half
-    fused = backend == "torch" and not half  # the CPU: one pass for both directions
+    fused = backend == "torch" and devs == [torch.device("cpu")]  # one CPU: one pass for both directions
     job = {
         "img_emb": _array_hash(img_emb),
         "cap_emb": _array_hash(cap_emb),
@@ -163,30 +170,64 @@ def mine_offline_negatives(
                            gallery_chunk, precision, parts, progress, on_block)
     results = []
     for direction in directions(img_emb, cap_emb, captions_per_image, top_captions, top_images):
-        n_q = direction.queries.shape[0]
-        out = np.empty((n_q, direction.k), dtype=np.int32)
-        gallery_t = index = None
-        bar = tqdm(range(0, n_q, block_size), desc=f"mining {direction.name}", unit="block", disable=not progress,
-                   leave=False)
-        for first in bar:
-            last = min(n_q, first + block_size)
-            part = parts.load(direction.name, first, (last - first, direction.k))
-            if part is None:
-                if gallery_t is None:
-                    gallery_t = torch.from_numpy(direction.gallery).to(dev, torch.float16 if half else torch.float32)
-                if backend == "faiss":
-                    if index is None:
-                        index = faiss_index(direction.gallery)
-                    part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first, gallery_chunk)
-                else:
-                    q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
-                    part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk)
-                parts.save(direction.name, first, part)
-            out[first:last] = part
+        results.append(_mine_direction(direction, devs, backend, block_size, gallery_chunk, parts, progress, on_block))
+    return results[0], results[1]
+
+
+def _devices(device: str | torch.device | Sequence[str | torch.device]) -> list[torch.device]:
+    """The devices to mine on: a sequence as given; ``cuda`` without an index, every visible GPU."""
+    if isinstance(device, (list, tuple)):
+        if not device:
+            raise ValueError("no device to mine on: the device list is empty")
+        devs = [resolve_device(d) for d in device]
+        if len({d.type for d in devs}) > 1:
+            raise ValueError(f"mining devices must be all CUDA or all CPU (the products' precision differs), got {devs}")
+        return devs
+    dev = resolve_device(device)
+    if dev.type == "cuda" and dev.index is None:
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [dev]
+
+
+def _mine_direction(direction: Any, devs: list[torch.device], backend: str, block_size: int, gallery_chunk: int,
+                    parts: _Parts, progress: bool, on_block: Callable[[str, int], None] | None) -> np.ndarray:
+    """One direction block by block (per-direction paths: CUDA, FAISS, several devices). Block j
+    goes to device j mod len(devs); each device has one thread and its own copy of the gallery.
+    Blocks are stored, counted and reported (``on_block``) in order, from this thread."""
+    n_q = direction.queries.shape[0]
+    out = np.empty((n_q, direction.k), dtype=np.int32)
+    galleries: dict[int, tuple[torch.Tensor, Any]] = {}
+
+    def compute(slot: int, first: int) -> np.ndarray:
+        dev, last = devs[slot], min(n_q, first + block_size)
+        if slot not in galleries:  # made by the device's own thread, once
+            dtype = torch.float16 if dev.type == "cuda" else torch.float32
+            galleries[slot] = (torch.from_numpy(direction.gallery).to(dev, dtype),
+                               faiss_index(direction.gallery) if backend == "faiss" else None)
+        gallery_t, index = galleries[slot]
+        if index is not None:
+            part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first, gallery_chunk)
+        else:
+            q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
+            part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk)
+        parts.save(direction.name, first, part)
+        return part
+
+    firsts = list(range(0, n_q, block_size))
+    done = {first: parts.load(direction.name, first, (min(n_q, first + block_size) - first, direction.k))
+            for first in firsts}
+    with contextlib.ExitStack() as stack:
+        pools = [stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix=f"mining-{j}-{d}"))
+                 for j, d in enumerate(devs)]
+        todo = [first for first in firsts if done[first] is None]
+        futures = {first: pools[j % len(devs)].submit(compute, j % len(devs), first) for j, first in enumerate(todo)}
+        stack.callback(lambda: [f.cancel() for f in futures.values()])  # an error or an interruption stops the rest
+        for first in tqdm(firsts, desc=f"mining {direction.name}", unit="block", disable=not progress, leave=False):
+            part = done[first] if done[first] is not None else futures[first].result()
+            out[first : first + part.shape[0]] = part
             if on_block is not None:
                 on_block(direction.name, first)
-        results.append(out)
-    return results[0], results[1]
+    return out
 
 
 def _mine_fused(
