@@ -181,7 +181,7 @@ def _devices(device: str | torch.device | Sequence[str | torch.device]) -> list[
             raise ValueError("no device to mine on: the device list is empty")
         devs = [resolve_device(d) for d in device]
         if len({d.type for d in devs}) > 1:
-            raise ValueError(f"mining devices must be all CUDA or all CPU (the products' precision differs), got {devs}")
+            raise ValueError(f"mining devices must be all CUDA or all CPU (their products' precision differs): {devs}")
         return devs
     dev = resolve_device(device)
     if dev.type == "cuda" and dev.index is None:
