@@ -29,6 +29,20 @@ from training.mining import topk as mining
 REPO = Path(__file__).resolve().parents[1]
 
 
+
+class Stop(Exception):
+    """Raised by a :func:`stop_at` callback: stands for a run killed after a block was saved."""
+
+
+def stop_at(direction: str, first: int):
+    """An ``on_block`` callback that interrupts mining once block ``first`` of ``direction`` is saved."""
+
+    def on_block(name: str, block: int) -> None:
+        if name == direction and block == first:
+            raise Stop
+
+    return on_block
+
 def reference(img: np.ndarray, cap: np.ndarray, cpi: int, ht: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """Brute force: the full matrix, own positives at -inf, stable argsort of -score."""
     s = img @ cap.T
@@ -215,9 +229,6 @@ def test_interrupted_run_resumes_skipping_finished_blocks(tmp_path: Path, monkey
     img, cap = _data()
     expected = mine_offline_negatives(img, cap, 3, 30, 9, block_size=8, progress=False)
 
-    class Stop(Exception):
-        pass
-
     seen = []
 
     def stop_after_seven(direction, first):
@@ -391,16 +402,9 @@ def test_blocks_shared_out_over_several_devices_give_the_same_ids(tmp_path: Path
 
     monkeypatch.setattr(driver, "block_topk_torch", recording)
 
-    class Stop(Exception):
-        pass
-
-    def stop(direction, first):
-        if direction == "cap_top_imgs" and first == 64:
-            raise Stop
-
     with pytest.raises(Stop):
         mine_offline_negatives(img, cap, 3, 25, 7, block_size=16, device=["cpu", "cpu"], gallery_chunk=32,
-                               work_dir=tmp_path, progress=False, on_block=stop)
+                               work_dir=tmp_path, progress=False, on_block=stop_at("cap_top_imgs", 64))
     assert sorted(set(threads)) == ["mining-0-cpu_0", "mining-1-cpu_0"]  # one thread per device, both used
     first_run = len(threads)
     got = mine_offline_negatives(img, cap, 3, 25, 7, block_size=16, device=("cpu", "cpu"), gallery_chunk=32,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_mining import exact_embeddings, reference
+from tests.test_mining import Stop, exact_embeddings, reference, stop_at
 from training.mining import fused, kernels, mine_offline_negatives
 from training.mining.keys import LOWEST, PAD, decode_ids
 from training.mining.pools import Pool, sampled_threshold
@@ -135,17 +135,10 @@ def test_interrupted_pass_resumes_without_redoing_finished_image_blocks(small_ti
     rng = np.random.default_rng(9)
     img, cap = exact_embeddings(rng, 80, 6, 4), exact_embeddings(rng, 240, 6, 4)
 
-    class Stop(Exception):
-        pass
-
-    def stop_at_third(direction, first):
-        if direction == "img_top_caps" and first == 32:
-            raise Stop
-
     monkeypatch.setattr(fused, "COL_HITS", 1)  # a short sample phase: most rows go through row tiles
     with pytest.raises(Stop):
         mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
-                               progress=False, on_block=stop_at_third)
+                               progress=False, on_block=stop_at("img_top_caps", 32))
     assert sorted(p.name for p in (tmp_path / "parts").glob("*.npy")) == [
         f"img_top_caps_{first:010d}.npy" for first in (0, 16, 32)]
     tiles = _count_row_tiles(monkeypatch)
@@ -226,16 +219,9 @@ def test_interrupted_pass_resumes_from_its_column_snapshot(small_tiles, tmp_path
     monkeypatch.setattr(fused, "COL_HITS", 1)
     monkeypatch.setattr(fused, "SNAPSHOT_SECONDS", 0.0)
 
-    class Stop(Exception):
-        pass
-
-    def stop_at_third(direction, first):
-        if direction == "img_top_caps" and first == 32:
-            raise Stop
-
     with pytest.raises(Stop):
         mine_offline_negatives(img, cap, 3, 30, 8, block_size=16, gallery_chunk=20, work_dir=tmp_path,
-                               progress=False, on_block=stop_at_third)
+                               progress=False, on_block=stop_at("img_top_caps", 32))
     assert (tmp_path / "parts" / "columns.npz").is_file()  # saved after the block ending at row 32
     tiles = _count_row_tiles(monkeypatch)
     phases = []

@@ -151,7 +151,7 @@ def mine_offline_negatives(
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
     bf16 = precision == "bf16" and backend == "torch" and not half
-    fused = backend == "torch" and devs == [torch.device("cpu")]  # one CPU: one pass for both directions
+    fused = backend == "torch" and len(devs) == 1 and devs[0].type == "cpu"  # one pass for both directions
     job = {
         "img_emb": _array_hash(img_emb),
         "cap_emb": _array_hash(cap_emb),
