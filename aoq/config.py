@@ -141,9 +141,10 @@ class MiningConfig(_Strict):
     block_size: int = Field(4096, ge=16)
     backend: Literal["torch", "faiss"] = "torch"
     device: str = "auto"
-    #: CPU torch backend: ``bf16`` filters with bfloat16 products and re-scores the passing pairs
-    #: in float32 (docs/mining.md, section 2); ``fp32`` scores everything in float32.
-    precision: Literal["fp32", "bf16"] = "fp32"
+    #: ``fp32`` scores everything in float32 (exact lists). CPU torch backend: ``bf16`` filters with
+    #: bfloat16 products and re-scores the passing pairs in float32, same lists (docs/mining.md,
+    #: section 2). CUDA: ``fp16`` float16 products, faster, lists not exactly float32's.
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
     teacher: str | None = None
 

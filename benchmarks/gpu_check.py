@@ -11,15 +11,19 @@ to ``--out`` (default ``$GPU_CHECK_OUT`` or ``artifacts/gpu-check``). Parts, in 
    AOQ / baseline ratio beside the paper's 1.46x.
 3. ``mining``: synthetic unit embeddings at COCO scale (113,287 images x 5 captions, d = 1024,
    top 2,000 / 400) mined on the GPU; seconds beside the paper's 3,400 s.
-4. ``two_rounds``: the synthetic benchmark at ``--synth-images`` training images: round 1,
-   mining, round 2 (ONE seed, no paired comparison), cut by ``--budget-s``.
-5. ``serving``: the flat inner-product search behind ``/search/text`` (one query, top 10) on a
-   1M x d gallery, faiss-gpu against the CPU index (the index search alone, not the HTTP path).
+4. ``serving``: the flat inner-product search behind ``/search/text`` (one query, top 10) on a
+   1M x d gallery, faiss-gpu against the CPU index (the index search alone, not the HTTP path),
+   beside an exact product + top-k in torch on the same device (a reference, not the service).
+5. ``torchrun``: ``aoq train`` on the GPU as one plain process and under torchrun (one process,
+   the NCCL group and DistributedDataParallel): the two loss curves side by side.
+6. ``two_rounds``: the synthetic benchmark at ``--synth-images`` training images: round 1,
+   mining, round 2 (ONE seed, no paired comparison), cut by what is left of ``--total-s``.
 
 Without CUDA every part is skipped with a line saying so, and the summary is still written.
 ``--tiny`` runs every part on the CPU at toy sizes instead (code-path check for ``make test``;
 its figures mean nothing). Each part is isolated: an exception is recorded as that part's
-``error`` and the run goes on.
+``error`` and the run goes on. The summary is rewritten after every part, so a run stopped by
+its time limit keeps the figures of the parts it finished.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from training.trainer import optimise_step  # noqa: E402
 log = logging.getLogger("gpu_check")
 PAPER_AOQ_OVER_BASELINE = 1.46  # AOQ paper: round-2 time per batch / round-1 time per batch
 PAPER_MINING_S = 3400.0  # AOQ paper: offline mining of MS-COCO on one GPU
+PARTS = ("tests", "training_speed", "mining", "serving", "torchrun", "two_rounds")
 
 
 class Sizes:
@@ -68,8 +73,10 @@ class Sizes:
         self.embed, self.word, self.vocab = (32, 16, 100) if tiny else (1024, 300, 10000)
         self.steps, self.warmup = (2, 1) if tiny else (20, 3)
         self.mine_images, self.mine_dim, self.top = (400, 32, (50, 10)) if tiny else (113_287, 1024, (2000, 400))
-        self.synth_images = 120 if tiny else 60_000
+        self.synth_images = 120 if tiny else 50_000
         self.gallery, self.gallery_dim = (20_000, 32) if tiny else (1_000_000, 1024)
+        # a CPU search of one query reads the whole 4 GB gallery (~0.1-0.5 s): fewer timed queries
+        self.queries = {"cpu": 20 if tiny else 30, "gpu": 200, "torch": 200}
 
 
 def _batch(sizes: Sizes, groups: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -117,7 +124,8 @@ def _sync(device: torch.device) -> None:
 
 def part_tests(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
     xml = out / "tests.xml"
-    selection = ["tests/test_gpu.py", "tests/test_losses.py", "tests/test_mining.py", "-k", "gpu or cuda"]
+    selection = ["tests/test_gpu.py", "tests/test_losses.py", "tests/test_mining.py", "tests/test_models.py",
+                 "-k", "gpu or cuda or resnet"]  # resnet: the torchvision encoder, where torchvision is installed
     if tiny:  # the code path only: one quick file (everything in it skips without CUDA)
         selection = ["tests/test_gpu.py"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
@@ -158,23 +166,56 @@ def part_mining(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> di
     generator = torch.Generator().manual_seed(0)
     img = _unit(sizes.mine_images, sizes.mine_dim, generator, device)
     cap = _unit(sizes.mine_images * 5, sizes.mine_dim, generator, device)
-    _sync(device)
-    start = time.perf_counter()
-    caps, imgs = mine_offline_negatives(img, cap, 5, *sizes.top, device=device, progress=False)
-    _sync(device)
-    seconds = time.perf_counter() - start
-    log.info("mining %d x %d, d=%d, H=%s on %s: %.1f s (paper %.0f s)", len(img), len(cap), sizes.mine_dim,
-             sizes.top, device, seconds, PAPER_MINING_S)
-    return {"images": len(img), "captions": len(cap), "dim": sizes.mine_dim, "top": list(sizes.top),
-            "seconds": seconds, "paper_seconds": PAPER_MINING_S, "shapes": [list(caps.shape), list(imgs.shape)]}
+    result: dict[str, Any] = {"images": len(img), "captions": len(cap), "dim": sizes.mine_dim,
+                              "top": list(sizes.top), "paper_seconds": PAPER_MINING_S}
+    # fp32 (the default, exact) and, on CUDA, fp16 products; each checked against float32 products
+    # on a slice of rows (the share of identical lists and of shared ids)
+    slice_rows = np.random.default_rng(0).choice(len(img), min(256, len(img)), replace=False)
+    for precision in ("fp32", "fp16") if device.type == "cuda" else ("fp32",):
+        _sync(device)
+        start = time.perf_counter()
+        caps, imgs = mine_offline_negatives(img, cap, 5, *sizes.top, device=device, precision=precision,
+                                            progress=False)
+        _sync(device)
+        seconds = time.perf_counter() - start
+        agreement = {
+            "img_top_caps": _fp32_agreement(img, cap, caps, slice_rows, slice_rows[:, None] * 5 + np.arange(5),
+                                            device),
+            "cap_top_imgs": _fp32_agreement(cap, img, imgs, slice_rows * 5, slice_rows[:, None], device),
+        }
+        log.info("mining %d x %d, d=%d, H=%s on %s, %s: %.1f s (paper %.0f s); against float32 on %d rows: %s",
+                 len(img), len(cap), sizes.mine_dim, sizes.top, device, precision, seconds, PAPER_MINING_S,
+                 len(slice_rows), agreement)
+        result[precision] = {"seconds": seconds, "shapes": [list(caps.shape), list(imgs.shape)],
+                             "fp32_agreement": agreement}
+    return result
 
 
-def _cli(args: list[str], timeout: float) -> float:
-    """Run one ``aoq`` command; its seconds. Raises TimeoutError past ``timeout``."""
-    start = time.perf_counter()
+def _fp32_agreement(queries: np.ndarray, gallery: np.ndarray, mined: np.ndarray, rows: np.ndarray,
+                    own: np.ndarray, device: torch.device) -> dict[str, float]:
+    """Mined lists of ``rows`` against float32 products (TF32 off): the share of rows whose list
+    is identical, and the share of list entries both hold (order aside)."""
+    k = mined.shape[1]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        done = subprocess.run([sys.executable, "-m", "aoq.cli.main", *args], cwd=REPO, capture_output=True,
-                              text=True, timeout=max(1.0, timeout))
+        scores = torch.from_numpy(queries[rows]).to(device) @ torch.from_numpy(gallery).to(device).T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    scores[torch.arange(len(rows), device=device)[:, None], torch.from_numpy(own).to(device)] = float("-inf")
+    exact = torch.topk(scores, k, dim=1).indices.cpu().numpy()  # random data: ties are vanishingly rare
+    got = mined[rows]
+    shared = np.mean([len(np.intersect1d(a, b)) / k for a, b in zip(got, exact)])
+    return {"rows_identical": float((got == exact).all(axis=1).mean()), "same_ids": float(shared)}
+
+
+def _cli(args: list[str], timeout: float, launcher: list[str] | None = None) -> float:
+    """Run one ``aoq`` command (through ``python -m <launcher>`` if given); its seconds. Raises
+    TimeoutError past ``timeout``."""
+    start = time.perf_counter()
+    command = [sys.executable, "-m", *(launcher or []), "aoq.cli.main", *args]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
         raise TimeoutError(f"aoq {args[0]} cut by the time budget") from None
     log.info("aoq %s (%.1f s)\n%s", " ".join(args), time.perf_counter() - start, done.stdout[-2000:] + done.stderr[-2000:])
@@ -187,7 +228,8 @@ def part_two_rounds(sizes: Sizes, device: torch.device, out: Path, tiny: bool, b
                     images: int | None) -> dict[str, Any]:
     n = images or sizes.synth_images
     deadline = time.perf_counter() + budget_s
-    result: dict[str, Any] = {"train_images": n, "seeds": 1, "note": "one seed, no paired comparison", "stages": {}}
+    result: dict[str, Any] = {"train_images": n, "seeds": 1, "note": "one seed, no paired comparison",
+                              "budget_s": budget_s, "stages": {}}
     epochs = "1" if tiny else "3"
     common = ["--config", "configs/synthetic.yaml", "--no-progress", "--set", f"train.epochs={epochs}",
               "--set", f"round2.epochs={epochs}", "--set", "train.lr_decay_epochs=2", "--set", "round2.lr_decay_epochs=2"]
@@ -228,22 +270,50 @@ def part_serving(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> d
     cpu.add(gallery)
     result: dict[str, Any] = {"gallery": sizes.gallery, "dim": sizes.gallery_dim, "k": 10,
                               "what": "faiss IndexFlatIP.search of one query, the core of /search/text"}
-    indexes = {"cpu": cpu}
+    searches: dict[str, Callable[[np.ndarray], Any]] = {"cpu": lambda q: cpu.search(q, 10)}
     if hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0:
-        indexes["gpu"] = faiss.index_cpu_to_all_gpus(cpu)
+        searches["gpu"] = faiss.index_cpu_to_all_gpus(cpu).search
     else:
         result["gpu"] = "skipped: this faiss build has no GPU support (pip install faiss-gpu-cu12)"
-    for name, index in indexes.items():
-        index.search(queries[:5], 10)  # warm-up
+    # The same exact search as one product and a top-k in torch, on the check's device: what a flat
+    # GPU scan costs where faiss-gpu cannot be installed (not a path of the service).
+    gallery_t = torch.from_numpy(gallery).to(device)
+    searches["torch"] = lambda q: torch.topk(gallery_t @ torch.from_numpy(q).to(device)[0], 10).indices.cpu()
+    result["torch_what"] = f"torch product + topk on {device} (reference, not a path of the service)"
+    for name, search in searches.items():
+        for q in queries[:5]:
+            search(q[None])  # warm-up
         times = []
-        for q in queries:
+        for q in queries[: sizes.queries[name]]:
             start = time.perf_counter()
-            index.search(q[None], 10)
+            search(q[None])  # the result comes back to the host in each, so no extra sync is needed
             times.append(time.perf_counter() - start)
+        result[f"{name}_queries"] = len(times)
         result[f"{name}_ms_p50"] = 1000 * float(np.percentile(times, 50))
         result[f"{name}_ms_p95"] = 1000 * float(np.percentile(times, 95))
-        log.info("serving %s: p50 %.2f ms, p95 %.2f ms per query on %d x %d", name, result[f"{name}_ms_p50"],
-                 result[f"{name}_ms_p95"], sizes.gallery, sizes.gallery_dim)
+        log.info("serving %s: p50 %.2f ms, p95 %.2f ms per query on %d x %d (%d queries)", name,
+                 result[f"{name}_ms_p50"], result[f"{name}_ms_p95"], sizes.gallery, sizes.gallery_dim, len(times))
+    return result
+
+
+def part_torchrun(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
+    """``aoq train`` as one plain process and under torchrun with one process (the NCCL group
+    and DistributedDataParallel on CUDA, gloo on the CPU): the loss curves must agree."""
+    result: dict[str, Any] = {"what": "aoq train, plain vs torchrun --nproc_per_node=1, same seed"}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "synth"
+        _cli(["synth", "--out", str(data), "--train", "256", "--dev", "64", "--test", "64", "--no-progress"], 120)
+        curves = {}
+        for name, launcher in (("plain", []), ("torchrun", ["torch.distributed.run", "--standalone", "--nnodes=1",
+                                                            "--nproc_per_node=1", "-m"])):
+            run = Path(tmp) / name
+            _cli(["train", "--config", "configs/synthetic.yaml", "--no-progress", "--set", "train.epochs=2",
+                  "--set", f"data.path={data}/precomp", "--out", str(run), "--device", device.type], 180,
+                 launcher=launcher)
+            history = [json.loads(line) for line in (run / "round1" / "metrics.jsonl").read_text().splitlines()]
+            curves[name] = [r["train_loss"] for r in history]
+            result[f"{name}_train_loss"] = curves[name]
+    result["max_rel_diff"] = max(abs(a - b) / max(abs(a), 1e-12) for a, b in zip(curves["plain"], curves["torchrun"]))
     return result
 
 
@@ -251,9 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT", "artifacts/gpu-check"))
     p.add_argument("--tiny", action="store_true", help="every part on the CPU at toy sizes (code-path check)")
-    p.add_argument("--budget-s", type=float, default=150.0, help="time budget of the two-round run")
+    p.add_argument("--total-s", type=float, default=float(os.environ.get("GPU_CHECK_TIMEOUT_S", 450)),
+                   help="the whole check's time limit: the two-round run (last) gets what is left of it, "
+                        "less a margin for writing the summary")
     p.add_argument("--synth-images", type=int, default=None, help="training images of the two-round run")
-    p.add_argument("--parts", default="tests,training_speed,mining,two_rounds,serving")
+    p.add_argument("--parts", default=",".join(PARTS))
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -270,24 +342,26 @@ def main(argv: list[str] | None = None) -> int:
         "tests": lambda: part_tests(sizes, device, out, args.tiny),
         "training_speed": lambda: part_training_speed(sizes, device, out, args.tiny),
         "mining": lambda: part_mining(sizes, device, out, args.tiny),
-        "two_rounds": lambda: part_two_rounds(sizes, device, out, args.tiny, args.budget_s, args.synth_images),
         "serving": lambda: part_serving(sizes, device, out, args.tiny),
+        "torchrun": lambda: part_torchrun(sizes, device, out, args.tiny),
+        "two_rounds": lambda: part_two_rounds(sizes, device, out, args.tiny,
+                                              args.total_s - 20 - (time.perf_counter() - start), args.synth_images),
     }
     start = time.perf_counter()
     for name in args.parts.split(","):
+        part_start = time.perf_counter()
         if not cuda and not args.tiny:
             log.info("SKIP %s: no CUDA device on this machine (run on a GPU, or --tiny for a CPU code-path check)", name)
             summary["parts"][name] = {"skipped": "no CUDA device"}
-            continue
-        part_start = time.perf_counter()
-        try:
-            summary["parts"][name] = parts[name]()
-        except Exception as exc:  # one broken part must not hide the others' figures
-            log.error("part %s failed: %s\n%s", name, exc, traceback.format_exc())
-            summary["parts"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+        else:
+            try:
+                summary["parts"][name] = parts[name]()
+            except Exception as exc:  # one broken part must not hide the others' figures
+                log.error("part %s failed: %s\n%s", name, exc, traceback.format_exc())
+                summary["parts"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         summary["parts"][name]["wall_s"] = time.perf_counter() - part_start
-    summary["wall_s"] = time.perf_counter() - start
-    atomic_write_json(out / "summary.json", summary)
+        summary["wall_s"] = time.perf_counter() - start
+        atomic_write_json(out / "summary.json", summary)  # after each part: a killed run keeps these
     log.info("summary: %s", out / "summary.json")
     failed = [n for n, r in summary["parts"].items() if "error" in r or r.get("failures") or r.get("errors")]
     print(f"RESULT gpu_check cuda={cuda} tiny={args.tiny} parts={len(summary['parts'])} failed={len(failed)} "

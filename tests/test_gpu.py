@@ -91,9 +91,9 @@ def test_checkpoint_saved_on_cpu_loads_on_cuda_and_back(cuda, tmp_path):
     from aoq.data.vocab import Vocabulary
 
     cfg = config_from_dict({"name": "x", "data": {"path": str(tmp_path)}, "model": {"embed_dim": 16, "word_dim": 8}})
-    torch.manual_seed(0)
-    model = build_model(cfg.model, 30, 10)
     vocab = Vocabulary.build(["a b c"], threshold=1)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, len(vocab), 10)  # the loader checks the embedding against the vocabulary
     save_checkpoint(tmp_path / "cpu", model, cfg, vocab, {"rsum": 0.0}, {})
     on_gpu = load_checkpoint(tmp_path / "cpu", device=cuda)
     save_checkpoint(tmp_path / "gpu", on_gpu.model, cfg, vocab, {"rsum": 0.0}, {})

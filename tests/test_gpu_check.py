@@ -13,7 +13,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ["tests", "training_speed", "mining", "two_rounds", "serving"]
+PARTS = ["tests", "training_speed", "mining", "serving", "torchrun", "two_rounds"]
 
 
 def _run(tmp_path: Path, tiny: bool) -> tuple[subprocess.CompletedProcess, dict]:
@@ -46,7 +46,9 @@ def test_tiny_mode_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     for key in ("vse_fp32", "vse_bf16", "vsrn_fp32", "vsrn_bf16"):
         speed = parts["training_speed"][key]
         assert speed["round1_ms"] > 0 and speed["round2_ms"] > 0
-    assert parts["mining"]["shapes"] == [[400, 50], [2000, 10]]
+    assert parts["mining"]["fp32"]["shapes"] == [[400, 50], [2000, 10]]
+    assert parts["mining"]["fp32"]["fp32_agreement"]["cap_top_imgs"]["rows_identical"] == 1.0
     assert set(parts["two_rounds"]["stages"]) == {"synth", "round1", "mine", "round2"}
     assert len(parts["two_rounds"]["round2_dev_rsum"]) == 1
-    assert parts["serving"]["cpu_ms_p50"] > 0 and "gpu" in parts["serving"]
+    assert parts["serving"]["cpu_ms_p50"] > 0 and parts["serving"]["torch_ms_p50"] > 0 and "gpu" in parts["serving"]
+    assert parts["torchrun"]["max_rel_diff"] < 1e-4 and len(parts["torchrun"]["torchrun_train_loss"]) == 2

@@ -296,12 +296,14 @@ def test_resumes_after_sigkill(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_half_precision_matches_on_exact_data() -> None:
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_cuda_matches_on_exact_data(precision: str) -> None:
+    """Entries k/8 with d = 16: float16 holds them exactly and every product is exact in float32."""
     rng = np.random.default_rng(9)
     img, cap = exact_embeddings(rng, 200, 16, 8), exact_embeddings(rng, 1000, 16, 8)
     ref = reference(img, cap, 5, 50, 20)
     got = mine_offline_negatives(img, cap, 5, 50, 20, block_size=64, device="cuda", gallery_chunk=128,
-                                 progress=False)
+                                 precision=precision, progress=False)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
 
@@ -384,6 +386,19 @@ def test_bf16_filter_on_random_vectors_keeps_the_same_ids() -> None:
         np.testing.assert_allclose(s[rows, a], s[rows, b], atol=1e-6)  # swaps only among near-equal scores
     with pytest.raises(ValueError, match="precision"):
         mine_offline_negatives(img, cap, 5, 100, 20, precision="fp16", progress=False)
+
+
+def test_product_precision_names_what_runs_and_refuses_what_cannot() -> None:
+    from training.mining.driver import product_precision
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device object needs no GPU
+    assert product_precision(cpu, "torch", "fp32") == product_precision(cuda, "torch", "fp32") == "float32"
+    assert product_precision(cpu, "torch", "bf16") == "bfloat16+float32"
+    assert product_precision(cuda, "torch", "fp16") == "float16"
+    assert product_precision(cpu, "faiss", "bf16") == "float32"  # FAISS scores in float32 whatever is asked
+    for device, precision, hint in ((cuda, "bf16", "use fp16"), (cpu, "fp16", "use bf16"), (cpu, "fp64", "must be")):
+        with pytest.raises(ValueError, match=hint):
+            product_precision(device, "torch", precision)
 
 
 def test_blocks_shared_out_over_several_devices_give_the_same_ids(tmp_path: Path, monkeypatch) -> None:

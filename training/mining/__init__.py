@@ -16,8 +16,9 @@ How it is computed (torch backend)
     high are redone with no threshold, so the result is exact. ``precision="bf16"`` scores the
     tiles with bfloat16 products and re-scores only the candidates in float32.
     On CUDA, each direction on its own (:mod:`training.mining.topk`): a block of ``block_size``
-    queries against the gallery one chunk at a time, float16 products with float32 results, the
-    compare on the GPU; only the passing scores travel to the host.
+    queries against the gallery one chunk at a time, float32 products (``precision="fp16"``:
+    float16 products with float32 results, faster, not exact), the compare on the GPU; only the
+    passing scores travel to the host.
 
 FAISS backend
     ``IndexFlatIP`` searched with ``k = H + own positives``, own positives dropped. A row whose
@@ -29,8 +30,8 @@ Tie rule (deterministic)
     float32 values (``-0.0 == +0.0``). Implemented by ranking a packed int64 key
     ``(order-preserving int32 of the score) << 32 | (2**31 - 1 - id)``, so the ids equal those of
     a brute-force reference (full matrix, stable argsort on ``-score``) whenever both see the
-    same float32 scores (always on exactly representable data; on the GPU the float16 products
-    give slightly different scores, hence possibly a different order among near-ties).
+    same float32 scores (always on exactly representable data; float16 products on the GPU give
+    slightly different scores, hence a different order among near-ties).
 
 Resuming
     With ``work_dir``, every finished block is saved atomically as

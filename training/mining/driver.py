@@ -103,7 +103,7 @@ def mine_offline_negatives(
     *,
     backend: Literal["torch", "faiss"] = "torch",
     gallery_chunk: int | None = None,
-    precision: Literal["fp32", "bf16"] = "fp32",
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32",
     work_dir: str | Path | None = None,
     progress: bool = True,
     on_block: Callable[[str, int], None] | None = None,
@@ -118,7 +118,7 @@ def mine_offline_negatives(
         top_images: H_i, image ids kept per caption.
         block_size: query rows per saved part (the resumable unit); the per-direction paths (CUDA,
             FAISS) also score that many rows at once (memory ~ block_size x gallery_chunk floats).
-        device: torch device ("auto" = CUDA when present); CUDA uses float16 matrix products.
+        device: torch device ("auto" = CUDA when present).
             ``"cuda"`` without an index means every visible GPU, and a sequence names several
             devices: the query blocks of each direction are then shared out among them, one
             thread and one copy of the gallery per device (the ids do not depend on how many).
@@ -127,8 +127,11 @@ def mine_offline_negatives(
         backend: "torch" (exact tie rule) or "faiss" (IndexFlatIP on the CPU).
         gallery_chunk: gallery columns scored at once (torch backend); default 1024 on the CPU
             (``training.mining.fused.CHUNK``), 16384 on CUDA.
-        precision: CPU torch backend: ``bf16`` filters with bfloat16 products and re-scores the
-            candidates in float32 (``training.mining.fused``); ``fp32`` scores everything in float32.
+        precision: ``fp32`` scores everything in float32 (exact lists; on CUDA as torch's float32
+            products are set, IEEE unless the caller enabled TF32). CPU torch backend: ``bf16``
+            filters with bfloat16 products and re-scores the candidates in float32
+            (``training.mining.fused``), same lists. CUDA: ``fp16`` uses float16 products with
+            float32 results, faster but not exact (near-ties reorder; docs/mining.md).
         work_dir: folder for resumable per-block results; None keeps everything in memory.
         progress: show a tqdm bar over the blocks.
         on_block: called with (direction, first row) after each block is finished and saved
@@ -147,10 +150,8 @@ def mine_offline_negatives(
     _check_inputs(img_emb, cap_emb, captions_per_image, top_captions, top_images)
     # FAISS runs on the CPU; there the torch gallery only serves the exact re-ranking of tied rows.
     devs = _devices(device) if backend == "torch" else [torch.device("cpu")]
-    half = devs[0].type == "cuda"
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
-    bf16 = precision == "bf16" and backend == "torch" and not half
+    products = product_precision(devs[0], backend, precision)
+    half = products == "float16"
     fused = backend == "torch" and len(devs) == 1 and devs[0].type == "cpu"  # one pass for both directions
     job = {
         "img_emb": _array_hash(img_emb),
@@ -160,7 +161,7 @@ def mine_offline_negatives(
         "top_images": top_images,
         "block_size": block_size,
         "backend": backend,
-        "precision": "float16" if half else ("bfloat16+float32" if bf16 else "float32"),
+        "precision": products,
         "layout": "fused" if fused else "per-direction",
     }
     parts = _Parts(None if work_dir is None else Path(work_dir), job)
@@ -170,8 +171,28 @@ def mine_offline_negatives(
                            gallery_chunk, precision, parts, progress, on_block)
     results = []
     for direction in directions(img_emb, cap_emb, captions_per_image, top_captions, top_images):
-        results.append(_mine_direction(direction, devs, backend, block_size, gallery_chunk, parts, progress, on_block))
+        results.append(_mine_direction(direction, devs, backend, block_size, gallery_chunk, half, parts, progress,
+                                       on_block))
     return results[0], results[1]
+
+
+def product_precision(device: torch.device, backend: str, precision: str) -> str:
+    """The products a mining job runs (recorded with the job and the mined artefact):
+    ``float32``, ``bfloat16+float32`` (CPU filter, float32 decision) or ``float16`` (CUDA).
+
+    Raises:
+        ValueError: an unknown precision, or one the device cannot run.
+    """
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"mining precision must be fp32, bf16 or fp16, got {precision!r}")
+    if backend == "faiss" or precision == "fp32":
+        return "float32"
+    if device.type == "cuda" and precision == "fp16":
+        return "float16"
+    if device.type == "cpu" and precision == "bf16":
+        return "bfloat16+float32"
+    hint = "fp16 (or fp32)" if device.type == "cuda" else "bf16 (or fp32)"
+    raise ValueError(f"mining precision {precision} does not run on {device.type}: use {hint} there")
 
 
 def _devices(device: str | torch.device | Sequence[str | torch.device]) -> list[torch.device]:
@@ -190,7 +211,7 @@ def _devices(device: str | torch.device | Sequence[str | torch.device]) -> list[
 
 
 def _mine_direction(direction: Any, devs: list[torch.device], backend: str, block_size: int, gallery_chunk: int,
-                    parts: _Parts, progress: bool, on_block: Callable[[str, int], None] | None) -> np.ndarray:
+                    half: bool, parts: _Parts, progress: bool, on_block: Callable[[str, int], None] | None) -> np.ndarray:
     """One direction block by block (per-direction paths: CUDA, FAISS, several devices). Block j
     goes to device j mod len(devs); each device has one thread and its own copy of the gallery.
     Blocks are stored, counted and reported (``on_block``) in order, from this thread."""
@@ -201,7 +222,7 @@ def _mine_direction(direction: Any, devs: list[torch.device], backend: str, bloc
     def compute(slot: int, first: int) -> np.ndarray:
         dev, last = devs[slot], min(n_q, first + block_size)
         if slot not in galleries:  # made by the device's own thread, once
-            dtype = torch.float16 if dev.type == "cuda" else torch.float32
+            dtype = torch.float16 if half else torch.float32
             galleries[slot] = (torch.from_numpy(direction.gallery).to(dev, dtype),
                                faiss_index(direction.gallery) if backend == "faiss" else None)
         gallery_t, index = galleries[slot]

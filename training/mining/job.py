@@ -20,7 +20,7 @@ from aoq.io import (
 from aoq.mined import MinedNegatives, load_mined, save_mined
 from training.depth import checked_depths
 from training.mining.diagnostics import diagnostics_settings, hardness_diagnostics
-from training.mining.driver import mine_offline_negatives
+from training.mining.driver import mine_offline_negatives, product_precision
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,7 @@ def mine_with_checkpoint(
         "checkpoint": str(checkpoint),
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
-        "precision": "float16" if device.type == "cuda" and m.backend == "torch" else (
-            "bfloat16+float32" if m.precision == "bf16" and m.backend == "torch" else "float32"),
+        "precision": product_precision(device, m.backend, m.precision),
         "diagnostics_settings": settings,
     }, config=m.model_dump(mode="json"), diagnostics=diagnostics)
     shutil.rmtree(work, ignore_errors=True)
