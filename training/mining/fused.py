@@ -399,14 +399,15 @@ class FusedPass:
                 if state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS:
                     self.save_columns(state, b1)
                     saved = time.monotonic()
-            cols = pool_map(lambda ci: self._finish(self.col_pools[ci], self.k_cols,
-                                                    self.tc[self.bounds[ci] : self.bounds[ci + 1]]),
-                            range(len(self.col_pools)))
-        short_cols = []
-        for ci, (ids, short) in enumerate(cols):
-            c0, c1 = self.bounds[ci], self.bounds[ci + 1]
-            cap_out[self.cap_order[c0:c1]] = ids
-            short_cols.append(self.cap_order[c0 + np.flatnonzero(short)])
+
+            def finish_columns(ci: int) -> np.ndarray:
+                """Chunk ``ci``'s caption lists into ``cap_out`` (chunks hold distinct captions); its short ones."""
+                c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+                ids, short = self._finish(self.col_pools[ci], self.k_cols, self.tc[c0:c1])
+                cap_out[self.cap_order[c0:c1]] = ids
+                return self.cap_order[c0 + np.flatnonzero(short)]
+
+            short_cols = pool_map(finish_columns, range(len(self.col_pools)))
         self._redo(1, np.concatenate(short_cols), cap_out)
 
     def _redo_rows(self, short_rows: list[np.ndarray], img_out: np.ndarray) -> None:
