@@ -345,6 +345,15 @@ def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Pat
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress"]) == 0
     assert "up to date" in capsys.readouterr().out
     assert (tmp_path / "run" / "mined" / "manifest.json").stat().st_mtime_ns == before
+    assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == "float32"
+
+    # other products, another artefact (same lists here, but not in general)
+    assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress",
+                     "--set", "mining.precision=bf16"]) == 0
+    assert "mined in" in capsys.readouterr().out
+    assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == "bfloat16+float32"
+    assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--set", "mining.precision=fp16"]) == 2
+    assert "mining precision fp16 does not run on cpu" in capsys.readouterr().err
 
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress", "--top-images", "3",
                      "--backend", "faiss", "--set", "round2.h_i=3"]) == 0

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aoq.config import ConfigError
 from aoq.device import resolve_device
 from aoq.io import (
     ArtefactError,
@@ -83,7 +84,7 @@ def mine_with_checkpoint(
     :mod:`training.mining.diagnostics` at ``cfg.round2``'s batch size and depth (a warning is
     logged when the offline negatives are not harder than the in-batch ones).
     Nothing is done when ``out`` already holds an artefact mined by the same checkpoint (content
-    hash), data and H, with diagnostics of the same round-2 settings; when only those settings
+    hash), data, H and products (:func:`training.mining.driver.product_precision`), with diagnostics of the same round-2 settings; when only those settings
     changed, the lists are kept and only the diagnostics are recomputed. Work files (embeddings, per-block parts) live in a hidden sibling
     ``.<out>.work`` until the artefact is in place, so an interrupted run resumes.
 
@@ -94,7 +95,8 @@ def mine_with_checkpoint(
         ArtefactError: the checkpoint is damaged (``CheckpointError``).
         DataError: the training split cannot be read.
         ValueError: H larger than the split allows.
-        ConfigError: the round-2 depth is deeper than the lists (``training.depth``).
+        ConfigError: the round-2 depth is deeper than the lists (``training.depth``), or the
+            mining precision does not run on the mining device.
     """
     from aoq.checkpoint import load_checkpoint
     from aoq.data.load import load_split
@@ -104,13 +106,17 @@ def mine_with_checkpoint(
     ckpt = load_checkpoint(checkpoint)
     split = load_split(cfg.data, "train")
     identity = _data_identity(cfg.data, split.n_images, split.n_captions)
+    device = resolve_device(m.device)
+    try:
+        products = product_precision(device, m.backend, m.precision)
+    except ValueError as exc:
+        raise ConfigError(f"mining.precision: {exc}") from None
     want = {"checkpoint_hash": ckpt.content_hash, "top_captions": m.top_captions,
-            "top_images": m.top_images, "data": identity}
+            "top_images": m.top_images, "data": identity, "precision": products}  # fp16 lists differ a little
     settings = diagnostics_settings(cfg.round2, split.n_images, split.n_captions)
     existing = _up_to_date(out, want)
     if existing is not None and existing.manifest.get("diagnostics_settings") == settings:
         return existing, True
-    device = resolve_device(m.device)
     work = out.parent / f".{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
     img, cap = _embeddings(ckpt, split, identity, work, device, progress)
@@ -132,7 +138,6 @@ def mine_with_checkpoint(
         "checkpoint": str(checkpoint),
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
-        "precision": product_precision(device, m.backend, m.precision),
         "diagnostics_settings": settings,
     }, config=m.model_dump(mode="json"), diagnostics=diagnostics)
     shutil.rmtree(work, ignore_errors=True)
