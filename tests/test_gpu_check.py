@@ -51,4 +51,4 @@ def test_tiny_mode_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     assert set(parts["two_rounds"]["stages"]) == {"synth", "round1", "mine", "round2"}
     assert len(parts["two_rounds"]["round2_dev_rsum"]) == 1
     assert parts["serving"]["cpu_ms_p50"] > 0 and parts["serving"]["torch_ms_p50"] > 0 and "gpu" in parts["serving"]
-    assert parts["torchrun"]["max_rel_diff"] < 1e-4 and len(parts["torchrun"]["torchrun_train_loss"]) == 2
+    assert parts["torchrun"]["agree"] is True and len(parts["torchrun"]["torchrun_train_loss"]) == 2
