@@ -84,9 +84,11 @@ def mine_with_checkpoint(
     :mod:`training.mining.diagnostics` at ``cfg.round2``'s batch size and depth (a warning is
     logged when the offline negatives are not harder than the in-batch ones).
     Nothing is done when ``out`` already holds an artefact mined by the same checkpoint (content
-    hash), data, H and products (:func:`training.mining.driver.product_precision`), with diagnostics of the same round-2 settings; when only those settings
-    changed, the lists are kept and only the diagnostics are recomputed. Work files (embeddings, per-block parts) live in a hidden sibling
-    ``.<out>.work`` until the artefact is in place, so an interrupted run resumes.
+    hash), data, H and products (:func:`training.mining.driver.product_precision`), with
+    diagnostics of the same round-2 settings; when only those settings changed, the lists are
+    kept and only the diagnostics are recomputed. Work files (embeddings, per-block parts) live
+    in a hidden sibling ``.<out>.work`` until the artefact is in place, so an interrupted run
+    resumes.
 
     Returns:
         ``(artefact, skipped)``.
