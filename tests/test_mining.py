@@ -127,8 +127,7 @@ def test_threshold_guessed_too_high_redoes_rows_exactly() -> None:
                                    torch.from_numpy(cap), 16, threshold=too_high)
     np.testing.assert_array_equal(got, ref)
     # the exact redo works in row groups
-    got = mining.exact_rows(direction, torch.from_numpy(img), np.arange(30), torch.from_numpy(cap), 16,
-                             rows_at_once=7)
+    got = mining.exact_rows(direction, torch.from_numpy(img), np.arange(30), torch.from_numpy(cap), rows_at_once=7)
     np.testing.assert_array_equal(got, ref)
 
 

@@ -75,9 +75,9 @@ def test_every_score_is_computed_once(small_tiles, monkeypatch) -> None:
     computed = []
     original = fused.FusedPass._dense
 
-    def counting(self, p0, p1, ci, slot=0):
+    def counting(self, p0, p1, ci, slot=0, raw=False):
         computed.append((p1 - p0) * (self.bounds[ci + 1] - self.bounds[ci]))
-        return original(self, p0, p1, ci, slot)
+        return original(self, p0, p1, ci, slot, raw)
 
     monkeypatch.setattr(fused.FusedPass, "_dense", counting)
     mine_offline_negatives(img, cap, 5, 40, 9, block_size=16, gallery_chunk=30, progress=False)
@@ -96,9 +96,9 @@ def test_thresholds_guessed_too_high_redo_every_list_exactly(small_tiles, monkey
     redone = []
     original = fused.FusedPass._redo
 
-    def counting(self, which, ids, out):
+    def counting(self, which, ids, out, pool_map=None):
         redone.append((which, ids.size))
-        return original(self, which, ids, out)
+        return original(self, which, ids, out, pool_map)
 
     monkeypatch.setattr(fused.FusedPass, "_redo", counting)
     got = mine_offline_negatives(img, cap, 3, 25, 6, block_size=8, gallery_chunk=16, precision=precision,
@@ -194,6 +194,41 @@ def test_scan_finds_the_scores_reaching_either_level_in_row_major_order() -> Non
     np.testing.assert_array_equal(out[1][:n], c)
     np.testing.assert_array_equal(out[2][:n], scores[r, c])
     assert (r == 3).sum() == 20  # every finite score of the row whose level is the lowest
+
+
+def test_bf16_scan_compares_bit_patterns_exactly_as_float32_would() -> None:
+    """The bf16 scan reads bit patterns; it must agree with the float32 compare of the same
+    bfloat16 values at every level, including levels between two bfloat16 values, exactly on one,
+    of either sign, ``LOWEST`` (every finite score passes, -inf fails) and +inf (nothing passes)."""
+    rng = np.random.default_rng(4)
+    bits = (rng.standard_normal((6, 70)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    bits[2, 5], bits[4, 9], bits[1, 3] = 0xFF80, 0x8000, 0x0000  # -inf (an own positive), -0.0, +0.0
+    values = (bits.astype(np.uint32) << 16).view(np.float32)
+    tr = rng.standard_normal(6).astype(np.float32) + 1
+    tr[0] = values[0, 7]  # exactly a bfloat16 value: that score passes
+    tr[1] = np.nextafter(values[1, 8], np.float32(np.inf))  # just above one: it fails
+    tr[2], tr[3] = LOWEST, np.inf
+    tr[4] = -np.abs(tr[4]) - np.float32(1e-3)  # a negative level between two bfloat16 values
+    tc = np.full(70, np.inf, dtype=np.float32)
+    tc[::3] = rng.standard_normal(24).astype(np.float32)
+    out = np.empty(bits.size, np.int32), np.empty(bits.size, np.int32)
+    mask = np.full(128, 1, np.uint8)
+    n = kernels.scan_bf16(bits, kernels.bf16_level_keys(tr), kernels.bf16_level_keys(tc), mask, *out)
+    r, c = np.nonzero(values >= np.minimum(tr[:, None], tc[None, :]))
+    np.testing.assert_array_equal(out[0][:n], r)
+    np.testing.assert_array_equal(out[1][:n], c)
+    assert 7 in c[r == 0] and 8 not in c[r == 1]  # columns 7 and 8 have no level of their own (+inf)
+    assert (r == 2).sum() == 69  # LOWEST: every finite score, not the -inf
+
+
+def test_rescore_gives_float32_products_at_the_positions() -> None:
+    rng = np.random.default_rng(8)
+    q, g = rng.standard_normal((30, 64)).astype(np.float32), rng.standard_normal((50, 64)).astype(np.float32)
+    rows, cols = np.array([0, 0, 3, 9], np.int32), np.array([1, 40, 2, 0], np.int32)
+    out = np.empty(4, np.float32)
+    kernels.rescore(q, g, 10, 5, rows, cols, out)
+    exact = (q[10 + rows].astype(np.float64) * g[5 + cols]).sum(axis=1)
+    np.testing.assert_allclose(out, exact, rtol=0, atol=64 * 8 * np.finfo(np.float32).eps)
 
 
 def test_sampled_threshold_of_the_whole_population_lets_k_through() -> None:

@@ -227,7 +227,7 @@ def _mine_direction(direction: Any, devs: list[torch.device], backend: str, bloc
                                faiss_index(direction.gallery) if backend == "faiss" else None)
         gallery_t, index = galleries[slot]
         if index is not None:
-            part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first, gallery_chunk)
+            part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first)
         else:
             q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
             part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk)

@@ -27,12 +27,15 @@ Thresholds
 
 bf16 filter (``precision="bf16"``)
     Tiles are scored with bfloat16 products; a score is a candidate when it reaches a threshold
-    minus ``margin``, and only candidates are re-scored in float32 (``torch.sparse.sampled_addmm``
-    on the tile's operands), so pools, keys and lists hold float32 scores. ``margin`` is twice the
-    largest |bf16 - float32| difference on a first tile (an empirical bound, see docs/mining.md).
+    minus ``margin``, and only candidates are re-scored in float32 (:func:`kernels.rescore` on
+    the permuted float32 embeddings), so pools, keys and lists hold float32 scores. ``margin`` is
+    twice the largest |bf16 - float32| difference on a first tile (an empirical bound, see
+    docs/mining.md). The row tiles' scan reads the bf16 products as they come out
+    (:func:`kernels.scan_bf16`); only the sample tiles, whose thresholds are read with numpy,
+    are converted to float32.
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
-threshold (an estimate that was too high), is redone with no threshold by the per-direction path
+threshold (an estimate that was too high), is redone with no threshold
 (:func:`training.mining.topk.exact_rows`). Every other list equals the brute force: each member
 reached every threshold it met.
 
@@ -75,6 +78,7 @@ ROW_TILE = 512  # image rows per tile: with CHUNK columns, the tile stays in the
 CHUNK = 1024  # caption columns per tile
 ROW_HITS = 100  # sampled scores above a row threshold's level (a row samples ~5% of its gallery at H = 2000)
 COL_HITS = 32  # the same for columns, whose sample is the first rows of the image order, scored as tall tiles
+BF16_NEG_INF = 0xFF80  # the bit pattern of bfloat16 -inf
 SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kill loses at most ~that much work
 
 
@@ -150,29 +154,36 @@ class FusedPass:
 
     # ------------------------------------------------------------------ one tile
 
-    def _dense(self, p0: int, p1: int, ci: int, slot: int = 0) -> np.ndarray:
-        """Rows [p0, p1) against chunk ``ci``: float32 scores (bf16 products with ``bf16``), own
-        positives at -inf, in this worker's buffer ``slot``."""
+    def _dense(self, p0: int, p1: int, ci: int, slot: int = 0, raw: bool = False) -> np.ndarray:
+        """Rows [p0, p1) against chunk ``ci``: float32 scores (of bf16 products with ``bf16``), own
+        positives at -inf, in this worker's buffer ``slot``. With ``raw`` and ``bf16``, the bf16
+        products themselves, as their bit patterns (uint16): the scan reads them directly, and a
+        float32 copy of the tile cost as much as the AMX product that made it."""
         c0, c1 = self.bounds[ci], self.bounds[ci + 1]
         rows, width = p1 - p0, c1 - c0
+        raw = raw and self.bf16
         bufs = self.local.__dict__.setdefault("bufs", {})
-        if slot not in bufs or bufs[slot].numel() < rows * width:
-            bufs[slot] = torch.empty(rows * width)
-        out = bufs[slot][: rows * width].view(rows, width)
-        if self.bf16:
+        key = (slot, raw)
+        if key not in bufs or bufs[key].numel() < rows * width:
+            bufs[key] = torch.empty(rows * width, dtype=torch.bfloat16 if raw else torch.float32)
+        out = bufs[key][: rows * width].view(rows, width)
+        if raw:
+            torch.mm(self.q16[p0:p1], self.g16[c0:c1].T, out=out)
+        elif self.bf16:
             out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T))
         else:
             torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out)
-        scores = out.numpy()
+        scores = out.view(torch.uint16).numpy() if raw else out.numpy()
         own = self.own[p0:p1]
         r, u = np.nonzero((own >= c0) & (own < c1))
-        scores[r, own[r, u] - c0] = -np.inf
+        scores[r, own[r, u] - c0] = BF16_NEG_INF if raw else -np.inf
         return scores
 
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows, columns and float32 values of the tile's scores reaching the row or the column
-        threshold (minus the margin for bf16 scores, whose candidates are then re-scored)."""
+        threshold (minus the margin for bf16 scores, whose candidates are then re-scored).
+        ``scores``: float32, or bf16 bit patterns (:meth:`_dense` with ``raw``)."""
         rows, width = scores.shape
         out = getattr(self.local, "scan", None)
         if out is None or out[0].size < scores.size or out[3].size < width + 64:
@@ -183,25 +194,15 @@ class FusedPass:
             tr = np.full(rows, np.inf, dtype=np.float32)
         if self.margin:
             tc, tr = tc - np.float32(self.margin), tr - np.float32(self.margin)
-        n = kernels.scan(scores, tr, tc, *out[3:], *out[:3])
+        if scores.dtype == np.uint16:
+            n = kernels.scan_bf16(scores, kernels.bf16_level_keys(tr), kernels.bf16_level_keys(tc), out[3],
+                                  out[0], out[1])
+        else:
+            n = kernels.scan(scores, tr, tc, *out[3:], *out[:3])
         row, col, values = out[0][:n], out[1][:n], out[2][:n]
-        if not self.bf16:
-            return row, col, values
-        return row, col, self._rescored(row, col, p0, c0, width)
-
-    def _rescored(self, row: np.ndarray, col: np.ndarray, p0: int, c0: int, width: int) -> np.ndarray:
-        """float32 products at the given (sorted, row-major) tile positions only."""
-        if not row.size:
-            return np.empty(0, dtype=np.float32)
-        n = int(row[-1]) + 1
-        crow = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(row, minlength=n), out=crow[1:])
-        with warnings.catch_warnings():  # "sparse CSR support is in beta": sampled_addmm is what we need
-            warnings.simplefilter("ignore", UserWarning)
-            pattern = torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(col.astype(np.int64)),
-                                              torch.zeros(row.size), size=(n, width), check_invariants=False)
-            return torch.sparse.sampled_addmm(pattern, self.q[p0 : p0 + n], self.g[c0 : c0 + width].T,
-                                              beta=0.0).values().numpy()
+        if self.bf16:  # float32 products at the candidates' positions only
+            kernels.rescore(self.q.numpy(), self.g.numpy(), p0, c0, row, col, values)
+        return row, col, values
 
     def _select(self, scores: np.ndarray, ci: int, p0: int, tr: np.ndarray | None = None, first: int = 0,
                 rows: Pool | None = None, rows_lock: threading.Lock | None = None) -> None:
@@ -247,7 +248,7 @@ class FusedPass:
         shift = (p0 // ROW_TILE) * 7919 % max(1, rest)
         seen = 0
         for done, ci in enumerate([*range(len(first)), *(len(first) + (shift + i) % rest for i in range(rest))], 1):
-            scores = first[ci] if ci < len(first) else self._dense(p0, p1, ci)
+            scores = first[ci] if ci < len(first) else self._dense(p0, p1, ci, raw=True)
             self._select(scores, ci, p0, tr, 0, pool)
             seen += scores.shape[1]
             if wanted and done in (-(-n // 4), -(-n // 2)):  # tighter estimates from what the rows have seen
@@ -381,7 +382,7 @@ class FusedPass:
                 store(0, self._sample_phase(pool_map, wanted(0, h)))
                 end = h - h % block_size
                 if end:
-                    self._redo_rows(short_rows, img_out)
+                    self._redo_rows(short_rows, img_out, pool_map)
                     on_rows(end)
             saved = time.monotonic()
             for b0 in range(end, self.n_img, block_size):
@@ -392,7 +393,7 @@ class FusedPass:
                     results = pool_map(lambda t: self._row_tile(t[0], t[1], wanted(t[0], t[1])), tiles)
                     for (p0, _), result in zip(tiles, results):
                         store(p0, result)
-                self._redo_rows(short_rows, img_out)
+                self._redo_rows(short_rows, img_out, pool_map)
                 on_rows(b1)
                 if b0 < self.n_img // 4 <= b1 or b0 < self.n_img // 2 <= b1:
                     self._tighten_columns(pool_map, b1)
@@ -410,18 +411,26 @@ class FusedPass:
             short_cols = pool_map(finish_columns, range(len(self.col_pools)))
         self._redo(1, np.concatenate(short_cols), cap_out)
 
-    def _redo_rows(self, short_rows: list[np.ndarray], img_out: np.ndarray) -> None:
+    def _redo_rows(self, short_rows: list[np.ndarray], img_out: np.ndarray, pool_map: Callable) -> None:
         if short_rows:
-            self._redo(0, np.concatenate(short_rows), img_out)
+            self._redo(0, np.concatenate(short_rows), img_out, pool_map)
             short_rows.clear()
 
-    def _redo(self, which: int, ids: np.ndarray, out: np.ndarray) -> None:
-        """Lists that ended short, redone exactly with no threshold (float32 products)."""
+    def _redo(self, which: int, ids: np.ndarray, out: np.ndarray, pool_map: Callable | None = None) -> None:
+        """Lists that ended short, redone exactly with no threshold (float32 products,
+        :func:`training.mining.topk.exact_rows`), shared over the workers when ``pool_map`` is given."""
         if not ids.size:
             return
         log.info("%d %s lists redone exactly (their threshold estimate was too high)", ids.size,
                  ("image", "caption")[which])
-        ids = np.sort(ids)
         direction = directions(self.img, self.cap, self.cpi, self.k_rows, self.k_cols)[which]
-        out[ids] = exact_rows(direction, torch.from_numpy(direction.queries[ids]), ids,
-                              torch.from_numpy(direction.gallery), CHUNK)
+        gallery = torch.from_numpy(direction.gallery)
+
+        def redo(part: np.ndarray) -> None:
+            out[part] = exact_rows(direction, torch.from_numpy(direction.queries[part]), part, gallery)
+
+        parts = [p for p in np.array_split(np.sort(ids), self.workers if pool_map else 1) if p.size]
+        if pool_map is None:
+            redo(parts[0])
+        else:
+            pool_map(redo, parts)

@@ -153,7 +153,7 @@ def block_topk_torch(
         query_ids: the queries' row numbers (they say which gallery ids are their own).
         gallery: (N, d) gallery embeddings on the same device and dtype.
         threshold: per-row starting threshold; None estimates it from the first (sampled)
-            chunk; ``LOWEST`` everywhere makes every score a candidate (the exact redo).
+            chunk; ``LOWEST`` everywhere makes every score a candidate.
         cap: candidates a row may hold before it is cut to k (default ``max(2k, k + 4096)``).
     """
     k, n_gal, n_q = direction.k, gallery.shape[0], queries.shape[0]
@@ -194,23 +194,31 @@ def block_topk_torch(
         ids[done] = decode_ids(cands.sorted()[done, :k])
     short = np.flatnonzero(~done)
     if short.size:  # the guessed threshold was too high for these rows: redo them exactly
-        ids[short] = exact_rows(direction, queries[torch.from_numpy(short).to(device)], query_ids[short],
-                                 gallery, gallery_chunk, cap)
+        ids[short] = exact_rows(direction, queries[torch.from_numpy(short).to(device)], query_ids[short], gallery)
     return ids
 
 
-def exact_rows(
-    direction: Direction, queries: torch.Tensor, query_ids: np.ndarray, gallery: torch.Tensor,
-    gallery_chunk: int, cap: int | None = None, rows_at_once: int = 256,
-) -> np.ndarray:
-    """Top-k with every score a candidate (no threshold guess), in small row groups because
-    each chunk then adds ``rows x gallery_chunk`` candidates before they are cut to k."""
-    parts = []
-    for s in range(0, queries.shape[0], rows_at_once):
-        lowest = np.full(min(rows_at_once, queries.shape[0] - s), LOWEST, dtype=np.float32)
-        parts.append(block_topk_torch(direction, queries[s : s + rows_at_once], query_ids[s : s + rows_at_once],
-                                       gallery, gallery_chunk, lowest, cap))
-    return np.concatenate(parts)
+def exact_rows(direction: Direction, queries: torch.Tensor, query_ids: np.ndarray, gallery: torch.Tensor,
+               rows_at_once: int | None = None) -> np.ndarray:
+    """Top-k with no threshold: every score of each query, ranked by the tie rule. For the few
+    rows whose threshold guess was too high: each row group is scored against the whole gallery
+    at once (float32 products, or float16 ones with float32 results for a float16 ``queries``),
+    packed into keys and partitioned, with no copy of the gallery (the chunked, candidate-pool
+    path copied a permuted gallery per call: ~10 s of one core for a COCO-shape run's redone
+    rows). ``rows_at_once`` (default: ~2**25 scores per group) bounds the memory, ~12 bytes a score."""
+    k, n_gal, n_q = direction.k, gallery.shape[0], queries.shape[0]
+    rows_at_once = rows_at_once or max(1, 2**25 // max(1, n_gal))
+    gallery_ids = np.arange(n_gal)
+    ids = np.empty((n_q, k), dtype=np.int32)
+    for s in range(0, n_q, rows_at_once):
+        q = queries[s : s + rows_at_once]
+        scores = (_half_product(q, gallery) if q.dtype == torch.float16 else q @ gallery.T).float().cpu().numpy()
+        own = direction.own_start(query_ids[s : s + len(q)])[:, None] + np.arange(direction.own_count)
+        scores[np.arange(len(q))[:, None], own] = -np.inf
+        keys = np.partition(encode_keys(scores, gallery_ids), n_gal - k, axis=1)[:, n_gal - k :]
+        keys.sort(axis=1)
+        ids[s : s + len(q)] = decode_ids(keys[:, ::-1])
+    return ids
 
 
 def _estimate_threshold(sample: torch.Tensor, k: int, n_gallery: int, rank: int = 100) -> np.ndarray:
@@ -225,7 +233,7 @@ def _estimate_threshold(sample: torch.Tensor, k: int, n_gallery: int, rank: int 
 
 
 def block_topk_faiss(
-    direction: Direction, index: Any, gallery: torch.Tensor, queries: np.ndarray, q_first: int, gallery_chunk: int
+    direction: Direction, index: Any, gallery: torch.Tensor, queries: np.ndarray, q_first: int
 ) -> np.ndarray:
     """Top-k of one query block with a FAISS flat inner-product index, own positives dropped.
 
@@ -245,8 +253,7 @@ def block_topk_faiss(
     top_ids = decode_ids(top).astype(np.int32)
     straddling = np.flatnonzero(scores.min(axis=1) >= decode_scores(top[:, -1]))
     if straddling.size:
-        top_ids[straddling] = exact_rows(direction, torch.from_numpy(queries[straddling]), q_ids[straddling],
-                                          gallery, gallery_chunk)
+        top_ids[straddling] = exact_rows(direction, torch.from_numpy(queries[straddling]), q_ids[straddling], gallery)
     return top_ids
 
 
