@@ -22,7 +22,8 @@ moment, i.e. every byte (a) added at its peak: tiles, candidate pools, permuted 
 embeddings, the returned id arrays. Where clear_refs is not writable the growth of ru_maxrss is
 used instead (an upper bound only if nothing before (a) peaked higher, so (a) runs first).
 
-Wall and CPU (process) time are both printed: on a shared machine the CPU time is the less
+The miner's compiled kernels are warmed on a tiny case first (a fresh clone compiles them once,
+~10 s, then loads them from numba's cache). Wall and CPU (process) time are both printed: on a shared machine the CPU time is the less
 load-sensitive figure. Last line: ``RESULT speedup_vs_loop=<(b)/(a)> ratio_to_matmul=<(a)/(c),
 wall> ratio_to_matmul_cpu=<(a)/(c), CPU time> peak_mb=<z>``.
 
@@ -36,7 +37,14 @@ set-up + sample phase + (remaining rows / rows timed) x tile time + the column l
 compared with the fp32 ones. Last line: ``RESULT coco_fp32_cpu_s=<projected CPU seconds>
 coco_fp32_wall_s=<projected wall> coco_bf16_cpu_s=.. coco_bf16_wall_s=.. ratio_to_matmul_fp32=<CPU
 time> ratio_to_bf16_matmul=<CPU time> bf16_rows_identical=<share> bf16_same_ids=<share>``; CPU
-seconds divided by the thread count are what idle cores would take.
+seconds divided by the thread count are what idle cores would take. The projection leaves out
+what grows with the pools' fill over a whole run (the column thresholds' re-estimates, the final
+sorts of full pools, the part files): a whole run measured 20-35% above it.
+
+``--coco-full fp32|bf16``: the whole COCO shape mined once (part files in a temporary folder),
+64 image and 64 caption lists checked against a float64 brute force. Last line: ``RESULT
+coco_full_precision=.. coco_full_wall_s=.. coco_full_cpu_s=.. peak_mb=.. checked_same_ids=<share>
+checked_worst_swap=<largest float64 score by which a brute-force id beats a mined one>``.
 """
 
 from __future__ import annotations
@@ -98,6 +106,16 @@ def unit_vectors(n: int, d: int, gen: torch.Generator, chunk: int = 8192) -> np.
     return out
 
 
+def warm_kernels() -> None:
+    """Compile (or load from numba's cache) the miner's kernels on a tiny case in both modes, so
+    that no timing includes a first compile (~10 s on a fresh clone: one-time, not mining)."""
+    gen = torch.Generator().manual_seed(1)
+    img, cap = unit_vectors(1024, 16, gen), unit_vectors(5120, 16, gen)  # past the sample phase: row tiles too
+    for precision in ("fp32", "bf16"):
+        with tempfile.TemporaryDirectory() as work:
+            mine_offline_negatives(img, cap, 5, 200, 40, 512, "cpu", work_dir=work, progress=False, precision=precision)
+
+
 def blocked_matmul(queries: np.ndarray, gallery: np.ndarray, dtype: torch.dtype = torch.float32,
                    block: int = 4096, chunk: int = 16384) -> None:
     """The product ``queries @ gallery.T`` alone, in blocks (torch's threads), results dropped."""
@@ -133,6 +151,19 @@ class Clock:
         self.wall, self.cpu = time.perf_counter() - self.t0, time.process_time() - self.c0
 
 
+def worst_swap(queries: np.ndarray, gallery: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    """Over the rows whose lists ``a`` and ``b`` hold different ids: the largest float64 score
+    by which an id only ``a`` kept beats an id only ``b`` kept (<= 0 where ``b`` is not worse).
+    Float32 near-ties give ~1e-8; a member ``b`` wrongly filtered out gives a gap of its own size."""
+    worst = 0.0
+    for r in range(len(a)):
+        only_a, only_b = np.setdiff1d(a[r], b[r]), np.setdiff1d(b[r], a[r])
+        if only_a.size:
+            q = queries[r].astype(np.float64)
+            worst = max(worst, float((gallery[only_a] @ q).max() - (gallery[only_b] @ q).min()))
+    return worst
+
+
 def coco(tiles: int, top_captions: int, top_images: int) -> str:
     """Time a slice of the fused pass at the COCO shape, fp32 and bf16, and project the whole run."""
     gen = torch.Generator().manual_seed(0)
@@ -158,6 +189,7 @@ def coco(tiles: int, top_captions: int, top_images: int) -> str:
                                                                                           miner.bounds[ci + 1]]),
                          range(len(miner.col_pools)))
         rows[mode] = np.concatenate([ids for ids, _ in out])
+        timed_ids = miner.img_order[firsts[0] : firsts[0] + tiles * fused.ROW_TILE]
         timed = tiles * fused.ROW_TILE
         scale = (COCO_IMAGES - h) / timed
         dtype = torch.float32 if mode == "fp32" else torch.bfloat16
@@ -179,11 +211,52 @@ def coco(tiles: int, top_captions: int, top_images: int) -> str:
               f"ratio {total[1] / limit[1]:.2f} (CPU), {total[0] / limit[0]:.2f} (wall)")
     same_rows = float((rows["fp32"] == rows["bf16"]).all(axis=1).mean())
     same_ids = float((np.sort(rows["fp32"], axis=1) == np.sort(rows["bf16"], axis=1)).all(axis=1).mean())
-    print(f"bf16 vs fp32 image lists on the timed rows: {same_rows:.4f} identical, {same_ids:.4f} with the same ids")
+    swap = worst_swap(img[timed_ids], cap, rows["fp32"], rows["bf16"])
+    print(f"bf16 vs fp32 image lists on the timed rows: {same_rows:.4f} identical, {same_ids:.4f} with the same ids; "
+          f"where the ids differ, an id only fp32 kept beats one only bf16 kept by at most {swap:.1e} in float64 "
+          f"(float32 resolution at these scores: ~1e-8; a bf16 margin miss would show as ~1e-4 or more)")
     (f32, m32), (b16, m16) = result["fp32"], result["bf16"]
     return (f"RESULT coco_fp32_cpu_s={f32[1]:.0f} coco_fp32_wall_s={f32[0]:.0f} coco_bf16_cpu_s={b16[1]:.0f} "
             f"coco_bf16_wall_s={b16[0]:.0f} ratio_to_matmul_fp32={f32[1] / m32[1]:.2f} "
-            f"ratio_to_bf16_matmul={b16[1] / m16[1]:.2f} bf16_rows_identical={same_rows:.4f} bf16_same_ids={same_ids:.4f}")
+            f"ratio_to_bf16_matmul={b16[1] / m16[1]:.2f} bf16_rows_identical={same_rows:.4f} bf16_same_ids={same_ids:.4f} "
+            f"bf16_worst_swap={swap:.1e}")
+
+
+def brute_force(queries: np.ndarray, gallery: np.ndarray, own: list[slice], k: int) -> np.ndarray:
+    """Top-k gallery ids of each query from float64 products, its ``own`` gallery ids excluded."""
+    gallery64 = gallery.astype(np.float64)  # once: a float32 @ float64 product would upcast it per query
+    out = np.empty((len(queries), k), dtype=np.int64)
+    for n, q in enumerate(queries):
+        scores = gallery64 @ q.astype(np.float64)
+        scores[own[n]] = -np.inf
+        out[n] = np.argsort(-scores, kind="stable")[:k]
+    return out
+
+
+def coco_full(precision: str, top_captions: int, top_images: int, block_size: int, checked: int = 64) -> str:
+    """Mine the whole COCO shape once (both directions, part files in a temporary folder, as
+    ``aoq mine`` does) and check ``checked`` image and caption lists against a float64 brute force."""
+    gen = torch.Generator().manual_seed(0)
+    img = unit_vectors(COCO_IMAGES, COCO_DIM, gen)
+    cap = unit_vectors(COCO_IMAGES * COCO_CPI, COCO_DIM, gen)
+    print(f"COCO shape, whole run: {len(img)} images x {len(cap)} captions, d={COCO_DIM}, H={top_captions}/{top_images}, "
+          f"{precision}, {torch.get_num_threads()} torch threads")
+    with tempfile.TemporaryDirectory() as work, PeakMemory() as mem, Clock() as run:
+        img_top, cap_top = mine_offline_negatives(img, cap, COCO_CPI, top_captions, top_images, block_size, "cpu",
+                                                  work_dir=work, progress=True, precision=precision)
+    print(f"  {run.wall:.0f} s wall, {run.cpu:.0f} s CPU; extra peak memory {mem.mb:.0f} MB")
+    rng = np.random.default_rng(0)
+    same, swaps = 0, [0.0]
+    for queries, gallery, got, own_of in ((img, cap, img_top, lambda i: slice(i * COCO_CPI, (i + 1) * COCO_CPI)),
+                                          (cap, img, cap_top, lambda j: slice(j // COCO_CPI, j // COCO_CPI + 1))):
+        picked = rng.choice(len(queries), checked, replace=False)
+        exact = brute_force(queries[picked], gallery, [own_of(q) for q in picked], got.shape[1])
+        same += int((np.sort(exact, axis=1) == np.sort(got[picked], axis=1)).all(axis=1).sum())
+        swaps.append(worst_swap(queries[picked], gallery, exact, got[picked]))
+    print(f"  {same} of {2 * checked} checked lists hold the float64 brute force's ids; where not, an id the brute force "
+          f"kept beats one the miner kept by at most {max(swaps):.1e}")
+    return (f"RESULT coco_full_precision={precision} coco_full_wall_s={run.wall:.0f} coco_full_cpu_s={run.cpu:.0f} "
+            f"peak_mb={mem.mb:.0f} checked_same_ids={same / (2 * checked):.4f} checked_worst_swap={max(swaps):.1e}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,11 +274,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--coco", action="store_true", help="the COCO shape on a slice, fp32 and bf16, projected")
     p.add_argument("--coco-tiles", type=int, default=4, help="row tiles timed with --coco, besides the sample phase")
+    p.add_argument("--coco-full", choices=["fp32", "bf16"], default=None,
+                   help="mine the whole COCO shape once in this precision (~5 min in bf16 on 2 AMX cores, ~10 "
+                        "GB of memory) and check 128 lists against a float64 brute force")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    warm_kernels()
     if args.coco:
         print(coco(args.coco_tiles, args.top_captions, args.top_images))
+        return 0
+    if args.coco_full:
+        print(coco_full(args.coco_full, args.top_captions, args.top_images, args.block_size))
         return 0
     if args.quick:
         args.images, args.top_captions, args.top_images = 2000, 200, 40

@@ -1,0 +1,33 @@
+"""The exactness checks that benchmarks/mining.py reports (brute force and worst swap) must be able
+to say no: a swapped id shows as the score gap it costs, identical lists as 0."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+_path = Path(__file__).resolve().parents[1] / "benchmarks" / "mining.py"
+_spec = importlib.util.spec_from_file_location("bench_mining", _path)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_brute_force_excludes_own_ids_and_keeps_the_best() -> None:
+    gallery = np.eye(4, dtype=np.float32)[[0, 1, 2, 3, 0]] * np.array([[1], [2], [3], [4], [5]], np.float32)
+    queries = np.ones((2, 4), dtype=np.float32)
+    got = bench.brute_force(queries, gallery, [slice(4, 5), slice(0, 2)], 2)
+    np.testing.assert_array_equal(got, [[3, 2], [4, 3]])  # scores 1..5 by id; own ids skipped
+
+
+def test_worst_swap_is_zero_for_equal_sets_and_the_gap_for_a_wrong_member() -> None:
+    rng = np.random.default_rng(0)
+    queries, gallery = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
+    exact = bench.brute_force(queries, gallery, [slice(0, 0)] * 3, 5)
+    assert bench.worst_swap(queries, gallery, exact, exact[:, ::-1].copy()) == 0.0  # order alone is no swap
+    wrong = exact.copy()
+    wrong[1, 4] = bench.brute_force(queries[1:2], gallery, [slice(0, 0)], 6)[0, 5]  # the 6th best for the 5th
+    scores = gallery.astype(np.float64) @ queries[1].astype(np.float64)
+    assert np.isclose(bench.worst_swap(queries, gallery, exact, wrong), scores[exact[1, 4]] - scores[wrong[1, 4]])
+    assert bench.worst_swap(queries, gallery, exact, wrong) > 0
