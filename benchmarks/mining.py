@@ -36,10 +36,11 @@ set-up + sample phase + (remaining rows / rows timed) x tile time + the column l
 (timed on the pools as the slice leaves them, a lower bound); the bf16 lists of the timed rows are
 compared with the fp32 ones. Last line: ``RESULT coco_fp32_cpu_s=<projected CPU seconds>
 coco_fp32_wall_s=<projected wall> coco_bf16_cpu_s=.. coco_bf16_wall_s=.. ratio_to_matmul_fp32=<CPU
-time> ratio_to_bf16_matmul=<CPU time> bf16_rows_identical=<share> bf16_same_ids=<share>``; CPU
+time> ratio_to_bf16_matmul=<CPU time> bf16_rows_identical=<share> bf16_same_ids=<share>
+bf16_worst_swap=<largest float64 score by which an id only fp32 kept beats one only bf16 kept>``; CPU
 seconds divided by the thread count are what idle cores would take. The projection leaves out
 what grows with the pools' fill over a whole run (the column thresholds' re-estimates, the final
-sorts of full pools, the part files): a whole run measured 20-35% above it.
+sorts of full pools, the part files): a whole run measured 15-37% above it.
 
 ``--coco-full fp32|bf16``: the whole COCO shape mined once (part files in a temporary folder),
 64 image and 64 caption lists checked against a float64 brute force. Last line: ``RESULT
