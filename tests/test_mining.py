@@ -25,6 +25,7 @@ from training.mining import (
     save_mined,
 )
 from training.mining import topk as mining
+from training.mining.keys import LOWEST
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,7 @@ def test_candidate_cap_compacts_rows_exactly() -> None:
 
     mining.Candidates.compact = counting
     try:
-        lowest = np.full(30, mining.LOWEST, dtype=np.float32)  # everything is a candidate
+        lowest = np.full(30, LOWEST, dtype=np.float32)  # everything is a candidate
         got = mining.block_topk_torch(direction, torch.from_numpy(img), np.arange(30),
                                        torch.from_numpy(cap), 16, threshold=lowest, cap=20)
     finally:

@@ -173,7 +173,7 @@ class FusedPass:
             out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T))
         else:
             torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out)
-        scores = out.view(torch.uint16).numpy() if raw else out.numpy()
+        scores = out.view(torch.int16).numpy().view(np.uint16) if raw else out.numpy()  # torch < 2.3 has no uint16
         own = self.own[p0:p1]
         r, u = np.nonzero((own >= c0) & (own < c1))
         scores[r, own[r, u] - c0] = BF16_NEG_INF if raw else -np.inf

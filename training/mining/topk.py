@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.mining.keys import LOWEST, PAD, decode_ids, decode_scores, encode_keys
+from training.mining.keys import PAD, decode_ids, decode_scores, encode_keys
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def block_topk_torch(
         query_ids: the queries' row numbers (they say which gallery ids are their own).
         gallery: (N, d) gallery embeddings on the same device and dtype.
         threshold: per-row starting threshold; None estimates it from the first (sampled)
-            chunk; ``LOWEST`` everywhere makes every score a candidate.
+            chunk; ``keys.LOWEST`` everywhere makes every score a candidate.
         cap: candidates a row may hold before it is cut to k (default ``max(2k, k + 4096)``).
     """
     k, n_gal, n_q = direction.k, gallery.shape[0], queries.shape[0]
@@ -205,9 +205,10 @@ def exact_rows(direction: Direction, queries: torch.Tensor, query_ids: np.ndarra
     at once (float32 products, or float16 ones with float32 results for a float16 ``queries``),
     packed into keys and partitioned, with no copy of the gallery (the chunked, candidate-pool
     path copied a permuted gallery per call: ~10 s of one core for a COCO-shape run's redone
-    rows). ``rows_at_once`` (default: ~2**25 scores per group) bounds the memory, ~12 bytes a score."""
+    rows). ``rows_at_once`` (default: ~2**24 scores per group) bounds the memory: ~20 bytes a
+    score (the scores, their keys and the partition's copy), ~340 MB per group."""
     k, n_gal, n_q = direction.k, gallery.shape[0], queries.shape[0]
-    rows_at_once = rows_at_once or max(1, 2**25 // max(1, n_gal))
+    rows_at_once = rows_at_once or max(1, 2**24 // max(1, n_gal))
     gallery_ids = np.arange(n_gal)
     ids = np.empty((n_q, k), dtype=np.int32)
     for s in range(0, n_q, rows_at_once):
