@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from collections import Counter
 from dataclasses import replace
 
@@ -435,3 +436,25 @@ def test_within_family_recall_ranks_only_family_members_ties_against():
     assert constant["all"]["i2t_r1"] == constant["all"]["t2i_r1"] == 0.0
     with pytest.raises(ValueError, match="need sims"):
         within_family(np.zeros((5, 9)), family, change, captions_per_image=2)
+
+
+def _worker_signals(chunk: object) -> tuple:
+    """Stands in for the chunk renderer in a pool worker: the worker's own signal dispositions."""
+    return signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def test_pool_workers_take_back_the_default_signals(monkeypatch) -> None:
+    """A forked worker must not keep its parent's SIGTERM handler (the demo's raises
+    KeyboardInterrupt): ``Pool.terminate()`` relies on SIGTERM ending a worker, and one that
+    survives it leaves the writer joining it forever."""
+    monkeypatch.setattr(writer, "_render_chunk", _worker_signals)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        got = list(writer._run([None] * 4, 2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == [(signal.SIG_DFL, signal.SIG_DFL)] * 4

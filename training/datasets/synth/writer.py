@@ -26,6 +26,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -222,12 +223,29 @@ def _chunks(split: str, n: int, seed: int, params: SceneParams, image_dir: str) 
 
 
 def _run(chunks: list[_Chunk], workers: int) -> Iterator[list[_Rendered]]:
-    """Rendered chunks in input order, from a process pool when ``workers > 1``."""
+    """Rendered chunks in input order, from a process pool when ``workers > 1``.
+
+    The pool is closed and joined when every chunk is done (its workers exit on their own) and
+    terminated only on an error or an interruption. Its workers take back the default SIGTERM and
+    SIGINT: a forked worker inherits its parent's handlers (the demo's turns SIGTERM into
+    KeyboardInterrupt), and a worker that survives ``terminate()`` leaves the parent joining it
+    forever (seen once: a CI run hung in the demo's data step inside a container)."""
     if workers == 1 or len(chunks) == 1:
         yield from map(_render_chunk, chunks)
         return
-    with multiprocessing.get_context().Pool(min(workers, len(chunks))) as pool:
+    pool = multiprocessing.get_context().Pool(min(workers, len(chunks)), initializer=_default_signals)
+    try:
         yield from pool.imap(_render_chunk, chunks)
+        pool.close()
+        pool.join()
+    finally:
+        pool.terminate()
+
+
+def _default_signals() -> None:
+    """Pool worker initializer: SIGTERM and SIGINT back to their defaults (see :func:`_run`)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _render_chunk(chunk: _Chunk) -> list[_Rendered]:
