@@ -40,7 +40,7 @@ time> ratio_to_bf16_matmul=<CPU time> bf16_rows_identical=<share> bf16_same_ids=
 bf16_worst_swap=<largest float64 score by which an id only fp32 kept beats one only bf16 kept>``; CPU
 seconds divided by the thread count are what idle cores would take. The projection leaves out
 what grows with the pools' fill over a whole run (the column thresholds' re-estimates, the final
-sorts of full pools, the part files): whole runs measured 4-18% (fp32) and 15-37% (bf16) above it.
+sorts of full pools, the part files): whole runs measured 4-18% (fp32) and 16-37% (bf16) above it.
 
 ``--coco-full fp32|bf16``: the whole COCO shape mined once (part files in a temporary folder),
 64 image and 64 caption lists checked against a float64 brute force. Last line: ``RESULT

@@ -429,8 +429,5 @@ class FusedPass:
         def redo(part: np.ndarray) -> None:
             out[part] = exact_rows(direction, torch.from_numpy(direction.queries[part]), part, gallery)
 
-        parts = [p for p in np.array_split(np.sort(ids), self.workers if pool_map else 1) if p.size]
-        if pool_map is None:
-            redo(parts[0])
-        else:
-            pool_map(redo, parts)
+        run = pool_map or (lambda fn, items: [fn(item) for item in items])
+        run(redo, [p for p in np.array_split(np.sort(ids), self.workers if pool_map else 1) if p.size])
