@@ -19,7 +19,8 @@ def fresh_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if size < 2**21 or not hasattr(mmap, "MADV_HUGEPAGE"):
         return np.zeros(shape, dtype=dtype)
-    buf = mmap.mmap(-1, size)
+    # private: a shared anonymous mapping is shmem, which follows shmem_enabled (often "never")
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buf.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(buf, dtype=dtype).reshape(shape)  # the array holds the mapping alive
 
