@@ -142,9 +142,11 @@ class MiningConfig(_Strict):
     backend: Literal["torch", "faiss"] = "torch"
     device: str = "auto"
     #: ``fp32`` scores everything in float32 (exact lists). CPU torch backend: ``bf16`` filters with
-    #: bfloat16 products and re-scores the passing pairs in float32, same lists (docs/mining.md,
-    #: section 2). CUDA: ``fp16`` float16 products, faster, lists not exactly float32's.
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    #: bfloat16 products within a proven error bound and re-scores the passing pairs in float32,
+    #: same lists (docs/mining.md, section 2). ``auto``: ``bf16`` on a CPU whose bf16 products are
+    #: at least 1.5x faster (AMX, some AVX512-BF16 CPUs), else ``fp32``. CUDA: ``fp16`` float16
+    #: products, faster, lists not exactly float32's.
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
     teacher: str | None = None
 

@@ -25,6 +25,7 @@ from training.mining import (
     save_mined,
 )
 from training.mining import topk as mining
+from training.mining.driver import product_precision
 from training.mining.keys import LOWEST
 
 REPO = Path(__file__).resolve().parents[1]
@@ -345,13 +346,15 @@ def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Pat
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress"]) == 0
     assert "up to date" in capsys.readouterr().out
     assert (tmp_path / "run" / "mined" / "manifest.json").stat().st_mtime_ns == before
-    assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == "float32"
+    auto = product_precision(torch.device("cpu"), "torch", "auto")  # this CPU's choice
+    assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == auto
 
     # other products, another artefact (same lists here, but not in general)
+    other, products = ("fp32", "float32") if auto == "bfloat16+float32" else ("bf16", "bfloat16+float32")
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress",
-                     "--set", "mining.precision=bf16"]) == 0
+                     "--set", f"mining.precision={other}"]) == 0
     assert "mined in" in capsys.readouterr().out
-    assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == "bfloat16+float32"
+    assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == products
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--set", "mining.precision=fp16"]) == 2
     assert "mining precision fp16 does not run on cpu" in capsys.readouterr().err
 
@@ -397,9 +400,7 @@ def test_bf16_filter_on_random_vectors_keeps_the_same_ids() -> None:
         mine_offline_negatives(img, cap, 5, 100, 20, precision="fp16", progress=False)
 
 
-def test_product_precision_names_what_runs_and_refuses_what_cannot() -> None:
-    from training.mining.driver import product_precision
-
+def test_product_precision_names_what_runs_and_refuses_what_cannot(monkeypatch) -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device object needs no GPU
     assert product_precision(cpu, "torch", "fp32") == product_precision(cuda, "torch", "fp32") == "float32"
     assert product_precision(cpu, "torch", "bf16") == "bfloat16+float32"
@@ -408,6 +409,11 @@ def test_product_precision_names_what_runs_and_refuses_what_cannot() -> None:
     for device, precision, hint in ((cuda, "bf16", "use fp16"), (cpu, "fp16", "use bf16"), (cpu, "fp64", "must be")):
         with pytest.raises(ValueError, match=hint):
             product_precision(device, "torch", precision)
+    for pays, products in ((True, "bfloat16+float32"), (False, "float32")):  # auto: the bf16 filter where it pays
+        monkeypatch.setattr(driver, "bf16_pays", lambda pays=pays: pays)
+        assert product_precision(cpu, "torch", "auto") == products
+        assert product_precision(cpu, "torch", "auto", fused=False) == "float32"  # several CPU devices
+        assert product_precision(cuda, "torch", "auto") == product_precision(cpu, "faiss", "auto") == "float32"
 
 
 def test_blocks_shared_out_over_several_devices_give_the_same_ids(tmp_path: Path, monkeypatch) -> None:

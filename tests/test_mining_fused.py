@@ -9,6 +9,7 @@ import pytest
 
 from tests.test_mining import Stop, exact_embeddings, reference, stop_at
 from training.mining import fused, kernels, mine_offline_negatives
+from training.mining.bf16 import filter_levels
 from training.mining.keys import LOWEST, PAD, decode_ids
 from training.mining.pools import Pool, sampled_threshold
 
@@ -67,6 +68,39 @@ def test_bf16_gives_the_fp32_ids_where_bf16_products_are_inexact(small_tiles) ->
     np.testing.assert_array_equal(bf16[1], fp32[1])
 
 
+def _cancelling_embeddings(rng: np.random.Generator, n_img: int, cpi: int) -> tuple[np.ndarray, np.ndarray]:
+    """d = 17: entries +-1/4 and a last coordinate (1 for images, -1/2 for captions) that puts the
+    lists' k-th best scores near 0. The images of the pass's first row tile hold bfloat16 values;
+    the others have their first 8 entries scaled by c = 1 + 3 * 2**-10, which bf16 rounds away,
+    so where the scaled part and the rest cancel, a bf16 product (0) lies ~1e-3 below a float32
+    score that is itself ~1e-3: far more than a bf16 step there. Every float32 product is exact."""
+    sign = np.array([-0.25, 0.25], np.float32)
+    img = np.concatenate([rng.choice(sign, (n_img, 16)), np.ones((n_img, 1), np.float32)], axis=1)
+    cap = np.concatenate([rng.choice(sign, (n_img * cpi, 16)), np.full((n_img * cpi, 1), -0.5, np.float32)], axis=1)
+    scaled = np.setdiff1d(np.arange(n_img), fused.processing_order(n_img, 0)[: fused.ROW_TILE])
+    img[scaled[:, None], np.arange(8)] *= np.float32(1 + 3 * 2**-10)
+    return img, cap
+
+
+def test_bf16_filter_margin_is_a_bound_not_what_a_first_tile_shows(small_tiles, monkeypatch) -> None:
+    """Thresholds start at LOWEST (every score passes, the pools are cut many times), so they
+    rise to exact k-th bests early. On data whose first tile has exact bf16 products and whose
+    other products err by up to ~1e-3 where the scores are ~1e-3 (:func:`_cancelling_embeddings`),
+    the proven margin keeps every member; a margin read from the first tile (0 here: the
+    previous version took twice its largest error) loses some."""
+    monkeypatch.setattr(fused, "sampled_threshold", lambda blocks, k, n, axis=1: np.full(
+        blocks[0].shape[1 - axis], LOWEST, dtype=np.float32))
+    img, cap = _cancelling_embeddings(np.random.default_rng(0), 200, 5)
+    ref = reference(img, cap, 5, 30, 6)
+    got = mine_offline_negatives(img, cap, 5, 30, 6, block_size=16, gallery_chunk=37, precision="bf16", progress=False)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    monkeypatch.setattr(fused.bf16_filter, "error_bound", lambda *arrays: 0.0)
+    first_tile_margin = mine_offline_negatives(img, cap, 5, 30, 6, block_size=16, gallery_chunk=37,
+                                               precision="bf16", progress=False)
+    assert not (np.array_equal(first_tile_margin[0], ref[0]) and np.array_equal(first_tile_margin[1], ref[1]))
+
+
 def test_every_score_is_computed_once(small_tiles, monkeypatch) -> None:
     """Both directions come from one pass: the scores computed are the matrix once, plus the
     sample rows' threshold tiles (the sample phase reads its rows' thresholds first)."""
@@ -80,7 +114,7 @@ def test_every_score_is_computed_once(small_tiles, monkeypatch) -> None:
         return original(self, p0, p1, ci, slot, raw)
 
     monkeypatch.setattr(fused.FusedPass, "_dense", counting)
-    mine_offline_negatives(img, cap, 5, 40, 9, block_size=16, gallery_chunk=30, progress=False)
+    mine_offline_negatives(img, cap, 5, 40, 9, block_size=16, gallery_chunk=30, precision="fp32", progress=False)
     miner = fused.FusedPass(img, cap, 5, 40, 9, chunk=30)
     prepass = miner.sample_height * miner.bounds[miner.sample_chunks]
     assert sum(computed) == 70 * 350 + prepass
@@ -197,28 +231,32 @@ def test_scan_finds_the_scores_reaching_either_level_in_row_major_order() -> Non
 
 
 def test_bf16_scan_compares_bit_patterns_exactly_as_float32_would() -> None:
-    """The bf16 scan reads bit patterns; it must agree with the float32 compare of the same
-    bfloat16 values at every level, including levels between two bfloat16 values, exactly on one,
-    of either sign, ``LOWEST`` (every finite score passes, -inf fails) and +inf (nothing passes)."""
+    """The bf16 scan reads bit patterns against keys of filter levels; it must agree with the
+    float32 compare of the same bfloat16 values with the same levels (as float32), at levels
+    between two bfloat16 values (floored), exactly on one, of either sign, ``LOWEST`` (every
+    finite score passes, -inf fails) and +inf (nothing passes)."""
     rng = np.random.default_rng(4)
     bits = (rng.standard_normal((6, 70)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     bits[2, 5], bits[4, 9], bits[1, 3] = 0xFF80, 0x8000, 0x0000  # -inf (an own positive), -0.0, +0.0
     values = (bits.astype(np.uint32) << 16).view(np.float32)
     tr = rng.standard_normal(6).astype(np.float32) + 1
     tr[0] = values[0, 7]  # exactly a bfloat16 value: that score passes
-    tr[1] = np.nextafter(values[1, 8], np.float32(np.inf))  # just above one: it fails
+    tr[1] = np.nextafter(values[1, 8], np.float32(np.inf))  # just above one: floored to it, it passes
     tr[2], tr[3] = LOWEST, np.inf
     tr[4] = -np.abs(tr[4]) - np.float32(1e-3)  # a negative level between two bfloat16 values
     tc = np.full(70, np.inf, dtype=np.float32)
     tc[::3] = rng.standard_normal(24).astype(np.float32)
     out = np.empty(bits.size, np.int32), np.empty(bits.size, np.int32)
     mask = np.full(128, 1, np.uint8)
-    n = kernels.scan_bf16(bits, kernels.bf16_level_keys(tr), kernels.bf16_level_keys(tc), mask, *out)
-    r, c = np.nonzero(values >= np.minimum(tr[:, None], tc[None, :]))
-    np.testing.assert_array_equal(out[0][:n], r)
-    np.testing.assert_array_equal(out[1][:n], c)
-    assert 7 in c[r == 0] and 8 not in c[r == 1]  # columns 7 and 8 have no level of their own (+inf)
-    assert (r == 2).sum() == 69  # LOWEST: every finite score, not the -inf
+    for margin in (0.0, 0.01):
+        n = kernels.scan_bf16(bits, kernels.bf16_filter_keys(tr, margin), kernels.bf16_filter_keys(tc, margin), mask,
+                              *out)
+        r, c = np.nonzero(values >= np.minimum(filter_levels(tr, margin)[:, None], filter_levels(tc, margin)[None, :]))
+        np.testing.assert_array_equal(out[0][:n], r)
+        np.testing.assert_array_equal(out[1][:n], c)
+        assert 7 in c[r == 0] and 8 in c[r == 1]  # columns 7 and 8 have no level of their own (+inf)
+        assert (r == 2).sum() == 69  # LOWEST: every finite score, not the -inf
+        assert (r == 3).sum() == np.isin(c[r == 3], np.arange(0, 70, 3)).sum()  # +inf: only column levels
 
 
 def test_rescore_gives_float32_products_at_the_positions() -> None:

@@ -14,7 +14,9 @@ How it is computed (torch backend)
     as the pools fill (to a k-th best, exact, or to a new estimate from the larger sample). The
     candidates are kept as packed keys and sorted once at the end. Lists whose estimate was too
     high are redone with no threshold, so the result is exact. ``precision="bf16"`` scores the
-    tiles with bfloat16 products and re-scores only the candidates in float32.
+    tiles with bfloat16 products, filters them with a proven bound on their error
+    (:mod:`training.mining.bf16`) and re-scores only the candidates in float32: the same exact
+    lists. ``precision="auto"`` (the default) does so where this CPU's bf16 products pay.
     On CUDA, each direction on its own (:mod:`training.mining.topk`): a block of ``block_size``
     queries against the gallery one chunk at a time, float32 products (``precision="fp16"``:
     float16 products with float32 results, faster, not exact), the compare on the GPU; only the

@@ -21,6 +21,7 @@ from aoq.io import (
     stamp_matches,
     write_stamp,
 )
+from training.mining.bf16 import bf16_pays
 from training.mining.fused import CHUNK, FusedPass, processing_order
 from training.mining.pools import fresh_array
 from training.mining.topk import (
@@ -31,6 +32,8 @@ from training.mining.topk import (
 )
 
 log = logging.getLogger(__name__)
+
+BF16_FILTER = "bfloat16+float32"  # products of the bf16 filter: bf16 tiles, float32 re-scoring
 
 def _array_hash(a: np.ndarray) -> str:
     h = hashlib.sha256(str((a.shape, str(a.dtype))).encode())
@@ -103,7 +106,7 @@ def mine_offline_negatives(
     *,
     backend: Literal["torch", "faiss"] = "torch",
     gallery_chunk: int | None = None,
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32",
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto",
     work_dir: str | Path | None = None,
     progress: bool = True,
     on_block: Callable[[str, int], None] | None = None,
@@ -129,9 +132,12 @@ def mine_offline_negatives(
             (``training.mining.fused.CHUNK``), 16384 on CUDA.
         precision: ``fp32`` scores everything in float32 (exact lists; on CUDA as torch's float32
             products are set, IEEE unless the caller enabled TF32). CPU torch backend: ``bf16``
-            filters with bfloat16 products and re-scores the candidates in float32
-            (``training.mining.fused``), same lists. CUDA: ``fp16`` uses float16 products with
-            float32 results, faster but not exact (near-ties reorder; docs/mining.md).
+            filters with bfloat16 products, with a proven error bound, and re-scores the
+            candidates in float32 (``training.mining.bf16``), same lists. ``auto``: ``bf16``
+            where it pays (the fused CPU pass on a CPU whose bf16 products are at least 1.5x
+            faster, :func:`training.mining.bf16.bf16_pays`), else ``fp32``: exact either way.
+            CUDA: ``fp16`` uses float16 products with float32 results, faster but not exact
+            (near-ties reorder; docs/mining.md).
         work_dir: folder for resumable per-block results; None keeps everything in memory.
         progress: show a tqdm bar over the blocks.
         on_block: called with (direction, first row) after each block is finished and saved
@@ -150,9 +156,9 @@ def mine_offline_negatives(
     _check_inputs(img_emb, cap_emb, captions_per_image, top_captions, top_images)
     # FAISS runs on the CPU; there the torch gallery only serves the exact re-ranking of tied rows.
     devs = _devices(device) if backend == "torch" else [torch.device("cpu")]
-    products = product_precision(devs[0], backend, precision)
-    half = products == "float16"
     fused = backend == "torch" and len(devs) == 1 and devs[0].type == "cpu"  # one pass for both directions
+    products = product_precision(devs[0], backend, precision, fused)
+    half = products == "float16"
     job = {
         "img_emb": _array_hash(img_emb),
         "cap_emb": _array_hash(cap_emb),
@@ -168,7 +174,7 @@ def mine_offline_negatives(
     gallery_chunk = gallery_chunk or (CHUNK if fused else 16384)
     if fused:
         return _mine_fused(img_emb, cap_emb, captions_per_image, top_captions, top_images, block_size,
-                           gallery_chunk, precision, parts, progress, on_block)
+                           gallery_chunk, "bf16" if products == BF16_FILTER else "fp32", parts, progress, on_block)
     results = []
     for direction in directions(img_emb, cap_emb, captions_per_image, top_captions, top_images):
         results.append(_mine_direction(direction, devs, backend, block_size, gallery_chunk, half, parts, progress,
@@ -176,21 +182,25 @@ def mine_offline_negatives(
     return results[0], results[1]
 
 
-def product_precision(device: torch.device, backend: str, precision: str) -> str:
+def product_precision(device: torch.device, backend: str, precision: str, fused: bool = True) -> str:
     """The products a mining job runs (recorded with the job and the mined artefact):
     ``float32``, ``bfloat16+float32`` (CPU filter, float32 decision) or ``float16`` (CUDA).
+    ``auto`` picks the bf16 filter for the fused CPU pass (``fused``: one CPU device, torch
+    backend) where :func:`training.mining.bf16.bf16_pays`, else float32.
 
     Raises:
         ValueError: an unknown precision, or one the device cannot run.
     """
-    if precision not in ("fp32", "bf16", "fp16"):
-        raise ValueError(f"mining precision must be fp32, bf16 or fp16, got {precision!r}")
+    if precision not in ("auto", "fp32", "bf16", "fp16"):
+        raise ValueError(f"mining precision must be auto, fp32, bf16 or fp16, got {precision!r}")
+    if precision == "auto":
+        return BF16_FILTER if backend == "torch" and device.type == "cpu" and fused and bf16_pays() else "float32"
     if backend == "faiss" or precision == "fp32":
         return "float32"
     if device.type == "cuda" and precision == "fp16":
         return "float16"
     if device.type == "cpu" and precision == "bf16":
-        return "bfloat16+float32"
+        return BF16_FILTER
     hint = "fp16 (or fp32)" if device.type == "cuda" else "bf16 (or fp32)"
     raise ValueError(f"mining precision {precision} does not run on {device.type}: use {hint} there")
 

@@ -26,13 +26,14 @@ Thresholds
     estimated again from the pools, which by then hold a larger fair sample.
 
 bf16 filter (``precision="bf16"``)
-    Tiles are scored with bfloat16 products; a score is a candidate when it reaches a threshold
-    minus ``margin``, and only candidates are re-scored in float32 (:func:`kernels.rescore` on
-    the permuted float32 embeddings), so pools, keys and lists hold float32 scores. ``margin`` is
-    twice the largest |bf16 - float32| difference on a first tile (an empirical bound, see
-    docs/mining.md). The row tiles' scan reads the bf16 products as they come out
-    (:func:`kernels.scan_bf16`); only the sample tiles, whose thresholds are read with numpy,
-    are converted to float32.
+    Tiles are scored with bfloat16 products; a score is a candidate when it reaches the bf16
+    filter level of a threshold (:mod:`training.mining.bf16`: the threshold minus a proven bound
+    on the bf16 products' error, ``margin``, rounded down to a bfloat16 value), and only
+    candidates are re-scored in float32 (:func:`kernels.rescore` on the permuted float32
+    embeddings), so pools, keys and lists hold float32 scores. The row tiles' scan reads the bf16
+    products as they come out (:func:`kernels.scan_bf16`); only the sample tiles, whose
+    thresholds are read with numpy, are converted to float32. A first tile checks the bound's
+    premise on this CPU against float32 products.
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
 threshold (an estimate that was too high), is redone with no threshold
@@ -67,6 +68,7 @@ import numpy as np
 import torch
 
 from aoq.io import atomic_open
+from training.mining import bf16 as bf16_filter
 from training.mining import kernels
 from training.mining.keys import LOWEST, decode_ids, decode_scores
 from training.mining.pools import Pool, fresh_array, sample_rank, sampled_threshold
@@ -136,8 +138,10 @@ class FusedPass:
         self.own = cap_pos[cpi * self.img_order[:, None] + np.arange(cpi)]  # own captions' positions, per row
         self.q, self.g = _permuted(img, self.img_order), _permuted(cap, self.cap_order)
         self.bf16 = precision == "bf16"
+        self.margin = 0.0
         if self.bf16:
             self.q16, self.g16 = self.q.bfloat16(), self.g.bfloat16()
+            self.margin = bf16_filter.error_bound(self.q, self.g, self.q16, self.g16)
         self.bounds = [*range(0, self.n_cap, chunk), self.n_cap]
         self.sample_chunks = -(-sample_width(self.n_cap, k_rows + cpi, ROW_HITS) // chunk)
         self.sample_rows = sample_width(self.n_img, k_cols + 1, COL_HITS)
@@ -148,7 +152,6 @@ class FusedPass:
         self.col_pools = [Pool(c1 - c0, col_cap, col_keys[c0:c1]) for c0, c1 in zip(self.bounds[:-1], self.bounds[1:])]
         self.col_locks = [threading.Lock() for _ in self.col_pools]
         self.tc = np.full(self.n_cap, LOWEST, dtype=np.float32)  # column thresholds, by position
-        self.margin = 0.0
         self.workers = 1
         self.local = threading.local()
 
@@ -182,8 +185,8 @@ class FusedPass:
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows, columns and float32 values of the tile's scores reaching the row or the column
-        threshold (minus the margin for bf16 scores, whose candidates are then re-scored).
-        ``scores``: float32, or bf16 bit patterns (:meth:`_dense` with ``raw``)."""
+        threshold (for bf16 scores, its filter level, :mod:`training.mining.bf16`; the candidates
+        are then re-scored). ``scores``: float32, or bf16 bit patterns (:meth:`_dense` with ``raw``)."""
         rows, width = scores.shape
         out = getattr(self.local, "scan", None)
         if out is None or out[0].size < scores.size or out[3].size < width + 64:
@@ -192,12 +195,12 @@ class FusedPass:
                                      np.empty(max(width, CHUNK) + 64, np.uint8))
         if tr is None:
             tr = np.full(rows, np.inf, dtype=np.float32)
-        if self.margin:
-            tc, tr = tc - np.float32(self.margin), tr - np.float32(self.margin)
         if scores.dtype == np.uint16:
-            n = kernels.scan_bf16(scores, kernels.bf16_level_keys(tr), kernels.bf16_level_keys(tc), out[3],
-                                  out[0], out[1])
+            n = kernels.scan_bf16(scores, kernels.bf16_filter_keys(tr, self.margin),
+                                  kernels.bf16_filter_keys(tc, self.margin), out[3], out[0], out[1])
         else:
+            if self.bf16:  # a sample tile: bf16 products as float32
+                tr, tc = bf16_filter.filter_levels(tr, self.margin), bf16_filter.filter_levels(tc, self.margin)
             n = kernels.scan(scores, tr, tc, *out[3:], *out[:3])
         row, col, values = out[0][:n], out[1][:n], out[2][:n]
         if self.bf16:  # float32 products at the candidates' positions only
@@ -271,12 +274,14 @@ class FusedPass:
         thresholds are read first, ROW_TILE rows at a time, from the row-sample chunks: a small
         extra product, of ``sample_height x sample_chunks`` tiles)."""
         h = self.sample_height
-        if self.bf16:  # the margin: twice the largest bf16 error seen on a first tile
+        if self.bf16:  # the bound's premise (float32 accumulation, rounding to nearest), on a first tile
             rows = min(h, ROW_TILE)
             approx = self._dense(0, rows, 0)
             exact = (self.q[:rows] @ self.g[: self.bounds[1]].T).numpy()
-            finite = np.isfinite(approx)
-            self.margin = 2.0 * float(np.abs(approx - exact)[finite].max(initial=0.0))
+            exact[np.isneginf(approx)] = -np.inf  # own positives
+            if not bf16_filter.tile_within_bound(approx, exact, self.margin):
+                raise RuntimeError("this CPU's bf16 products are further from float32 ones than the proven bound "
+                                   "allows (training.mining.bf16): mine with precision fp32")
         tr = None
         if rows_wanted:
             pieces = [(p, min(h, p + ROW_TILE)) for p in range(0, h, ROW_TILE)]

@@ -19,6 +19,7 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 
 ID_MASK = 0x7FFFFFFF  # keys.ID_MASK (kept literal: compiled code reads module constants at compile time)
 _GATHER = np.uint64(0x0102040810204080)
+BF16_LOWEST_KEY = 0x8000 - 0xFF7F  # the key of the most negative finite bfloat16
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -72,8 +73,8 @@ def scan(scores: np.ndarray, tr: np.ndarray, tc: np.ndarray, mask: np.ndarray,
 def scan_bf16(bits: np.ndarray, kr: np.ndarray, kc: np.ndarray, mask: np.ndarray,
               rows: np.ndarray, cols: np.ndarray) -> int:
     """:func:`scan` on a tile of bfloat16 scores, read as their bit patterns (uint16), with the
-    levels given as :func:`bf16_level_keys`: positions of the scores ``>= min`` of their row's
-    and their column's level, exactly, with no float32 copy of the tile. A bit pattern ``u`` is
+    levels given as keys of bfloat16 values (:func:`bf16_filter_keys`): positions of the scores
+    ``>= min`` of their row's and their column's level, exactly, with no float32 copy of the tile. A bit pattern ``u`` is
     compared through its order-preserving integer key, ``u`` for a positive score and ``0x8000 -
     u`` for a negative one. No values: the caller re-scores the positions in float32."""
     n = 0
@@ -91,16 +92,33 @@ def scan_bf16(bits: np.ndarray, kr: np.ndarray, kc: np.ndarray, mask: np.ndarray
     return n
 
 
-def bf16_level_keys(levels: np.ndarray) -> np.ndarray:
-    """The integer keys (see :func:`scan_bf16`) of the smallest bfloat16 values at or above the
-    given float32 levels: a bfloat16 score reaches a level exactly when its key reaches this one,
-    as in float32 (a level of ``LOWEST`` lets every finite score pass and -inf fail)."""
-    u = np.ascontiguousarray(levels, dtype=np.float32).view(np.uint32)
-    high = (u >> 16).astype(np.int32)
-    inexact = (u & 0xFFFF) != 0
-    up = inexact & (high < 0x8000)  # a positive level between two bfloat16 values: the next one up
-    high = high + up  # a negative one truncates towards zero, which is already the ceiling
-    return np.where(high < 0x8000, high, 0x8000 - high).astype(np.int32)
+@njit(nogil=True, cache=True)
+def bf16_filter_keys(levels: np.ndarray, margin: float) -> np.ndarray:
+    """The integer keys (see :func:`scan_bf16`) of the largest bfloat16 values at or below
+    ``levels - margin`` (float32 levels; the difference taken in float64 and rounded down to
+    float32, then to bfloat16), never below the most negative finite bfloat16: a ``LOWEST`` level
+    lets every finite score pass and -inf fail (:mod:`training.mining.bf16` says why this is
+    the filter's level)."""
+    out = np.empty(levels.shape[0], dtype=np.int32)
+    scratch = np.empty(1, dtype=np.float32)
+    bits = scratch.view(np.uint32)
+    for i in range(levels.shape[0]):
+        wanted = np.float64(levels[i]) - margin
+        scratch[0] = np.float32(wanted)
+        if np.float64(scratch[0]) > wanted:  # rounded up: one float32 step down
+            if scratch[0] > 0:
+                bits[0] -= 1
+            elif scratch[0] < 0:
+                bits[0] += 1
+            else:
+                bits[0] = 0x80000001  # the negative value nearest zero
+        b = bits[0]
+        high = np.int32(b >> 16)  # truncation: down for a positive value, up for a negative one
+        if b >> 31 and b & 0xFFFF:
+            high += 1  # negative and between two bfloat16 values: the one below
+        key = high if high < 0x8000 else 0x8000 - high
+        out[i] = max(key, BF16_LOWEST_KEY)
+    return out
 
 
 @njit(nogil=True, cache=True, fastmath=True)

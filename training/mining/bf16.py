@@ -1,0 +1,118 @@
+"""The bfloat16 filter's guarantee: a proven bound on how far a bf16 product lies from any float32
+evaluation of the same score, the filter levels it implies, and whether bf16 pays on this CPU.
+
+The fused pass (:mod:`training.mining.fused`) may score its tiles with bfloat16 products and
+re-score only the candidates in float32. No list member may be filtered out, so a score must be
+a candidate whenever its float32 value ``s`` reaches a level ``L``. For a query ``q`` and a gallery
+row ``g`` (float32), with ``q~ = bf16(q)``, ``e_q = q~ - q`` (likewise for ``g``), ``y`` the bf16
+product's float32 accumulator and ``b = bf16(y)`` the tile's entry (round to nearest):
+
+    |y - q~.g~| <= gamma_d |q~| |g~|            (float32 accumulation; bf16 x bf16 products are exact)
+    |q~.g~ - q.g| = |e_q.g + q.e_g + e_q.e_g| <= |e_q| |g| + |q| |e_g| + |e_q| |e_g|    (Cauchy-Schwarz)
+    |q.g - s| <= gamma_d |q| |g|                (any float32 summation order, fused or not)
+
+with ``gamma_d = d u / (1 - d u)``, ``u = 2**-24``, plus ``2 d 2**-126`` for subnormals flushed to
+zero. Their sum ``m`` (maxima of the norms over all rows) bounds ``|y - s|``. So ``s >= L``
+implies ``y >= L - m``, and rounding to bf16 is monotone: ``b >= bf16(L - m) >= floor_bf16(L -
+m)``. The filter compares ``b`` with that floor: exact, with no estimate anywhere. For unit
+vectors ``m`` is ~0.0039 (|e_q| <= ~0.0019 at d = 512 or 1024), 5-8x the largest error seen on
+a tile, which the filter pays in extra candidates to re-score (13% more than a margin of twice
+that error, at the benchmark's size).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import numpy as np
+import torch
+
+from training.mining import kernels
+
+log = logging.getLogger(__name__)
+
+UNIT_ROUNDOFF = 2.0**-24  # float32
+BF16_UNIT_ROUNDOFF = 2.0**-8
+PAYS_FACTOR = 1.5  # bf16 products must be this much faster than float32 ones to be chosen by "auto"
+
+
+def _norms(x: torch.Tensor, x16: torch.Tensor, rows: int = 65536) -> tuple[float, float, float]:
+    """(max |x_r|, max |x16_r|, max |x16_r - x_r|) over the rows of a float32 matrix and its
+    bfloat16 rounding, in float64 (the difference of a float32 value and its bf16 rounding is
+    exact in float32)."""
+    top = [0.0, 0.0, 0.0]
+    for s in range(0, x.shape[0], rows):
+        part = x[s : s + rows]
+        rounded = x16[s : s + rows].float()
+        for i, v in enumerate((part, rounded, rounded - part)):
+            top[i] = max(top[i], float(torch.linalg.vector_norm(v, dim=1, dtype=torch.float64).max()))
+    return top[0], top[1], top[2]
+
+
+def error_bound(queries: torch.Tensor, gallery: torch.Tensor, queries16: torch.Tensor | None = None,
+                gallery16: torch.Tensor | None = None) -> float:
+    """A proven bound on ``|y - s|`` for every pair of rows (see the module docstring): ``y`` the
+    float32 accumulator of their bf16 product, ``s`` any float32 evaluation of their product.
+    ``queries16`` / ``gallery16``: the bfloat16 roundings, if already made. Slightly inflated
+    (1e-6 relative) for the float64 arithmetic that computes it."""
+    d = queries.shape[1]
+    gamma = d * UNIT_ROUNDOFF / (1 - d * UNIT_ROUNDOFF)
+    nq, nq16, eq = _norms(queries, queries.bfloat16() if queries16 is None else queries16)
+    ng, ng16, eg = _norms(gallery, gallery.bfloat16() if gallery16 is None else gallery16)
+    bound = eq * ng + nq * eg + eq * eg + gamma * (nq16 * ng16 + nq * ng) + 2 * d * 2.0**-126
+    return bound * (1 + 1e-6)
+
+
+def filter_levels(levels: np.ndarray, margin: float) -> np.ndarray:
+    """The bf16 filter's levels for float32 ``levels``: the largest bfloat16 values at or below
+    ``levels - margin`` (:func:`training.mining.kernels.bf16_filter_keys`), as float32 values,
+    for a compare with bf16 products held as float32. A bf16 product whose float32 score reaches
+    a level compares ``>=`` to its filter level (module docstring)."""
+    keys = kernels.bf16_filter_keys(np.ascontiguousarray(levels, dtype=np.float32), float(margin))
+    patterns = np.where(keys >= 0, keys, 0x8000 - keys).astype(np.uint32) << 16
+    return patterns.view(np.float32)
+
+
+def tile_within_bound(approx: np.ndarray, exact: np.ndarray, margin: float) -> bool:
+    """Whether a tile of bf16 products (as float32) lies within ``margin`` of the float32 ones
+    plus the bf16 rounding of the result itself: the bound's premise (float32 accumulation,
+    round to nearest) holds for this CPU's bf16 products, at least on this tile."""
+    finite = np.isfinite(approx) & np.isfinite(exact)
+    slack = margin + BF16_UNIT_ROUNDOFF * np.abs(approx[finite].astype(np.float64)) / (1 - BF16_UNIT_ROUNDOFF)
+    return bool((np.abs(approx[finite].astype(np.float64) - exact[finite]) <= slack).all())
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_pays(dim: int = 512, repeats: int = 5) -> bool:
+    """Whether this CPU's single-threaded bf16 products are at least ``PAYS_FACTOR`` times
+    faster than float32 ones on a 512 x 1024 tile (AMX or AVX512-BF16 with a full-width unit:
+    3.6-4.6x measured; AVX512-BF16 on other CPUs: about 1x) and within the proven bound.
+    Measured once per process (~50 ms): the choice of ``precision="auto"``."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(512, dim, generator=gen), dim=1)
+    g = torch.nn.functional.normalize(torch.randn(1024, dim, generator=gen), dim=1)
+    q16, g16 = q.bfloat16(), g.bfloat16()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the pass runs single-threaded tiles, one per core
+    try:
+        best = {}
+        for name, (a, b) in (("fp32", (q, g)), ("bf16", (q16, g16))):
+            torch.mm(a, b.T)  # first call: kernel selection, packing buffers
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                torch.mm(a, b.T)
+                times.append(time.perf_counter() - t0)
+            best[name] = min(times)
+        within = tile_within_bound(torch.mm(q16, g16.T).float().numpy(), torch.mm(q, g.T).numpy(),
+                                   error_bound(q, g, q16, g16))
+    finally:
+        torch.set_num_threads(threads)
+    speedup = best["fp32"] / best["bf16"]
+    pays = within and speedup >= PAYS_FACTOR
+    log.info("bf16 products %.1fx float32 on one core%s: mining filters in %s", speedup,
+             "" if within else " but outside the proven error bound", "bf16" if pays else "fp32")
+    return pays
+
