@@ -389,22 +389,31 @@ class FusedPass:
                 if end:
                     self._redo_rows(short_rows, img_out, pool_map)
                     on_rows(end)
-            saved = time.monotonic()
-            for b0 in range(end, self.n_img, block_size):
+
+            def submit(b0: int) -> tuple[int, int, list[tuple[int, int]], list]:
+                """Queue block ``b0``'s row tiles on the workers: (its start, end, tiles, their futures)."""
                 b1 = min(self.n_img, b0 + block_size)
-                start = max(b0, h)
-                if start < b1:
-                    tiles = [(p, min(b1, p + ROW_TILE)) for p in range(start, b1, ROW_TILE)]
-                    results = pool_map(lambda t: self._row_tile(t[0], t[1], wanted(t[0], t[1])), tiles)
-                    for (p0, _), result in zip(tiles, results):
-                        store(p0, result)
+                tiles = [(p, min(b1, p + ROW_TILE)) for p in range(max(b0, h), b1, ROW_TILE)]
+                return b0, b1, tiles, [ex.submit(self._row_tile, p0, p1, wanted(p0, p1)) for p0, p1 in tiles]
+
+            saved = time.monotonic()
+            pending = submit(end) if end < self.n_img else None
+            while pending is not None:
+                b0, b1, tiles, futures = pending
+                for (p0, _), future in zip(tiles, futures):
+                    store(p0, future.result())
                 self._redo_rows(short_rows, img_out, pool_map)
-                on_rows(b1)
                 if b0 < self.n_img // 4 <= b1 or b0 < self.n_img // 2 <= b1:
                     self._tighten_columns(pool_map, b1)
-                if state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS:
+                snapshot = state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS
+                # the next block is scored while this one's lists are saved (on_rows), unless the
+                # column pools are to be saved first: they must not change while they are written
+                pending = submit(b1) if b1 < self.n_img and not snapshot else None
+                on_rows(b1)
+                if snapshot:
                     self.save_columns(state, b1)
                     saved = time.monotonic()
+                    pending = submit(b1)
 
             def finish_columns(ci: int) -> np.ndarray:
                 """Chunk ``ci``'s caption lists into ``cap_out`` (chunks hold distinct captions); its short ones."""
