@@ -113,8 +113,8 @@ def worker_pool() -> Iterator[tuple[ThreadPoolExecutor, int]]:
 
 
 def _permuted(a: np.ndarray, order: np.ndarray) -> torch.Tensor:
-    """``a[order]`` as a tensor, in memory on huge pages (:func:`training.mining.pools.fresh_array`:
-    at the COCO shape, numpy's own copy spent 8 s of 8.4 in first touches of 4 KB pages)."""
+    """``a[order]`` as a tensor, in fresh memory (:func:`training.mining.pools.fresh_array`), filled
+    by torch's threads."""
     out = torch.from_numpy(fresh_array(a.shape, a.dtype))
     with warnings.catch_warnings():  # "the given NumPy array is not writable": it is only read
         warnings.simplefilter("ignore", UserWarning)
@@ -148,7 +148,7 @@ class FusedPass:
         self.sample_height = min(self.n_img, max(ROW_TILE, self.sample_rows))
         self.row_cap = 2 * k_rows + 64  # candidates a list may hold before it is compacted to k
         col_cap = k_cols + k_cols // 2 + 64
-        col_keys = fresh_array((self.n_cap, col_cap), np.int64)  # one mapping: its huge pages are not cut per chunk
+        col_keys = fresh_array((self.n_cap, col_cap), np.int64)  # one mapping, viewed per chunk
         self.col_pools = [Pool(c1 - c0, col_cap, col_keys[c0:c1]) for c0, c1 in zip(self.bounds[:-1], self.bounds[1:])]
         self.col_locks = [threading.Lock() for _ in self.col_pools]
         self.tc = np.full(self.n_cap, LOWEST, dtype=np.float32)  # column thresholds, by position
