@@ -4,6 +4,8 @@ larger than a chunk, in bf16 mode, through its safety valves, and after an inter
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -282,6 +284,28 @@ def test_sampled_threshold_of_the_whole_population_lets_k_through() -> None:
         np.testing.assert_array_equal(sampled_threshold([scores.T.copy()], k, 2000, axis=0),
                                       sampled_threshold([scores], k, 2000))
     assert (sampled_threshold([scores[:, :5]], 10, 2000) == LOWEST).all()  # too small a sample
+
+
+def test_an_interruption_drops_the_row_tiles_queued_ahead(small_tiles, monkeypatch) -> None:
+    """The next block's tiles are queued while a block's lists are saved; an error there (here
+    the interruption) cancels those not started instead of scoring them all first."""
+    rng = np.random.default_rng(14)
+    img, cap = exact_embeddings(rng, 200, 6, 4), exact_embeddings(rng, 600, 6, 4)
+    monkeypatch.setattr(fused, "COL_HITS", 1)
+    started = []
+    original = fused.FusedPass._row_tile
+
+    def slow(self, p0, p1, wanted):
+        started.append(p0)
+        time.sleep(0.05)  # long enough that the interruption comes while most tiles still wait
+        return original(self, p0, p1, wanted)
+
+    monkeypatch.setattr(fused.FusedPass, "_row_tile", slow)
+    with pytest.raises(Stop):
+        mine_offline_negatives(img, cap, 3, 30, 8, block_size=56, gallery_chunk=20, precision="fp32",
+                               progress=False, on_block=stop_at("img_top_caps", 56))
+    queued = [p for p in started if p >= 112]  # the block after the interrupted one: 8 tiles of 7 rows
+    assert started and len(queued) < 8
 
 
 def test_interrupted_pass_resumes_from_its_column_snapshot(small_tiles, tmp_path, monkeypatch) -> None:
