@@ -22,9 +22,10 @@ FROM python AS build
 COPY docker/local /tmp/aoq-build
 RUN test -n "$(ls /tmp/aoq-build/wheels/torch-*+cpu-*.whl 2>/dev/null)" \
     || (echo "docker/local/wheels has no CPU torch wheel: run scripts/docker-base.sh first" >&2 && false)
-COPY pyproject.toml README.md Makefile ./
-# one line per top-level package
+COPY pyproject.toml setup.py README.md Makefile ./
+# one line per top-level package (setup.py maps each folder to its installed name)
 COPY aoq ./aoq
+COPY cli ./cli
 COPY training ./training
 COPY backend ./backend
 COPY ui ./ui

@@ -37,7 +37,7 @@ test: setup system-deps data-deps
 
 # exec: the demo replaces the recipe's shell, so a signal to make's child reaches it directly.
 demo: setup $(if $(filter emoji,$(DATASET)),data-deps,)
-	exec $(PY) -m aoq.cli.demo --dataset $(DATASET) $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
+	exec $(PY) -m aoq_cli.demo --dataset $(DATASET) $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
 
 # Quick versions of the benchmarks; each prints a RESULT line of ratios measured in one run.
 bench: setup

@@ -172,11 +172,11 @@ def image_backbone_features(encoder: EffNetImageEncoder, paths: Sequence[Path], 
     Args:
         batch_size: images per forward pass. Small batches are cheaper on CPU: at 32 the 224 x 224
             activations are large enough that the allocator hands them back to the kernel after
-            every layer (measured 22 ms of system time per image on top of 22 ms of user time);
-            at 8 they are reused (0.2 ms).
+            every layer, and the page faults cost as much as the convolutions; at 8 they are
+            reused (docs/models.md, Speed).
         workers: processes to share the work (each imports torch and loads its own copy of the
-            backbone, a few seconds; 0.6 GB resident each was measured at batch 32); 1 runs in
-            this process. Rows are in ``paths`` order either way.
+            backbone, a few seconds and some hundreds of MB); 1 runs in this process. Rows are in
+            ``paths`` order either way.
     """
     bar = tqdm(total=len(paths), desc="EfficientNet-Lite0 features", disable=not progress, leave=False)
     with bar:

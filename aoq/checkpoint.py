@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from aoq.config import ExperimentConfig
 from aoq.data.vocab import Vocabulary
 from aoq.device import resolve_device
-from aoq.io import ArtefactError, atomic_dir, read_manifest, write_manifest
+from aoq.io import ArtefactError, atomic_dir, parse_json, read_manifest, write_manifest
 from aoq.models.joint import JointModel, build_model, vocabulary_from_dict
 from aoq.models.packages import PretrainedPackageError
 
@@ -97,10 +97,7 @@ def save_checkpoint(
 def _read_json(path: Path) -> Any:
     if not path.is_file():
         raise CheckpointError(f"{path}: missing from the checkpoint")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    return parse_json(path, CheckpointError)
 
 
 def _check_fits(model: JointModel, state: dict[str, torch.Tensor], weights: Path) -> None:

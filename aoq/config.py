@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from aoq.names import Round1Loss, Round2Loss
+from aoq.names import GoalPair, GoalTriplet, Round1Loss, Round2Init, Round2Loss, Round2Variant
 
 
 class ConfigError(ValueError):
@@ -99,7 +99,7 @@ class OptimConfig(_Strict):
     patience: int | None = Field(None, ge=1)
     #: collapse guard: stop with TrainingCollapsed after this many consecutive epochs whose dev
     #: rsum is at chance, or (small dev sets) whose positive and hardest-negative scores are
-    #: equal; 0 = off (training/guards.py, docs/training.md Collapse guard).
+    #: equal; 0 = off (training/loop/guards.py, docs/training.md Collapse guard).
     collapse_epochs: int = Field(3, ge=0)
 
 
@@ -119,8 +119,8 @@ class TrainConfig(OptimConfig):
 class GoalConfig(_Strict):
     """The GOAL objective of ``train.loss=goal``: a triplet weight times a pair weight (docs/goal.md)."""
 
-    triplet: Literal["con", "nca", "cir"] = "con"
-    pair: Literal["con", "lin", "sig", "lin_ms", "sig_ms"] = "con"
+    triplet: GoalTriplet = "con"
+    pair: GoalPair = "con"
     #: hinge of the ``con`` triplet weight; null = weight 1 for every anchor (the public code).
     margin: float | None = Field(0.2, ge=0)
     #: inverse temperature of the ``nca`` and ``cir`` triplet weights.
@@ -132,6 +132,10 @@ class GoalConfig(_Strict):
     ms_epsilon: float = Field(0.1, ge=0)
 
 
+#: the miner's backends: torch (CPU or CUDA) or a FAISS flat index
+MiningBackend = Literal["torch", "faiss"]
+
+
 class MiningConfig(_Strict):
     """Offline hard-negative mining after round 1 ("global similarity score prediction")."""
 
@@ -139,7 +143,7 @@ class MiningConfig(_Strict):
     top_captions: int = Field(2000, ge=1)
     top_images: int = Field(400, ge=1)
     block_size: int = Field(4096, ge=16)
-    backend: Literal["torch", "faiss"] = "torch"
+    backend: MiningBackend = "torch"
     device: str = "auto"
     #: ``fp32`` scores everything in float32 (exact lists). CPU torch backend: ``bf16`` filters with
     #: bfloat16 products within a proven error bound and re-scores the passing pairs in float32,
@@ -157,8 +161,8 @@ class Round2Config(OptimConfig):
     loss: Round2Loss = "adaptive_offline_quintuplet"
     #: paper ablations (Table 3): drop the online terms, derived pairs from online negatives,
     #: adaptive weight from S(i,t) instead of the offline score.
-    variant: Literal["none", "only_offline", "online_quin", "no_offline_adapt"] = "none"
-    init: Literal["scratch", "finetune"] = "scratch"
+    variant: Round2Variant = "none"
+    init: Round2Init = "scratch"
     #: init="finetune": the checkpoint whose weights round 2 starts from (the round-1 model).
     init_from: str | None = None
     #: ``absolute``: sample offline negatives from the top ``h_t`` / ``h_i`` of the mined lists;
@@ -173,7 +177,7 @@ class Round2Config(OptimConfig):
     sampling: Literal["uniform", "normal"] = "uniform"
     #: sampling="normal": rank n = floor(|x|), x ~ Normal(normal_center * h_t, normal_scale * h_t),
     #: redrawn until n < h_t; the defaults are a half-normal, hardest ranks most likely
-    #: (training/sampling.py; normal_center=0.5 makes the top ranks rarer, as the paper tried).
+    #: (training/mining/sampling.py; normal_center=0.5 makes the top ranks rarer, as the paper tried).
     normal_center: float = Field(0.0, ge=0, le=1)
     normal_scale: float = Field(0.5, gt=0)
     #: not in the paper: redraw offline negatives that the dataset's structured facts show to be

@@ -205,6 +205,15 @@ def write_manifest(directory: str | Path, kind: str, config: Any, **extra: Any) 
     return manifest
 
 
+def parse_json(path: Path, error: type[Exception] = ArtefactError, what: str = "") -> Any:
+    """The JSON value in the file ``path`` (which exists); bytes that are not UTF-8 JSON raise
+    ``error`` naming the file (and ``what`` it holds)."""
+    try:
+        return json.loads(Path(path).read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: {what + ' is ' if what else ''}not valid JSON ({exc})") from None
+
+
 def read_manifest(directory: str | Path, kind: str | None = None, verify: bool = True) -> dict:
     """Read and check an artefact directory's manifest.
 
@@ -218,10 +227,7 @@ def read_manifest(directory: str | Path, kind: str | None = None, verify: bool =
         raise ArtefactError(f"{directory}: no such artefact directory")
     if not mpath.is_file():
         raise ArtefactError(f"{mpath}: manifest missing (incomplete or foreign directory)")
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtefactError(f"{mpath}: manifest is not valid JSON ({exc})") from exc
+    manifest = parse_json(mpath, what="manifest")
     if kind is not None and manifest.get("kind") != kind:
         raise ArtefactError(f"{directory}: is a {manifest.get('kind')!r} artefact, expected {kind!r}")
     if verify:

@@ -123,10 +123,7 @@ def label_ranking_metrics(scores: np.ndarray, relevance: np.ndarray, k: int = 10
 
 
 def label_metrics(
-    img_emb: np.ndarray,
-    cap_emb: np.ndarray,
-    image_labels: np.ndarray,
-    captions_per_image: int = 5,
+    img_emb: np.ndarray, cap_emb: np.ndarray, image_labels: np.ndarray, captions_per_image: int = 5,
     k: int = 10,
 ) -> dict:
     """Label-wise retrieval metrics in both directions from embeddings and per-image labels.
@@ -157,14 +154,8 @@ def label_metrics(
 
 
 def label_metrics_folds(
-    img_emb: np.ndarray,
-    cap_emb: np.ndarray,
-    image_labels: np.ndarray,
-    captions_per_image: int = 5,
-    k: int = 10,
-    *,
-    fold_images: int = 1000,
-    n_folds: int = 5,
+    img_emb: np.ndarray, cap_emb: np.ndarray, image_labels: np.ndarray, captions_per_image: int = 5,
+    k: int = 10, *, fold_images: int = 1000, n_folds: int = 5,
 ) -> dict:
     """:func:`label_metrics` under the COCO 1K protocol: the mean over ``n_folds`` consecutive folds
     of ``fold_images`` images (and their captions) of each metric, ``queries`` summed.

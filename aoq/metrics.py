@@ -24,7 +24,7 @@ megabytes of temporaries and embeddings can be evaluated without forming the ful
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Callable, Literal, get_args
 
 import numpy as np
 
@@ -32,7 +32,9 @@ import numpy as np
 SimsFn = Callable[[slice, slice], np.ndarray]
 
 METRIC_KEYS = ("r1", "r5", "r10", "medr", "meanr")
-PROTOCOLS = ("full", "1k5fold", "5k")
+#: "full": the whole split; "1k5fold": COCO 1K, the mean over 5 folds of 1,000 images; "5k": COCO 5K
+Protocol = Literal["full", "1k5fold", "5k"]
+PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 #: rank intervals of the supplement's cross-retrieval histogram (inclusive, None = no upper end).
 DEFAULT_BINS = ((1, 1), (2, 5), (6, 20), (21, 100), (101, 200), (201, None))
 #: number of score elements handled per block (bounds the temporary boolean arrays).
@@ -302,7 +304,7 @@ def evaluate_embeddings(
     img_emb: np.ndarray,
     cap_emb: np.ndarray,
     captions_per_image: int = 5,
-    protocol: Literal["full", "1k5fold", "5k"] = "full",
+    protocol: Protocol = "full",
     *,
     fold_images: int = 1000,
     n_folds: int = 5,

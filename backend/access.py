@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Request
 
-from backend.errors import ServiceError
+from aoq_serve.errors import ServiceError
 
 
 def is_loopback(host: str) -> bool:

@@ -14,19 +14,19 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from backend.config import Settings
-from backend.db import make_engine, session_factory
-from backend.decode import MemoryBudget
-from backend.deps import Service
-from backend.errors import ServiceError
-from backend.indexes import set_search_threads
-from backend.integrity import check_catalogue
-from backend.limits import BodyLimitMiddleware
-from backend.negatives import NegativesService
-from backend.querylog import QueryLogger
-from backend.registry import Registry
-from backend.routes import analysis, items, search, service
-from backend.version import VERSION
+from aoq_serve.config import Settings
+from aoq_serve.store.db import make_engine, session_factory
+from aoq_serve.decode import MemoryBudget
+from aoq_serve.deps import Service
+from aoq_serve.errors import ServiceError
+from aoq_serve.index.faiss_index import set_search_threads
+from aoq_serve.store.integrity import check_catalogue
+from aoq_serve.limits import BodyLimitMiddleware
+from aoq_serve.negatives import NegativesService
+from aoq_serve.querylog import QueryLogger
+from aoq_serve.registry import Registry
+from aoq_serve.routes import analysis, items, search, service
+from aoq_serve.version import VERSION
 
 log = logging.getLogger(__name__)
 #: room for the multipart framing and the other form fields around a maximal upload.
@@ -37,7 +37,7 @@ def start_service(settings: Settings, check: bool = True) -> Service:
     """Check and open the catalogue, check and load every model, start the background threads.
 
     Args:
-        check: run :func:`backend.integrity.check_catalogue` first (``aoq serve`` has run it
+        check: run :func:`aoq_serve.store.integrity.check_catalogue` first (``aoq serve`` has run it
             already, before the server starts, to report a bad catalogue in one line).
 
     Raises:

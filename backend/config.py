@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from aoq_serve.schemas import DEFAULT_MAX_UPLOAD_BYTES
+
 #: The catalogue lives beside the indexes unless a URL is given.
 CATALOGUE_FILE = "catalogue.sqlite"
 
@@ -39,7 +41,7 @@ class Settings(BaseSettings):
     faiss_threads: int = Field(1, ge=1)
     #: seconds between checks of ``index.json`` for a rebuilt index (0: only ``POST /admin/reload``).
     reload_poll_s: float = Field(2.0, ge=0)
-    max_upload_bytes: int = Field(10 * 1024 * 1024, ge=1)
+    max_upload_bytes: int = Field(DEFAULT_MAX_UPLOAD_BYTES, ge=1)
     #: uploads with more pixels are refused before decoding (decompression bombs).
     max_upload_pixels: int = Field(40_000_000, ge=1)
     #: uploads are reduced to at most this many pixels on their longer side right after decoding,

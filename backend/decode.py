@@ -22,7 +22,7 @@ from contextlib import contextmanager, nullcontext
 
 from PIL import Image, UnidentifiedImageError
 
-from backend.errors import ServiceError
+from aoq_serve.errors import ServiceError
 
 ACCEPTED_FORMATS = ("PNG", "JPEG")
 #: bytes per pixel of Pillow's in-memory storage; every other mode takes 4.

@@ -10,12 +10,12 @@ from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.config import Settings
-from backend.decode import MemoryBudget
-from backend.negatives import NegativesService
-from backend.querylog import QueryLogger
-from backend.registry import Registry, Snapshot
-from backend.search import Urls
+from aoq_serve.config import Settings
+from aoq_serve.decode import MemoryBudget
+from aoq_serve.negatives import NegativesService
+from aoq_serve.querylog import QueryLogger
+from aoq_serve.registry import Registry, Snapshot
+from aoq_serve.search import Urls
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Failure cases: test queries one model gets right at rank 1 and the other does not.
 
-``aoq index`` stores each model's full-gallery ground-truth ranks (:func:`gallery_ranks`) in the
+``aoq index`` stores each model's full-gallery ground-truth ranks
+(:func:`aoq_serve.index.reports.gallery_ranks`) in the
 catalogue's ``query_ranks`` table; the failure cases of any pair of models over the same gallery
 are then one self-join of that table (:func:`failure_cases`), so the pair is chosen per request
 (default: the baseline-role and aoq-role models).
@@ -10,24 +11,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased
 
-from aoq.metrics import i2t_ranks, t2i_ranks
-from backend.db import QueryRank
+from aoq_serve.store.db import QueryRank
 
 Direction = Literal["t2i", "i2t"]
 Which = Literal["baseline_only", "aoq_only", "both"]
-
-
-def gallery_ranks(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int) -> dict[str, np.ndarray]:
-    """1-based full-gallery ranks: ``t2i`` per caption (its image), ``i2t`` per image (its best caption)."""
-    sims = np.asarray(img_emb, dtype=np.float32) @ np.asarray(cap_emb, dtype=np.float32).T
-    return {
-        "t2i": t2i_ranks(sims, captions_per_image) + 1,
-        "i2t": i2t_ranks(sims, captions_per_image) + 1,
-    }
 
 
 def failure_cases(

@@ -27,7 +27,7 @@ from aoq.checkpoint import Checkpoint
 from aoq.data.loaders import load_pixels
 from aoq.embed import encode_image_inputs, encode_texts
 from aoq.features import extract_regions
-from backend.errors import ServiceError
+from aoq_serve.errors import ServiceError
 
 
 def encode_text(checkpoint: Checkpoint, text: str) -> np.ndarray:

@@ -13,7 +13,7 @@ from typing import Any
 
 from aoq.config import DataConfig
 from aoq.data.dataset import DataError
-from backend.errors import ServiceError
+from aoq_serve.errors import ServiceError
 
 
 def safe_path(data_dir: Path, relative: str | Path) -> Path:

@@ -12,7 +12,7 @@ from sqlalchemy import insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
-from backend.db import QueryLog
+from aoq_serve.store.db import QueryLog
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ catalogue's gallery ids. A model failing any check is disabled with the reason (
 by ``/health`` and ``/models``) instead of serving wrong results (docs/serving.md, Design notes).
 
 The gallery's caption text and ids are checked too: ``aoq index`` records their digest
-(:func:`backend.catalogue.gallery_digest`) in each index manifest, so a caption edited in the
+(:func:`aoq_serve.store.catalogue.gallery_digest`) in each index manifest, so a caption edited in the
 catalogue (or a damaged row) disables the models of that gallery, on SQLite and PostgreSQL.
 
 A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
@@ -33,12 +33,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
 from aoq.io import ArtefactError, read_manifest, sha256_file
-from backend import catalogue
-from backend.catalogue import SplitIds
-from backend.config import Settings
-from backend.db import Model
-from backend.errors import ServiceError
-from backend.indexes import (
+from aoq_serve.store import catalogue
+from aoq_serve.store.catalogue import SplitIds
+from aoq_serve.config import Settings
+from aoq_serve.store.db import Model
+from aoq_serve.errors import ServiceError
+from aoq_serve.index.faiss_index import (
     MODALITIES,
     FileStamp,
     LoadedIndex,
@@ -65,7 +65,7 @@ class Gallery:
     captions: list[str]
     #: exact caption text -> its first position, to recognise queries that are gallery captions.
     text_positions: dict[str, int]
-    #: :func:`backend.catalogue.gallery_digest` of the ids and captions read from the catalogue.
+    #: :func:`aoq_serve.store.catalogue.gallery_digest` of the ids and captions read from the catalogue.
     digest: str
 
     def image_position(self, image_id: int) -> int | None:

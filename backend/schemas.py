@@ -10,6 +10,8 @@ MAX_QUERY_CHARS = 1000
 MAX_K = 100
 #: ids are 32-bit integers in the catalogue (PostgreSQL INTEGER).
 MAX_ID = 2**31 - 1
+#: the service's default upload limit (``AOQ_MAX_UPLOAD_BYTES``); the UI refuses larger files before they travel.
+DEFAULT_MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 #: side of the thumbnails the result lists link to.
 THUMBNAIL_SIZE = 128
 

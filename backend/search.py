@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from backend import indexes
-from backend.errors import ServiceError
-from backend.featurize import encode_text, encode_upload
-from backend.registry import ServingModel
-from backend.schemas import (
+from aoq_serve.index import faiss_index
+from aoq_serve.errors import ServiceError
+from aoq_serve.featurize import encode_text, encode_upload
+from aoq_serve.registry import ServingModel
+from aoq_serve.schemas import (
     THUMBNAIL_SIZE,
     CaptionHit,
     ImageHit,
@@ -53,14 +53,14 @@ def _ground_truth_rank(
         # unless a tie runs past the cut (the last score equals it): then rank the full gallery.
         if scores[-1] < best:
             return int(np.count_nonzero(scores[~found] >= best)) + 1
-    return indexes.full_rank(served.index.embeddings[modality], query, truth_positions)
+    return faiss_index.full_rank(served.index.embeddings[modality], query, truth_positions)
 
 
 def search_text(served: ServingModel, query: str, k: int, urls: Urls) -> SearchTextOut:
     """Rank the gallery images for a sentence."""
     start = time.perf_counter()
     vector = encode_text(served.checkpoint, query)
-    scores, ids = indexes.search(served.index.faiss["images"], vector, k)
+    scores, ids = faiss_index.search(served.index.faiss["images"], vector, k)
     gallery = served.gallery
     position = gallery.text_positions.get(query)
     caption_id, truth, rank = None, np.empty(0, dtype=np.int64), None
@@ -103,7 +103,7 @@ def search_image(
         vector = np.asarray(served.index.embeddings["images"][position], dtype=np.float32)
     else:
         vector = encode_upload(served.checkpoint, upload, gallery.synthetic, gallery.dataset)
-    scores, ids = indexes.search(served.index.faiss["captions"], vector, k)
+    scores, ids = faiss_index.search(served.index.faiss["captions"], vector, k)
     if image_id is not None:
         owners = gallery.ids.caption_image_ids
         first, last = np.searchsorted(owners, image_id, "left"), np.searchsorted(owners, image_id, "right")

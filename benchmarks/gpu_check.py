@@ -54,9 +54,9 @@ from aoq.config import ModelConfig, Round2Config, TrainConfig  # noqa: E402
 from aoq.device import seed_everything  # noqa: E402
 from aoq.io import atomic_write_json  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
-from training.round1 import round1_step  # noqa: E402
-from training.round2 import round2_step  # noqa: E402
-from training.trainer import optimise_step  # noqa: E402
+from aoq_train.round1 import round1_step  # noqa: E402
+from aoq_train.round2.train import round2_step  # noqa: E402
+from aoq_train.loop.trainer import optimise_step  # noqa: E402
 
 log = logging.getLogger("gpu_check")
 PAPER_AOQ_OVER_BASELINE = 1.46  # AOQ paper: round-2 time per batch / round-1 time per batch
@@ -163,7 +163,7 @@ def _unit(n: int, d: int, generator: torch.Generator, device: torch.device) -> n
 
 
 def part_mining(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
-    from training.mining import mine_offline_negatives
+    from aoq_train.mining import mine_offline_negatives
 
     generator = torch.Generator().manual_seed(0)
     img = _unit(sizes.mine_images, sizes.mine_dim, generator, device)
@@ -215,7 +215,7 @@ def _cli(args: list[str], timeout: float, launcher: list[str] | None = None) -> 
     """Run one ``aoq`` command (through ``python -m <launcher>`` if given); its seconds. Raises
     TimeoutError past ``timeout``."""
     start = time.perf_counter()
-    command = [sys.executable, "-m", *(launcher or []), "aoq.cli.main", *args]
+    command = [sys.executable, "-m", *(launcher or []), "aoq_cli.main", *args]
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:

@@ -3,7 +3,7 @@
 Measured in one run on random unit vectors (default 20,000 images x 100,000 captions, d=512,
 H = 2000 captions per image / 400 images per caption, like the public AOQ code):
 
-(a) ``training.mining.mine_offline_negatives``, both directions, torch backend on the CPU (the
+(a) ``aoq_train.mining.mine_offline_negatives``, both directions, torch backend on the CPU (the
     fused pass: every score computed once, both directions selected from it), in its default
     precision ("auto": the bf16 filter with float32 re-scoring where this CPU's bf16 products
     pay, else float32; exact lists either way), with its resumable per-block files written to a
@@ -67,8 +67,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.mining import fused, mine_offline_negatives  # noqa: E402
-from training.mining.driver import product_precision  # noqa: E402
+from aoq_train.mining import fused, mine_offline_negatives  # noqa: E402
+from aoq_train.mining.driver import product_precision  # noqa: E402
 
 COCO_IMAGES, COCO_CPI, COCO_DIM = 113_287, 5, 1024
 

@@ -4,7 +4,7 @@ round-1 training epoch on cached features (projection heads only).
 
 The featurisation timings use the cache's own functions (``image_backbone_features``,
 ``caption_backbone_features``: file decoding, resizing and tokenising included) on ``--images``
-fixture PNGs of 72x72 pixels and their ``5 * --images`` captions. The epoch runs the trainer's
+synthetic-benchmark PNGs of 72x72 pixels and their ``5 * --images`` captions. The epoch runs the trainer's
 data path and step (``PairDataset`` over cached feature arrays, ``collate_pairs``, the round-1
 max_violation step, backward, clipping, Adam) over ``--epoch-images`` images x 5 captions,
 batch 128, with random features of the right shapes: the heads do not care what the numbers are.
@@ -33,10 +33,11 @@ from aoq.data.dataset import SplitData  # noqa: E402
 from aoq.data.load import load_split  # noqa: E402
 from aoq.data.loaders import PairDataset, collate_pairs  # noqa: E402
 from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
-from tests.fixtures import write_karpathy_fixture  # noqa: E402
-from training.round1 import round1_step  # noqa: E402
-from training.batches import epoch_loader  # noqa: E402
-from training.trainer import optimise_step  # noqa: E402
+from aoq_train.datasets.synth.scenes import SceneParams  # noqa: E402
+from aoq_train.datasets.synth.writer import write_dataset  # noqa: E402
+from aoq_train.loop.batches import epoch_loader  # noqa: E402
+from aoq_train.loop.trainer import optimise_step  # noqa: E402
+from aoq_train.round1 import round1_step  # noqa: E402
 
 
 def _timed(fn):
@@ -52,7 +53,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        js = write_karpathy_fixture(tmp, "flickr30k", {"train": args.images, "val": 1, "test": 1}, image_size=72)
+        root = Path(tmp) / "synth"
+        write_dataset(root, {"train": args.images, "dev": 1, "test": 1}, params=SceneParams(image_size=72), workers=1,
+                      progress=False)
+        js = root / "dataset_synth.json"
         cfg = config_from_dict({"data": {"format": "karpathy", "path": str(js), "image_size": 224},
                                 "model": {"image_encoder": "effnet_lite0", "text_encoder": "minilm"}})
         split = load_split(cfg.data, "train")

@@ -44,11 +44,11 @@ from aoq.data.vocab import Vocabulary  # noqa: E402
 from aoq.device import seed_everything  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
 from aoq.net import ServerNotReady, free_port, wait_http  # noqa: E402
-from backend import catalogue  # noqa: E402
-from backend.build import record_model  # noqa: E402
-from backend.db import create_schema, make_engine, session_factory  # noqa: E402
-from backend.featurize import encode_text  # noqa: E402
-from backend.indexes import (  # noqa: E402
+from aoq_serve.store import catalogue  # noqa: E402
+from aoq_serve.index.build import record_model  # noqa: E402
+from aoq_serve.store.db import create_schema, make_engine, session_factory  # noqa: E402
+from aoq_serve.featurize import encode_text  # noqa: E402
+from aoq_serve.index.faiss_index import (  # noqa: E402
     IndexSpec,
     bump_generation,
     load_model_index,
@@ -140,7 +140,7 @@ def bare_latencies(model_dir: Path, index_dir: Path, texts: list[str], k: int) -
 
 
 def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
-    server = subprocess.Popen([sys.executable, "-m", "aoq.cli.main", "serve", "--port", str(port)], cwd=REPO,
+    server = subprocess.Popen([sys.executable, "-m", "aoq_cli.main", "serve", "--port", str(port)], cwd=REPO,
                               env={**os.environ, **env})
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc=server, what="aoq serve", timeout=300,

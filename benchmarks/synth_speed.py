@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.datasets.synth.writer import write_dataset  # noqa: E402
+from aoq_train.datasets.synth.writer import write_dataset  # noqa: E402
 
 
 def _timed_run(root: Path, name: str, n_images: int, workers: int) -> float:

@@ -5,7 +5,7 @@ backward, gradient clipping and an Adam update, on synthetic-shaped batches (``N
 ``FEATURE_DIM`` region features from ``aoq.features``, captions of 8-18 tokens, the model sizes
 of ``--config``). Round 1 runs ``train.loss`` (max_violation, the baseline) on B pairs; round 2
 runs ``round2.loss`` (AdapOffQuin) on B pairs plus their offline items (3B images and 3B
-captions, the layout of ``training.round2.collate_round2``). The two steps alternate, one of
+captions, the layout of ``aoq_train.round2.train.collate_round2``). The two steps alternate, one of
 each per iteration, so a change of load on a shared machine hits both alike. Data loading is
 not included (the trainer's ``metrics.jsonl`` records the per-batch time with loading).
 
@@ -41,9 +41,9 @@ from aoq.config import load_config  # noqa: E402
 from aoq.device import resolve_device, seed_everything  # noqa: E402
 from aoq.features import FEATURE_DIM, N_REGIONS  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
-from training.round1 import round1_step  # noqa: E402
-from training.round2 import round2_step, uses_derived_pairs  # noqa: E402
-from training.trainer import optimise_step  # noqa: E402
+from aoq_train.round1 import round1_step  # noqa: E402
+from aoq_train.round2.train import round2_step, uses_derived_pairs  # noqa: E402
+from aoq_train.loop.trainer import optimise_step  # noqa: E402
 
 DEMO_PAIRS = 4000 * 5
 ROUNDS = ("round1", "round2")

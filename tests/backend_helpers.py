@@ -31,16 +31,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aoq.checkpoint import save_checkpoint
+from aoq.checkpoint import load_checkpoint, save_checkpoint
 from aoq.config import DataConfig, ExperimentConfig, ModelConfig
 from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary
 from aoq.device import seed_everything
 from aoq.embed import encode_split
 from aoq.models.joint import build_model
-from backend.build import IndexJob, index_models
-from backend.config import Settings
-from training.mining import mine_offline_negatives, save_mined
+from aoq_serve.index.build import IndexJob, index_models
+from aoq_serve.config import Settings
+from aoq_train.mining import mine_offline_negatives, save_mined
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"train": 24, "dev": 4, "test": 12}
@@ -96,7 +96,7 @@ def _metrics_log(path: Path) -> None:
 
 def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, index: bool = True) -> ServiceFixture:
     """Generate the data, checkpoints and mined negatives under ``tmp_path``; index them unless told not to."""
-    from training.datasets.synth.writer import write_dataset
+    from aoq_train.datasets.synth.writer import write_dataset
 
     data_dir = tmp_path / "data"
     synth = data_dir / "synth"
@@ -136,7 +136,7 @@ def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, inde
 def free_socket(host: str = "127.0.0.1") -> socket.socket:
     """A listening socket on a free port chosen by the kernel (no race between pick and bind),
     made as ``aoq serve`` makes its own."""
-    from backend.server import listen
+    from aoq_serve.server import listen
 
     return listen(host, 0)
 
@@ -145,8 +145,8 @@ def free_socket(host: str = "127.0.0.1") -> socket.socket:
 def run_server(settings: Settings, timeout_s: float = 60.0) -> Iterator[str]:
     """Start the real uvicorn server (as ``aoq serve`` configures it) in a thread on 127.0.0.1
     (random free port); yield its base URL once it accepts requests; stop it cleanly on exit."""
-    from backend.app import create_app
-    from backend.server import make_server
+    from aoq_serve.app import create_app
+    from aoq_serve.server import make_server
 
     sock = free_socket()
     port = sock.getsockname()[1]
@@ -220,7 +220,7 @@ def serve_env(fx: ServiceFixture, **settings: object) -> dict[str, str]:
 
 def start_serve(env: dict[str, str], port: int) -> subprocess.Popen:
     """``aoq serve --port port`` as a child process (stdout and stderr captured as text)."""
-    return subprocess.Popen([sys.executable, "-m", "aoq.cli.main", "serve", "--port", str(port)], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "aoq_cli.main", "serve", "--port", str(port)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -255,3 +255,10 @@ def serve_process(fx: ServiceFixture, timeout_s: float = 120.0, **settings: obje
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate(timeout=30)
+
+
+def retrain(models_dir: Path, name: str, seed: int) -> str:
+    """Replace a checkpoint by one with other weights (same config, vocab and extra)."""
+    old = load_checkpoint(models_dir / name)
+    return write_checkpoint(models_dir / name, old.config, old.vocab, old.extra.get("img_dim"), seed,
+                            {k: v for k, v in old.extra.items() if k not in ("img_dim", "image_input", "resnet_arch")})

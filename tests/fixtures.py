@@ -15,7 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import yaml
 from PIL import Image
+
+from aoq_train.datasets.synth.scenes import Scene, SceneParams, family_plan, sample_family
 
 from aoq.io import atomic_save_npy, atomic_write_json, atomic_write_text
 
@@ -168,3 +171,26 @@ def _write_png(path: Path, index: int, size: int) -> None:
     img = Image.new("RGB", (size, size), colour)
     img.paste(tuple(min(255, c + 100) for c in colour), (0, 0, size // 2, size // 2))
     img.save(path, format="PNG")
+
+
+def write_tiny_config(path: Path, data: Path, **sections: dict) -> Path:
+    """A run config for a tiny model on the fixture at ``data`` (2 epochs, batch 30), with
+    ``sections`` merged into (or added to) its sections; returns ``path``."""
+    tree: dict = {
+        "name": "tiny",
+        "data": {"path": str(data), "vocab_threshold": 1},
+        "model": {"embed_dim": 16, "word_dim": 8},
+        "train": {"epochs": 2, "batch_size": 30, "lr": 0.002},
+    }
+    for name, values in sections.items():
+        tree[name] = {**tree.get(name, {}), **values}
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def synth_scenes(params: SceneParams, n: int, split: str = "train", seed: int = 0) -> list[Scene]:
+    """The first ``n`` scenes of a synthetic-benchmark split, in image order, without writing anything."""
+    out: list[Scene] = []
+    for family, (_, size) in enumerate(family_plan(n, params, seed, split)):
+        out.extend(sample_family(params, seed, split, family, size))
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from aoq.config import load_config
-from training.arms import ROUND2_ARMS, arm_label, resolve_arm, resolve_arms
+from aoq_train.pipeline.arms import ROUND2_ARMS, arm_label, resolve_arm, resolve_arms
 
 
 def test_round2_arms_keep_their_overrides_and_folders():

@@ -14,9 +14,9 @@ from sqlalchemy import func, select, update
 
 from aoq.checkpoint import load_checkpoint
 from aoq.embed import encode_texts
-from backend.db import Image as ImageRow
-from backend.db import QueryLog, make_engine
-from backend.schemas import THUMBNAIL_SIZE
+from aoq_serve.store.db import Image as ImageRow
+from aoq_serve.store.db import QueryLog, make_engine
+from aoq_serve.schemas import THUMBNAIL_SIZE
 from tests.backend_helpers import (
     ServiceFixture,
     build_service_fixture,

@@ -19,24 +19,12 @@ from sqlalchemy import update
 
 from aoq.checkpoint import load_checkpoint
 from aoq.net import wait_http
-from backend.db import Dataset, IndexRecord, Model, make_engine
-from backend.indexes import load_model_index
-from tests.backend_helpers import (
-    build_service_fixture,
-    free_socket,
-    run_server,
-    write_checkpoint,
-)
+from aoq_serve.store.db import Dataset, IndexRecord, Model, make_engine
+from aoq_serve.index.faiss_index import load_model_index
+from tests.backend_helpers import build_service_fixture, free_socket, retrain, run_server, write_checkpoint
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-def retrain(models_dir: Path, name: str, seed: int) -> str:
-    """Replace a checkpoint by one with other weights (same config, vocab and extra)."""
-    old = load_checkpoint(models_dir / name)
-    return write_checkpoint(models_dir / name, old.config, old.vocab, old.extra.get("img_dim"), seed,
-                            {k: v for k, v in old.extra.items() if k not in ("img_dim", "image_input", "resnet_arch")})
 
 
 def test_mismatched_models_are_disabled_with_the_reason(tmp_path: Path, caplog):
@@ -142,7 +130,7 @@ def test_rebuilding_indexes_swaps_atomically_while_serving(tmp_path: Path):
 def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Path):
     fx = build_service_fixture(tmp_path, index=False)
     out = subprocess.run(
-        [sys.executable, "-m", "aoq.cli.main", "index", "--models-dir", str(fx.models_dir), "--data-dir",
+        [sys.executable, "-m", "aoq_cli.main", "index", "--models-dir", str(fx.models_dir), "--data-dir",
          str(fx.data_dir), "--out", str(fx.index_dir), "--catalogue", fx.catalogue_url, "--type", "hnsw",
          "--device", "cpu"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
@@ -174,7 +162,7 @@ def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Pa
 
 
 def _aoq(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "aoq.cli.main", *args], cwd=REPO, env={**os.environ, **(env or {})},
+    return subprocess.Popen([sys.executable, "-m", "aoq_cli.main", *args], cwd=REPO, env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 

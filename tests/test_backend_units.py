@@ -16,15 +16,16 @@ from sqlalchemy import func, select
 
 from aoq.data.dataset import SplitData
 from aoq.io import ArtefactError
-from backend import catalogue, indexes
-from backend.catalogue import CatalogueError
-from backend.db import QueryLog, QueryRank, create_schema, make_engine, session_factory
-from backend.decode import decode_upload
-from backend.errors import ServiceError
-from backend.failures import failure_cases
-from backend.featurize import upload_refusal
-from backend.paths import safe_path
-from backend.querylog import QueryLogger
+from aoq_serve.store import catalogue
+from aoq_serve.index import faiss_index
+from aoq_serve.store.catalogue import CatalogueError
+from aoq_serve.store.db import QueryLog, QueryRank, create_schema, make_engine, session_factory
+from aoq_serve.decode import decode_upload
+from aoq_serve.errors import ServiceError
+from aoq_serve.failures import failure_cases
+from aoq_serve.featurize import upload_refusal
+from aoq_serve.paths import safe_path
+from aoq_serve.querylog import QueryLogger
 from tests.backend_helpers import unit_vectors
 
 
@@ -50,9 +51,9 @@ def sessions(tmp_path: Path):
 def test_flat_index_is_exact_and_keeps_catalogue_ids():
     vectors, queries = unit_vectors(300, 16, 0), unit_vectors(20, 16, 1)
     ids = np.arange(1000, 1300)
-    index, params = indexes.build_index(vectors, ids, queries, indexes.IndexSpec("flat"))
+    index, params = faiss_index.build_index(vectors, ids, queries, faiss_index.IndexSpec("flat"))
     assert params == {"recall_at_10": 1.0}
-    scores, found = indexes.search(index, queries[0], 5)
+    scores, found = faiss_index.search(index, queries[0], 5)
     brute = vectors @ queries[0]
     expected = np.argsort(-brute)[:5]
     assert found.tolist() == (expected + 1000).tolist()
@@ -63,52 +64,52 @@ def test_flat_index_is_exact_and_keeps_catalogue_ids():
 def test_approximate_index_is_tuned_to_the_target_recall(kind: str, param: str):
     vectors = clustered(4000, 32, 40, seed=2)
     queries = clustered(500, 32, 40, seed=3)
-    index, params = indexes.build_index(vectors, np.arange(4000), queries, indexes.IndexSpec(kind, target_recall=0.95))
+    index, params = faiss_index.build_index(vectors, np.arange(4000), queries, faiss_index.IndexSpec(kind, target_recall=0.95))
     assert params["recall_at_10"] >= 0.95
     assert param in params
-    exact, _ = indexes.build_index(vectors, np.arange(4000), queries, indexes.IndexSpec("flat"))
+    exact, _ = faiss_index.build_index(vectors, np.arange(4000), queries, faiss_index.IndexSpec("flat"))
     # the recorded value is what the tuned index really achieves on these queries
-    assert indexes.recall_at_k(index, exact, queries[:200]) >= 0.9
+    assert faiss_index.recall_at_k(index, exact, queries[:200]) >= 0.9
 
 
 def test_recall_counts_tied_answers_as_found():
     """Duplicated vectors: any of the tied ids is a correct answer, not only the one exact search picked."""
     base = unit_vectors(50, 16, 8)
     vectors = np.repeat(base, 20, axis=0)  # every vector 20 times
-    exact, _ = indexes.build_index(vectors, np.arange(1000), base, indexes.IndexSpec("flat"))
-    shuffled, _ = indexes.build_index(vectors[::-1].copy(), np.arange(1000)[::-1].copy(), base, indexes.IndexSpec("flat"))
+    exact, _ = faiss_index.build_index(vectors, np.arange(1000), base, faiss_index.IndexSpec("flat"))
+    shuffled, _ = faiss_index.build_index(vectors[::-1].copy(), np.arange(1000)[::-1].copy(), base, faiss_index.IndexSpec("flat"))
     _, a = exact.search(base, 10)
     _, b = shuffled.search(base, 10)
     assert (a != b).any()  # the two exact searches pick different ids among the ties...
-    assert indexes.recall_at_k(shuffled, exact, base) == 1.0  # ...and both answers are perfect
+    assert faiss_index.recall_at_k(shuffled, exact, base) == 1.0  # ...and both answers are perfect
     worse = faiss.IndexIDMap(faiss.IndexFlatIP(16))
     worse.add_with_ids(unit_vectors(1000, 16, 9), np.arange(1000))
-    assert indexes.recall_at_k(worse, exact, base) < 0.2
+    assert faiss_index.recall_at_k(worse, exact, base) < 0.2
 
 
 def test_unreachable_recall_is_an_error_not_a_silent_index():
     vectors = unit_vectors(500, 16, 4)
     with pytest.raises(ArtefactError, match="below the target"):
-        indexes.build_index(vectors, np.arange(500), vectors[:50], indexes.IndexSpec("hnsw", target_recall=1.01))
+        faiss_index.build_index(vectors, np.arange(500), vectors[:50], faiss_index.IndexSpec("hnsw", target_recall=1.01))
 
 
 def test_search_threads_apply_in_every_worker_thread():
     """OpenMP thread counts are per thread: setting it once in the main thread would not reach
     the server's request threads."""
-    index, _ = indexes.build_index(unit_vectors(50, 8, 0), np.arange(50), unit_vectors(5, 8, 1), indexes.IndexSpec())
+    index, _ = faiss_index.build_index(unit_vectors(50, 8, 0), np.arange(50), unit_vectors(5, 8, 1), faiss_index.IndexSpec())
     seen = []
 
     def worker() -> None:
-        indexes.search(index, unit_vectors(1, 8, 2)[0], 3)
+        faiss_index.search(index, unit_vectors(1, 8, 2)[0], 3)
         seen.append(faiss.omp_get_max_threads())
 
-    indexes.set_search_threads(1)
+    faiss_index.set_search_threads(1)
     try:
         thread = threading.Thread(target=worker)
         thread.start()
         thread.join()
     finally:
-        indexes.set_search_threads(0)
+        faiss_index.set_search_threads(0)
     assert seen == [1]
 
 
@@ -116,25 +117,25 @@ def test_full_rank_counts_ties_against_the_truth():
     emb = np.array([[1, 0], [0.6, 0.8], [0, 1], [0.6, 0.8]], dtype=np.float32)
     query = np.array([0.6, 0.8], dtype=np.float32)
     # scores 0.6, 1.0, 0.8, 1.0: items 1 and 3 tie at the top, so the tie pushes the truth down
-    assert indexes.full_rank(emb, query, np.array([3])) == 2
-    assert indexes.full_rank(emb, query, np.array([1, 3])) == 1  # tied truths do not count
-    assert indexes.full_rank(emb, query, np.array([0])) == 4  # 0.6 < 0.8 (x2) and < 0.8 for item 2
-    assert indexes.full_rank(emb, query, np.array([0, 2])) == 3  # best of the two
+    assert faiss_index.full_rank(emb, query, np.array([3])) == 2
+    assert faiss_index.full_rank(emb, query, np.array([1, 3])) == 1  # tied truths do not count
+    assert faiss_index.full_rank(emb, query, np.array([0])) == 4  # 0.6 < 0.8 (x2) and < 0.8 for item 2
+    assert faiss_index.full_rank(emb, query, np.array([0, 2])) == 3  # best of the two
     # a collapsed gallery: every other item ties, the truth ranks last
-    assert indexes.full_rank(np.ones((5, 2), dtype=np.float32), query, np.array([2])) == 5
+    assert faiss_index.full_rank(np.ones((5, 2), dtype=np.float32), query, np.array([2])) == 5
 
 
-def _write(tmp_path: Path, spec=indexes.IndexSpec()) -> Path:
+def _write(tmp_path: Path, spec=faiss_index.IndexSpec()) -> Path:
     emb = {"images": unit_vectors(10, 8, 5), "captions": unit_vectors(50, 8, 6)}
     ids = {"images": np.arange(1, 11), "captions": np.arange(1, 51)}
     out = tmp_path / "idx" / "m"
-    indexes.write_model_index(out, emb, ids, spec, {"model": "m", "checkpoint_hash": "abc"})
+    faiss_index.write_model_index(out, emb, ids, spec, {"model": "m", "checkpoint_hash": "abc"})
     return out
 
 
 def test_index_artefact_round_trip(tmp_path: Path):
     out = _write(tmp_path)
-    loaded = indexes.load_model_index(out)
+    loaded = faiss_index.load_model_index(out)
     assert loaded.config["checkpoint_hash"] == "abc"
     assert loaded.config["counts"] == {"images": 10, "captions": 50}
     assert loaded.faiss["images"].ntotal == 10 and loaded.ids["captions"].tolist() == list(range(1, 51))
@@ -147,13 +148,13 @@ def test_corrupted_index_file_is_refused(tmp_path: Path):
     data[-5] ^= 0xFF
     (out / "images.faiss").write_bytes(bytes(data))
     with pytest.raises(ArtefactError, match="images.faiss: content hash mismatch"):
-        indexes.load_model_index(out)
+        faiss_index.load_model_index(out)
 
 
 def test_generation_file_counts_up(tmp_path: Path):
-    assert indexes.read_generation(tmp_path) is None
-    assert indexes.bump_generation(tmp_path, ["a"]) == {"generation": 1, "models": ["a"]}
-    assert indexes.bump_generation(tmp_path, ["b"]) == {"generation": 2, "models": ["a", "b"]}
+    assert faiss_index.read_generation(tmp_path) is None
+    assert faiss_index.bump_generation(tmp_path, ["a"]) == {"generation": 1, "models": ["a"]}
+    assert faiss_index.bump_generation(tmp_path, ["b"]) == {"generation": 2, "models": ["a", "b"]}
 
 
 # ----------------------------------------------------------------------------- failure cases

@@ -36,7 +36,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from tests.backend_helpers import build_service_fixture, run_server  # noqa: E402
-from ui.app import build_app, launch  # noqa: E402
+from aoq_ui.app import build_app, launch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -222,12 +222,12 @@ TAB_BUTTONS = {  # tab -> (main button, element whose content shows the button's
 
 @pytest.fixture(scope="module")
 def emoji_demo(tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """``python -m aoq.cli.demo --quick --prepare-only`` in a temporary folder (its own feature
+    """``python -m aoq_cli.demo --quick --prepare-only`` in a temporary folder (its own feature
     cache), then the real service and the UI with the demo's example queries: (backend, UI) URLs."""
     from aoq.data.dataset import DataError
-    from backend.config import Settings
-    from training.datasets.emoji.sources import locate_sources
-    from ui.examples import load_example_queries
+    from aoq_serve.config import Settings
+    from aoq_train.datasets.emoji.sources import locate_sources
+    from aoq_ui.examples import load_example_queries
 
     try:
         locate_sources()
@@ -237,7 +237,7 @@ def emoji_demo(tmp_path_factory) -> Iterator[tuple[str, str]]:
     env = {**os.environ, "AOQ_DATA_DIR": str(root / "data"), "AOQ_RUNS_DIR": str(root / "runs"),
            "AOQ_FEATURE_CACHE": str(root / "features")}
     env.pop("AOQ_CATALOGUE_URL", None)
-    prepared = subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--quick", "--prepare-only"], cwd=REPO,
+    prepared = subprocess.run([sys.executable, "-m", "aoq_cli.demo", "--quick", "--prepare-only"], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=900)
     assert prepared.returncode == 0, prepared.stderr[-3000:]
     run = root / "runs" / "demo-emoji-quick"

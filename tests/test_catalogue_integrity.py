@@ -81,7 +81,7 @@ def _edit_caption(fx: ServiceFixture, dataset: str) -> int:
     """Change the text of one gallery caption of ``dataset`` behind the service's back."""
     from sqlalchemy import select, update
 
-    from backend.db import Caption, Dataset, make_engine
+    from aoq_serve.store.db import Caption, Dataset, make_engine
 
     engine = make_engine(fx.catalogue_url)
     with engine.begin() as conn:

@@ -29,6 +29,8 @@ import yaml
 from setuptools.config.pyprojecttoml import read_configuration
 from sqlalchemy.engine import make_url
 
+from tests.layout import package_folders
+
 REPO = Path(__file__).resolve().parents[1]
 SERVICES = {"db", "init", "backend", "ui"}
 
@@ -101,7 +103,7 @@ def _command(service: dict) -> list[str]:
 
 def _parse(command_module: str, argv: list[str]) -> argparse.Namespace:
     """Parse ``argv`` with an ``aoq`` sub-command's own parser (SystemExit on an unknown flag)."""
-    module = __import__(f"aoq.cli.{command_module}", fromlist=["add_arguments"])
+    module = __import__(f"aoq_cli.{command_module}", fromlist=["add_arguments"])
     parser = argparse.ArgumentParser(prog=f"aoq {command_module}", exit_on_error=False)
     module.add_arguments(parser)
     return parser.parse_args(argv)
@@ -145,7 +147,7 @@ def test_init_and_backend_share_settings_volumes_and_the_db(compose):
     services = compose["services"]
     db_env = _env(services["db"])
     init, backend = services["init"], services["backend"]
-    assert _command(init) == ["python", "-m", "aoq.cli.demo", "--prepare-only"]
+    assert _command(init) == ["python", "-m", "aoq_cli.demo", "--prepare-only"]
     assert str(init.get("restart", "no")) == "no"  # one shot
     assert init["depends_on"] == {"db": {"condition": "service_healthy"}}
     for service in (init, backend):
@@ -165,10 +167,10 @@ def test_init_and_backend_share_settings_volumes_and_the_db(compose):
 
 
 def test_backend_serves_the_folders_the_demo_prepares(compose):
-    from aoq.cli.demo import SYNTH_FULL, demo_config
+    from aoq_cli.demo import SYNTH_FULL, demo_config
 
     env = _env(compose["services"]["backend"])
-    # `python -m aoq.cli.demo --prepare-only` (init) follows AOQ_DATA_DIR / AOQ_RUNS_DIR
+    # `python -m aoq_cli.demo --prepare-only` (init) follows AOQ_DATA_DIR / AOQ_RUNS_DIR
     assert env["AOQ_DEMO_DATASET"] == "synth"
     run_dir = demo_config(SYNTH_FULL, Path(env["AOQ_DATA_DIR"]), Path(env["AOQ_RUNS_DIR"])).run_dir
     assert Path(env["AOQ_MODELS_DIR"]) == run_dir / "models"
@@ -216,7 +218,7 @@ def test_the_admin_token_is_passed_on_only_when_set(compose):
 
 
 def test_quick_variant_serves_the_folders_the_quick_demo_prepares(compose):
-    from aoq.cli.demo import SYNTH_QUICK, demo_config
+    from aoq_cli.demo import SYNTH_QUICK, demo_config
 
     quick = _config("docker-compose.yml", "docker/quick.yml")["services"]
     assert _command(quick["init"]) == [*_command(compose["services"]["init"]), "--quick"]
@@ -231,8 +233,8 @@ def test_quick_variant_serves_the_folders_the_quick_demo_prepares(compose):
 @pytest.mark.parametrize("name", ["init", "backend", "ui"])
 def test_every_project_command_parses(compose, name):
     command = _command(compose["services"][name])
-    if command[:3] == ["python", "-m", "aoq.cli.demo"]:
-        out = subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--help"], cwd=REPO, capture_output=True,
+    if command[:3] == ["python", "-m", "aoq_cli.demo"]:
+        out = subprocess.run([sys.executable, "-m", "aoq_cli.demo", "--help"], cwd=REPO, capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0 and "--prepare-only" in out.stdout, out.stderr
     else:
@@ -406,14 +408,13 @@ def test_build_inputs_stay_in_the_build_stage():
 def test_the_image_copies_everything_make_setup_needs():
     copied = _copied()
     project = read_configuration(REPO / "pyproject.toml", expand=False)  # tomllib is 3.11+ only
-    assert {"pyproject.toml", "Makefile", project["project"]["readme"]} <= copied
-    # every package setuptools will find, with its package data
-    patterns = project["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()
-                and any(fnmatch.fnmatch(p.name, pat) for pat in patterns)}
-    assert packages and packages <= copied, packages - copied
-    for package in project["tool"]["setuptools"].get("package-data", {}):
-        assert package.split(".")[0] in copied, f"package data of {package} is not copied"
+    assert {"pyproject.toml", "setup.py", "Makefile", project["project"]["readme"]} <= copied
+    # every folder setup.py installs, with its package data
+    folders = set(package_folders().values())
+    assert folders and folders <= copied, folders - copied
+    assert {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file()} <= folders
+    for package in project.get("tool", {}).get("setuptools", {}).get("package-data", {}):
+        assert package_folders()[package.split(".")[0]] in copied, f"package data of {package} is not copied"
     # the demo reads its experiment configs
     assert "configs" in copied and list((REPO / "configs").glob("*.yaml"))
 

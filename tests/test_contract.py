@@ -14,10 +14,10 @@ import jsonschema_rs
 import pytest
 
 from aoq.names import ROUND1_LOSSES, ROUND2_LOSSES
-from backend.app import create_app
-from backend.config import Settings
+from aoq_serve.app import create_app
+from aoq_serve.config import Settings
 from tests.ui_fake_backend import BASE, MODELS, ROUTES, FakeBackend, match_template
-from ui.client import BackendClient, BackendError
+from aoq_ui.client import BackendClient, BackendError
 
 Exchange = tuple[httpx.Request, httpx.Response]
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sources_or_skip() -> None:
-    from training.datasets.emoji.sources import locate_sources
+    from aoq_train.datasets.emoji.sources import locate_sources
 
     try:
         locate_sources()
@@ -35,7 +35,7 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def _demo(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aoq.cli.demo", "--quick", *args], cwd=ROOT, env=_env(root),
+    return subprocess.run([sys.executable, "-m", "aoq_cli.demo", "--quick", *args], cwd=ROOT, env=_env(root),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -72,7 +72,7 @@ def test_sigterm_stops_the_demo_and_frees_both_ports(demo_root):
     """What a process manager or `docker stop` does: the servers must not outlive the demo."""
     _sources_or_skip()
     backend, ui = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "aoq.cli.demo", "--quick", "--backend-port", str(backend),
+    proc = subprocess.Popen([sys.executable, "-m", "aoq_cli.demo", "--quick", "--backend-port", str(backend),
                              "--ui-port", str(ui)], cwd=ROOT, env=_env(demo_root), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
@@ -109,7 +109,7 @@ def test_second_demo_on_busy_ports_fails_fast(tmp_path):
 
 
 def test_every_variant_has_a_valid_config_in_its_own_folders(tmp_path):
-    from aoq.cli.demo import VARIANTS, demo_config
+    from aoq_cli.demo import VARIANTS, demo_config
 
     for (dataset, quick), variant in VARIANTS.items():
         cfg = demo_config(variant, tmp_path / "data", tmp_path / "runs")

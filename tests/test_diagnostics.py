@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from aoq.config import ConfigError, Round2Config
-from training.depth import checked_depths
-from training.mining.diagnostics import (
+from aoq_train.mining.depth import checked_depths
+from aoq_train.mining.diagnostics import (
     diagnostics_settings,
     hardness_diagnostics,
     summary_line,
 )
-from training.sampling import sampling_depths
+from aoq_train.mining.sampling import sampling_depths
 
 # One caption per image; img_emb = I, so S = img_emb @ cap_emb.T = cap_emb.T = SCORES.
 SCORES = np.array([
@@ -112,7 +112,7 @@ def test_relative_depth_needs_h_rel():
 
 
 def test_certain_false_negatives_count_mined_captions_with_the_anchors_own_text():
-    from training.mining.diagnostics import certain_false_negatives
+    from aoq_train.mining.diagnostics import certain_false_negatives
 
     # 3 images x 2 captions; image 1's caption 3 repeats image 0's "red" and image 2 says "Red "
     captions = ["a cat", "red", "a dog", "red", "a bird", "Red "]

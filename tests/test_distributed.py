@@ -17,8 +17,8 @@ import yaml
 
 from aoq.checkpoint import load_checkpoint
 from tests.fixtures import write_precomp_fixture
-from training.distributed import Shard, shard_batch
-from training.mining import mine_offline_negatives, save_mined
+from aoq_train.loop.distributed import Shard, shard_batch
+from aoq_train.mining import mine_offline_negatives, save_mined
 
 REPO = Path(__file__).resolve().parents[1]
 # Same global batch, summed in another order (two halves + all-reduce): float32 round-off
@@ -53,9 +53,9 @@ def _config(tmp: Path, data: Path, **model) -> Path:
 
 def _run(args: list[str], procs: int) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    launcher = [sys.executable, "-m", "aoq.cli.main"] if procs == 1 else [
+    launcher = [sys.executable, "-m", "aoq_cli.main"] if procs == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-        f"--nproc_per_node={procs}", "-m", "aoq.cli.main"]
+        f"--nproc_per_node={procs}", "-m", "aoq_cli.main"]
     done = subprocess.run(launcher + args + ["--no-progress", "--threads", "1"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

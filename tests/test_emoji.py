@@ -14,26 +14,26 @@ from pathlib import Path
 
 import pytest
 
-from aoq.cli.main import main
+from aoq_cli.main import main
 from aoq.data.dataset import DataError
 from aoq.data.karpathy import read_karpathy
 from aoq.data.precomp import read_precomp
 from aoq.features import FEATURE_DIM, N_REGIONS
 from aoq.io import file_hashes
-from training.datasets.emoji import build_emoji_dataset
-from training.datasets.emoji.builder import (
+from aoq_train.datasets.emoji import build_emoji_dataset
+from aoq_train.datasets.emoji.builder import (
     drop_shared_artwork,
     render_all,
     select_emoji,
 )
-from training.datasets.emoji.captions import emoji_captions
-from training.datasets.emoji.catalogue import (
+from aoq_train.datasets.emoji.captions import emoji_captions
+from aoq_train.datasets.emoji.catalogue import (
     Emoji,
     codepoint_key,
     load_catalogue,
     name_key,
 )
-from training.datasets.emoji.sources import locate_sources
+from aoq_train.datasets.emoji.sources import locate_sources
 
 LIMIT = 40
 

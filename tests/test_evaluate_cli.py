@@ -8,15 +8,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from aoq.checkpoint import load_checkpoint
-from aoq.cli.main import main
+from aoq_cli.main import main
 from aoq.data.load import load_split
 from aoq.data.vocab import coverage, format_coverage
 from aoq.embed import encode_image_inputs, encode_split, encode_texts
-from tests.fixtures import write_precomp_fixture
-from training.evaluate import evaluate_checkpoint, evaluate_model
+from tests.fixtures import write_precomp_fixture, write_tiny_config
+from aoq_train.evaluate import evaluate_checkpoint, evaluate_model
 
 METRIC_KEYS = {"r1", "r5", "r10", "medr", "meanr"}
 
@@ -26,13 +25,7 @@ def trained(tmp_path_factory) -> dict:
     """One `aoq train` run (1 epoch, tiny data); returns the paths."""
     root = tmp_path_factory.mktemp("eval")
     data = write_precomp_fixture(root / "data", {"train": 30, "dev": 8, "test": 12}, regions=3, dim=10)
-    config = root / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "tiny",
-        "data": {"path": str(data), "vocab_threshold": 1},
-        "model": {"embed_dim": 16, "word_dim": 8},
-        "train": {"epochs": 2, "batch_size": 30, "lr": 0.002},
-    }))
+    config = write_tiny_config(root / "tiny.yaml", data)
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model: one thread is fastest on the shared 2-core machine
     try:

@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
 from aoq.checkpoint import load_checkpoint
-from aoq.cli.main import main
-from tests.fixtures import write_precomp_fixture
-from training import goal as G
-from training.losses import triplet_max_violation
+from aoq.names import GOAL_PAIRS, GOAL_TRIPLETS
+from aoq_cli.main import main
+from tests.fixtures import write_precomp_fixture, write_tiny_config
+from aoq_train.objectives import goal as G
+from aoq_train.objectives.losses import triplet_max_violation
 
 
 def _t(*values: float) -> torch.Tensor:
@@ -169,8 +169,8 @@ def test_gradcheck_where_a_loss_exists(spec):
 
 
 def test_non_integrable_combinations_have_no_loss():
-    for triplet in G.TRIPLET_WEIGHTS:
-        for pair in G.PAIR_WEIGHTS:
+    for triplet in GOAL_TRIPLETS:
+        for pair in GOAL_PAIRS:
             spec = G.GoalSpec(triplet, pair)
             assert spec.has_loss == ((triplet, pair) in {("con", "con"), ("nca", "con")})
 
@@ -205,8 +205,8 @@ def _reference_gradient(img: torch.Tensor, cap: torch.Tensor, spec: G.GoalSpec) 
     return g_img, g_cap
 
 
-@pytest.mark.parametrize("triplet", G.TRIPLET_WEIGHTS)
-@pytest.mark.parametrize("pair", G.PAIR_WEIGHTS)
+@pytest.mark.parametrize("triplet", GOAL_TRIPLETS)
+@pytest.mark.parametrize("pair", GOAL_PAIRS)
 def test_backward_matches_per_triplet_loops(triplet, pair):
     spec = G.GoalSpec(triplet, pair, tau=3.0)
     img, cap = _embeddings(batch=7, dim=6, seed=11)
@@ -227,15 +227,8 @@ def test_objective_checks_shapes():
 @pytest.mark.slow
 def test_aoq_train_goal_end_to_end_and_mining(tmp_path, one_thread):
     data = write_precomp_fixture(tmp_path / "data", {"train": 30, "dev": 8, "test": 8}, regions=3, dim=10)
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "tiny",
-        "data": {"path": str(data), "vocab_threshold": 1},
-        "model": {"embed_dim": 16, "word_dim": 8},
-        "train": {"epochs": 2, "batch_size": 30, "lr": 0.002},
-        "mining": {"top_captions": 20, "top_images": 10, "device": "cpu"},
-        "round2": {"h_t": 10, "h_i": 5},
-    }))
+    config = write_tiny_config(tmp_path / "tiny.yaml", data, mining={"top_captions": 20, "top_images": 10, "device": "cpu"},
+                               round2={"h_t": 10, "h_i": 5})
     run = tmp_path / "run"
     assert main(["train", "--config", str(config), "--out", str(run), "--loss", "goal",
                  "--set", "goal.triplet=nca", "--set", "goal.pair=sig", "--no-progress"]) == 0

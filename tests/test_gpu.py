@@ -18,8 +18,8 @@ from aoq.device import resolve_device
 from aoq.embed import encode_split
 from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
-from training.round1 import round1_step, train_round1
-from training.trainer import optimise_step
+from aoq_train.round1 import round1_step, train_round1
+from aoq_train.loop.trainer import optimise_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
@@ -72,7 +72,7 @@ def test_train_on_cuda_then_load_and_embed_on_cpu(cuda, tmp_path):
 def test_bf16_autocast_steps_on_cuda(cuda, round_):
     """AMP (bf16 autocast) around the encoders: the loss and the gradients come back float32."""
     from aoq.config import Round2Config
-    from training.round2 import round2_step
+    from aoq_train.round2.train import round2_step
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(image_encoder="vsrn", embed_dim=32, word_dim=16), 40, 24).to(cuda)

@@ -1,4 +1,4 @@
-"""Collapse guard and early stopping (training/guards.py, wired into training/trainer.py)."""
+"""Collapse guard and early stopping (training/loop/guards.py, wired into training/loop/trainer.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from aoq.cli.main import main as aoq
+from aoq_cli.main import main as aoq
 from aoq.config import TrainConfig, config_from_dict
 from tests.fixtures import write_karpathy_fixture
-from training.guards import (
+from aoq_train.loop.guards import (
     TrainingCollapsed,
     check_collapse,
     collapse_reason,
@@ -67,7 +67,7 @@ def _cnn_tree(tmp_path, lr, **train):
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("lr, collapses", [(3.0, True), (2e-4, False)])
 def test_too_high_lr_collapses_a_tiny_run_and_the_guard_stops_it(tmp_path, lr, collapses):
-    from training.round1 import train_round1
+    from aoq_train.round1 import train_round1
 
     # Measured on this fixture: at lr 3 the mean positive and hardest-negative scores meet
     # (differences .0068, .0038, .0023 at epochs 4-6) and the loss approaches 2 x .2 x 20 = 8;
@@ -105,7 +105,7 @@ def test_pipeline_stops_before_mining_with_one_line(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")
 def test_early_stopping_ends_on_the_plateau_and_resumes_the_same(tmp_path):
-    from training.round1 import train_round1
+    from aoq_train.round1 import train_round1
 
     tree = _cnn_tree(tmp_path, 2e-4, patience=1, collapse_epochs=0)
     result = train_round1(config_from_dict(tree), progress_bar=False)

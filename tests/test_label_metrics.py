@@ -9,14 +9,13 @@ import math
 
 import numpy as np
 import pytest
-import yaml
 
-from aoq.cli.main import main
+from aoq_cli.main import main
 from aoq.data.dataset import DataError, label_vocabulary, multi_hot
 from aoq.data.karpathy import read_karpathy
 from aoq.data.precomp import read_precomp
 from aoq.label_metrics import label_metrics, label_metrics_folds, label_ranking_metrics, shared_label_counts
-from tests.fixtures import fixture_labels, write_karpathy_fixture, write_precomp_fixture
+from tests.fixtures import fixture_labels, write_karpathy_fixture, write_precomp_fixture, write_tiny_config
 
 LOG3 = math.log2(3)
 
@@ -174,13 +173,7 @@ def test_karpathy_labels_are_read_and_must_be_everywhere(tmp_path):
 def test_evaluate_protocol_labels(tmp_path, capsys, one_thread):
     data = write_precomp_fixture(tmp_path / "data", {"train": 20, "dev": 6, "test": 9}, regions=3, dim=10,
                                  labelled=True)
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "tiny",
-        "data": {"path": str(data), "vocab_threshold": 1},
-        "model": {"embed_dim": 16, "word_dim": 8},
-        "train": {"epochs": 1, "batch_size": 20, "lr": 0.002},
-    }))
+    config = write_tiny_config(tmp_path / "tiny.yaml", data, train={"epochs": 1, "batch_size": 20})
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run"), "--no-progress"]) == 0
     ckpt = str(tmp_path / "run" / "round1" / "best")
     capsys.readouterr()
@@ -196,7 +189,7 @@ def test_evaluate_protocol_labels(tmp_path, capsys, one_thread):
     assert main(["evaluate", "--checkpoint", ckpt, "--protocol", "labels"]) == 0
     assert "mAP@R" in capsys.readouterr().out
     # The comparison's one-encoding evaluation gives the same figures (9 images: full only).
-    from training.evaluate import compare_checkpoint
+    from aoq_train.evaluate import compare_checkpoint
 
     both = compare_checkpoint(ckpt, "test", labels=True, ndcg_k=5)
     assert list(both) == ["full"] and both["full"]["labels"] == labels
@@ -207,7 +200,7 @@ def test_evaluate_protocol_labels(tmp_path, capsys, one_thread):
 
 
 def test_service_report_has_labels_only_when_the_gallery_has_them():
-    from backend.reports import model_report
+    from aoq_serve.index.reports import model_report
 
     rng = np.random.default_rng(0)
     img, cap = rng.standard_normal((6, 4)), rng.standard_normal((12, 4))

@@ -10,13 +10,13 @@ import torch
 import yaml
 
 from aoq.checkpoint import load_checkpoint
-from aoq.cli.main import main
+from aoq_cli.main import main
 from aoq.config import GoalConfig, ModelConfig, TrainConfig
 from aoq.data.dataset import label_vocabulary, multi_hot
 from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
-from training.labels import label_prediction_loss
-from training.round1 import round1_step
+from aoq_train.objectives.labels import label_prediction_loss
+from aoq_train.round1 import round1_step
 
 
 def test_vocabulary_and_multi_hot():

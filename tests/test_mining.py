@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from aoq.io import ArtefactError
-from training.mining import (
+from aoq_train.mining import (
     decode_ids,
     decode_scores,
     driver,
@@ -24,45 +24,12 @@ from training.mining import (
     mine_offline_negatives,
     save_mined,
 )
-from training.mining import topk as mining
-from training.mining.driver import product_precision
-from training.mining.keys import LOWEST
+from aoq_train.mining import topk as mining
+from aoq_train.mining.driver import product_precision
+from aoq_train.mining.keys import LOWEST
+from tests.mining_helpers import Stop, exact_embeddings, reference, stop_at
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-
-class Stop(Exception):
-    """Raised by a :func:`stop_at` callback: stands for a run killed after a block was saved."""
-
-
-def stop_at(direction: str, first: int):
-    """An ``on_block`` callback that interrupts mining once block ``first`` of ``direction`` is saved."""
-
-    def on_block(name: str, block: int) -> None:
-        if name == direction and block == first:
-            raise Stop
-
-    return on_block
-
-def reference(img: np.ndarray, cap: np.ndarray, cpi: int, ht: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Brute force: the full matrix, own positives at -inf, stable argsort of -score."""
-    s = img @ cap.T
-    for i in range(len(img)):
-        s[i, i * cpi : (i + 1) * cpi] = -np.inf
-    st = cap @ img.T
-    st[np.arange(len(cap)), np.arange(len(cap)) // cpi] = -np.inf
-    return (
-        np.argsort(-s, axis=1, kind="stable")[:, :ht].astype(np.int32),
-        np.argsort(-st, axis=1, kind="stable")[:, :hi].astype(np.int32),
-    )
-
-
-def exact_embeddings(rng: np.random.Generator, n: int, d: int, levels: int) -> np.ndarray:
-    """Vectors whose entries are multiples of 1/levels: every dot product is exact in float32,
-    so any summation order (BLAS blocking, FAISS, numpy) gives bit-identical scores, and a
-    small ``levels`` makes exact ties frequent."""
-    return (rng.integers(-levels, levels + 1, (n, d)) / levels).astype(np.float32)
 
 
 @pytest.mark.parametrize("backend", ["torch", "faiss"])
@@ -270,7 +237,7 @@ _KILLED_CHILD = """
 import os, signal, sys
 import numpy as np
 sys.path.insert(0, {repo!r})
-from training.mining import mine_offline_negatives
+from aoq_train.mining import mine_offline_negatives
 data = np.load({data!r})
 def die(direction, first):
     if direction == "cap_top_imgs" and first == 24:
@@ -314,7 +281,7 @@ def test_cuda_matches_on_exact_data(precision: str) -> None:
 
 def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Path, capsys) -> None:
     from aoq.checkpoint import save_checkpoint
-    from aoq.cli.main import main as cli_main
+    from aoq_cli.main import main as cli_main
     from aoq.config import config_from_dict
     from aoq.data.load import load_split
     from aoq.data.vocab import Vocabulary
@@ -419,7 +386,7 @@ def test_product_precision_names_what_runs_and_refuses_what_cannot(monkeypatch) 
 def test_blocks_shared_out_over_several_devices_give_the_same_ids(tmp_path: Path, monkeypatch) -> None:
     """Two devices (CPU here; GPUs on a multi-GPU machine): the blocks go to both, one thread each,
     and the lists equal the brute force; an interruption resumes from the saved blocks."""
-    from training.mining import driver
+    from aoq_train.mining import driver
 
     rng = np.random.default_rng(4)
     img, cap = exact_embeddings(rng, 70, 6, 4), exact_embeddings(rng, 210, 6, 4)

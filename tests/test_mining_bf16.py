@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from training.mining import bf16
-from training.mining.bf16 import error_bound, filter_levels, tile_within_bound
-from training.mining.keys import LOWEST
+from aoq_train.mining import bf16
+from aoq_train.mining.bf16 import error_bound, filter_levels, tile_within_bound
+from aoq_train.mining.keys import LOWEST
 
 
 def _errors(q: torch.Tensor, g: torch.Tensor) -> np.ndarray:

@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
-from tests.test_mining import Stop, exact_embeddings, reference, stop_at
-from training.mining import fused, kernels, mine_offline_negatives
-from training.mining.bf16 import filter_levels
-from training.mining.keys import LOWEST, PAD, decode_ids
-from training.mining.pools import Pool, sampled_threshold
+from tests.mining_helpers import Stop, exact_embeddings, reference, stop_at
+from aoq_train.mining import fused, kernels, mine_offline_negatives
+from aoq_train.mining.bf16 import filter_levels
+from aoq_train.mining.keys import LOWEST, PAD, decode_ids
+from aoq_train.mining.pools import Pool, sampled_threshold
 
 
 @pytest.fixture

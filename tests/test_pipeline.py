@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from aoq.checkpoint import load_checkpoint
-from aoq.cli.main import main as aoq
+from aoq_cli.main import main as aoq
 from aoq.config import load_config
 from tests.fixtures import write_precomp_fixture
-from training.pipeline import run_pipeline
+from aoq_train.pipeline.run import run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def test_resumes_after_kill_9(tmp_path, synth):
     """kill -9 in the middle of round 2, run the same command again: round 1 and mining are
     skipped, round 2 resumes from its saved state, and the pipeline finishes."""
     cfg_path = _config(tmp_path, synth, round2={"epochs": 3})
-    cmd = [sys.executable, "-m", "aoq.cli.main", "pipeline", "--config", str(cfg_path), "--no-progress"]
+    cmd = [sys.executable, "-m", "aoq_cli.main", "pipeline", "--config", str(cfg_path), "--no-progress"]
     run_dir = tmp_path / "runs" / "tiny"
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -33,11 +33,11 @@ from aoq.models import packages
 from aoq.models.effnet_lite import load_lite0, map_package_keys
 from aoq.models.joint import build_model, text_vocabulary
 from aoq.models.pretrained import MiniLMTextEncoder, WordPieceVocab, effnet_normalise
-from backend.featurize import encode_text, encode_upload
+from aoq_serve.featurize import encode_text, encode_upload
 from tests.fixtures import write_karpathy_fixture
-from training.losses import round2_loss
-from training.round1 import round1_step
-from training.round2 import round2_scores
+from aoq_train.objectives.losses import round2_loss
+from aoq_train.round1 import round1_step
+from aoq_train.round2.train import round2_scores
 
 #: ImageNet classes 281 tabby, 282 tiger cat, 285 Egyptian cat.
 CATS = {281, 282, 285}
@@ -360,9 +360,9 @@ def test_serving_featurises_any_upload_and_free_text(model, vocab, cfg, tmp_path
 
 @pytest.mark.slow
 def test_round1_mine_round2_end_to_end(cfg, cache: Path, tmp_path: Path) -> None:
-    from training.mining import mine_with_checkpoint
-    from training.round1 import train_round1
-    from training.round2 import train_round2
+    from aoq_train.mining import mine_with_checkpoint
+    from aoq_train.round1 import train_round1
+    from aoq_train.round2.train import train_round2
 
     cfg = cfg.model_copy(update={"out_dir": str(tmp_path / "run")})
     r1 = train_round1(cfg, progress_bar=False)

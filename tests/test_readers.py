@@ -336,7 +336,7 @@ def test_load_split_karpathy(tmp_path: Path) -> None:
 
 
 def test_both_readers_agree_on_the_synthetic_set(tmp_path: Path) -> None:
-    from aoq.cli.main import main as aoq
+    from aoq_cli.main import main as aoq
 
     out = tmp_path / "synth"
     args = ["synth", "--out", str(out), "--train", "8", "--dev", "4", "--test", "4", "--workers", "1", "--no-progress"]

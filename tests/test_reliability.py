@@ -27,14 +27,9 @@ import pytest
 from aoq.checkpoint import load_checkpoint
 from aoq.io import read_manifest
 from aoq.net import ServerNotReady, free_port, wait_http
-from backend.indexes import load_model_index, read_generation
-from backend.querylog import QueryLogger
-from tests.backend_helpers import (
-    ServiceFixture,
-    build_service_fixture,
-    run_server,
-)
-from tests.test_backend_lifecycle import retrain
+from aoq_serve.index.faiss_index import load_model_index, read_generation
+from aoq_serve.querylog import QueryLogger
+from tests.backend_helpers import ServiceFixture, build_service_fixture, retrain, run_server
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +45,7 @@ def _env(fx: ServiceFixture) -> dict[str, str]:
 
 
 def _aoq(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "aoq.cli.main", *argv], cwd=REPO, env=env,
+    return subprocess.Popen([sys.executable, "-m", "aoq_cli.main", *argv], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -83,7 +78,7 @@ def _killed_at(target: str, call: int, then: str) -> None:
 
 def _aoq_killed_at(argv: list[str], target: str, call: int) -> None:
     """``aoq argv``, killed by :func:`_killed_at`."""
-    _killed_at(target, call, f"from aoq.cli.main import main\nsys.exit(main({argv!r}))")
+    _killed_at(target, call, f"from aoq_cli.main import main\nsys.exit(main({argv!r}))")
 
 
 #: called by ``aoq.io.atomic_dir`` once everything is written, just before the rename that
@@ -327,8 +322,8 @@ def _temporaries(folder: Path, name: str) -> list[Path]:
 
 @pytest.mark.parametrize("previous", [False, True], ids=["fresh", "replacing"])
 def test_synth_killed_before_publishing_leaves_no_dataset_or_the_previous_one(tmp_path: Path, previous: bool):
-    from aoq.cli.main import main
-    from training.datasets.synth.writer import write_dataset
+    from aoq_cli.main import main
+    from aoq_train.datasets.synth.writer import write_dataset
 
     out = tmp_path / "data" / "synth"
     if previous:
@@ -358,7 +353,7 @@ def test_index_killed_midway_serves_only_consistent_models_and_the_rerun_complet
             "--catalogue", fx.catalogue_url, "--device", "cpu"]
     # Models are indexed in name order (aoq, baseline, pixels): die on the second one, first while
     # its index directory is complete but unpublished, then once it is published but not catalogued.
-    for kill_at, published in ((BEFORE_PUBLISHING, False), ("backend.build:record_model", True)):
+    for kill_at, published in ((BEFORE_PUBLISHING, False), ("aoq_serve.index.build:record_model", True)):
         _aoq_killed_at(argv, kill_at, 2)
         assert read_generation(fx.index_dir)["generation"] == 1, kill_at
         built_from = {m: load_model_index(fx.index_dir / m).config["checkpoint_hash"]  # every one verifies

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import yaml
 
-from aoq.cli.main import main as aoq
-from training.report import parse_seeds
-from training.report_tables import paired_bootstrap
+from aoq_cli.main import main as aoq
+from aoq_train.report.runs import parse_seeds
+from aoq_train.report.tables import paired_bootstrap
 
 TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "train.epochs=2", "train.batch_size=16", "train.lr_decay_epochs=1",
@@ -26,7 +26,7 @@ def test_parse_seeds():
 
 
 def test_parse_sweep():
-    from training.report import Sweep, parse_sweep
+    from aoq_train.report.runs import Sweep, parse_sweep
 
     assert parse_sweep("depth30:round2.h_t=30,round2.h_i=6@aoq,offtri") == Sweep(
         "depth30", ("round2.h_t=30", "round2.h_i=6"), ("aoq", "offtri"))
@@ -133,7 +133,7 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
 
 
 def test_within_family_table_gives_means_and_the_paired_interval():
-    from training.report_tables import within_family_table
+    from aoq_train.report.tables import within_family_table
 
     def seed(i2t, t2i, colour):
         return {"all": {"i2t_r1": i2t, "t2i_r1": t2i}, "colour": {"i2t_r1": colour, "t2i_r1": 0.0}}
@@ -148,14 +148,14 @@ def test_within_family_table_gives_means_and_the_paired_interval():
 
 
 def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
-    from training.report import (
+    from aoq_train.report.runs import (
         COLLAPSED_FILE,
         ReportSetup,
         Sweep,
         seed_config,
         sweep_setup,
     )
-    from training.report_page import sweeps_table
+    from aoq_train.report.page import sweeps_table
 
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({"name": "x", "data": {"path": str(tmp_path / "data")}}))
@@ -171,7 +171,7 @@ def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
 
 
 def test_label_table_gives_percent_means_and_the_paired_ndcg_interval():
-    from training.report_tables import label_table
+    from aoq_train.report.tables import label_table
 
     def result(i2t_ndcg, t2i_ndcg):
         return {"full": {"labels": {"k": 10, "i2t": {"map_at_r": 0.5, "ndcg_at_10": i2t_ndcg},

@@ -13,16 +13,16 @@ import torch
 import yaml
 
 from aoq.checkpoint import save_checkpoint
-from aoq.cli.main import main as cli_main
+from aoq_cli.main import main as cli_main
 from aoq.config import ConfigError, ModelConfig, Round2Config, config_from_dict
 from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary
 from aoq.io import ArtefactError
 from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
-from training.losses import round2_loss
-from training.mining import mine_offline_negatives, save_mined
-from training.round2 import (
+from aoq_train.objectives.losses import round2_loss
+from aoq_train.mining import mine_offline_negatives, save_mined
+from aoq_train.round2.train import (
     Round2Dataset,
     collate_round2,
     epoch_negatives,
@@ -31,7 +31,7 @@ from training.round2 import (
     train_round2,
     uses_derived_pairs,
 )
-from training.sampling import OfflineNegatives
+from aoq_train.mining.sampling import OfflineNegatives
 
 SPLITS = {"train": 20, "dev": 6, "test": 6}  # 100 training captions: 4 batches of 25
 
@@ -255,7 +255,7 @@ def test_which_encoders_are_encoded_per_group() -> None:
     from torch import nn
 
     from aoq.models.image import ConvImageEncoder, VSEImageEncoder, VSRNImageEncoder
-    from training.round2_encode import uses_batch_statistics
+    from aoq_train.round2.encode import uses_batch_statistics
 
     vsrn, cnn, vse = VSRNImageEncoder(12, 16, 1), ConvImageEncoder(16, 4), VSEImageEncoder(12, 16)
     assert uses_batch_statistics(vsrn.train()) and uses_batch_statistics(cnn.train())
@@ -323,7 +323,7 @@ def test_train_round2_end_to_end_and_resume_after_an_interruption(data: Path, mi
     assert extra["init"] == "scratch" and extra["teacher_hash"] == "teacher"
 
     # Interrupt the same run in epoch 2 after its 2nd step; rerunning resumes and ends identical.
-    import training.round2 as round2_module
+    import aoq_train.round2.train as round2_module
 
     real_step = round2_module.round2_step
 
@@ -368,7 +368,7 @@ def test_mined_lists_must_fit_the_split_and_the_depths(data: Path, mined: Path, 
 
 
 def test_finetune_starts_from_the_given_weights(data: Path, mined: Path, tmp_path: Path, monkeypatch) -> None:
-    import training.round2 as round2_module
+    import aoq_train.round2.train as round2_module
 
     cfg0 = config_from_dict(_tree(data, tmp_path / "r1"))
     split, vocab = _split_and_vocab(data)

@@ -9,8 +9,8 @@ import pytest
 from aoq.config import Round2Config
 from aoq.data.dataset import SplitData
 from aoq.data.facts import SplitFacts, facts_hold, index_facts, parse_fact
-from training.round2 import false_negative_check
-from training.sampling import draw_ranks, sample_offline_negatives
+from aoq_train.round2.train import false_negative_check
+from aoq_train.mining.sampling import draw_ranks, sample_offline_negatives
 
 
 class ScriptedRng:

@@ -161,7 +161,7 @@ def test_connections_beyond_the_cap_are_refused_at_once(fx):
 def test_serve_socket_sets_tcp_nodelay_on_accepted_connections():
     """The listening socket of ``aoq serve`` is a TCP socket, so asyncio sets TCP_NODELAY on every
     accepted connection (it does not for a socket created with protocol 0)."""
-    from backend.server import listen
+    from aoq_serve.server import listen
 
     sock = listen("127.0.0.1", 0)
     try:

@@ -1,7 +1,7 @@
 """Hashed stages: skipped when unchanged, re-run when inputs or outputs change."""
 
 from aoq.io import write_manifest
-from training.stages import Stage, StageLedger, run_stages
+from aoq_train.pipeline.stages import Stage, StageLedger, run_stages
 
 
 def _stage(tmp_path, calls, name="a", param=1):

@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aoq.cli.main import main
+from aoq_cli.main import main
 from aoq.data.facts import facts_hold, index_facts, parse_fact
 from aoq.data.karpathy import read_karpathy
 from aoq.data.precomp import read_precomp
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
 from aoq.io import file_hashes, read_manifest
-from training.datasets.synth import writer
-from training.datasets.synth.captions import caption_family, caption_scene
-from training.datasets.synth.facts import scene_facts
-from training.datasets.synth.render import render_scene
-from training.datasets.synth.scenes import (
+from aoq_train.datasets.synth import writer
+from aoq_train.datasets.synth.captions import caption_family, caption_scene
+from aoq_train.datasets.synth.facts import scene_facts
+from aoq_train.datasets.synth.render import render_scene
+from aoq_train.datasets.synth.scenes import (
     COLOURS,
     STREAM_CAPTIONS,
     STREAM_RENDER,
@@ -34,7 +34,8 @@ from training.datasets.synth.scenes import (
     rng_for,
     sample_family,
 )
-from training.family_metrics import within_family
+from aoq_train.report.family import within_family
+from tests.fixtures import synth_scenes
 
 SIZES = {"train": 12, "dev": 4, "test": 4}
 
@@ -43,14 +44,6 @@ SIZES = {"train": 12, "dev": 4, "test": 4}
 def dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("synth") / "data"
     writer.write_dataset(out, SIZES, seed=3, workers=1, progress=False)
-    return out
-
-
-def _scenes(params: SceneParams, n: int, split: str = "train", seed: int = 0):
-    """The first ``n`` scenes of a split, in image order, without writing anything."""
-    out = []
-    for family, (start, size) in enumerate(family_plan(n, params, seed, split)):
-        out.extend(sample_family(params, seed, split, family, size))
     return out
 
 
@@ -111,66 +104,9 @@ def test_other_image_sizes_are_featurised_at_the_extractor_size(tmp_path):
         np.testing.assert_array_equal(extract_regions(png), feats[0])
 
 
-def test_extractor_sees_an_objects_colour_and_box():
-    params = SceneParams(noise=0.0)
-    scene = next(s for s in _scenes(params, 60) if len(s.objects) == 1)
-    obj = scene.objects[0]
-    feats = extract_regions(render_scene(scene, params, rng_for(0, "train", STREAM_RENDER, 0)))
-    mean_rgb = feats[:, 10:13]
-    hits = np.flatnonzero(np.all(np.abs(mean_rgb - np.array(COLOURS[obj.colour]) / 255) < 1e-6, axis=1))
-    assert len(hits) == 1, "exactly one region has the flat object colour"
-    x1, y1, x2, y2 = feats[hits[0], :4]
-    assert abs((x1 + x2) / 2 - obj.x) < 2 / 64 and abs((y1 + y2) / 2 - obj.y) < 2 / 64
-
-
-def test_region_count_is_the_same_for_one_to_four_objects():
-    params = SceneParams()
-    by_count = {}
-    for k, scene in enumerate(_scenes(params, 80)):
-        by_count.setdefault(len(scene.objects), (k, scene))
-    assert sorted(by_count) == [1, 2, 3, 4]
-    for k, scene in by_count.values():
-        feats = extract_regions(render_scene(scene, params, rng_for(0, "train", STREAM_RENDER, k)))
-        assert feats.shape == (N_REGIONS, FEATURE_DIM) and feats.dtype == np.float32
-
-
-@pytest.mark.parametrize(
-    "image",
-    [
-        Image.new("RGB", (1, 1), (200, 10, 10)),
-        Image.new("RGB", (0, 0)),
-        Image.new("RGB", (64, 64)),
-        Image.new("RGB", (2400, 1600), (30, 90, 200)),
-        Image.new("RGB", (3000, 2)),
-        Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)),
-        Image.new("L", (40, 90), 77),
-        Image.new("RGBA", (64, 64), (0, 255, 0, 0)),
-        Image.new("LA", (20, 20), (9, 200)),
-        Image.new("P", (30, 30), 5),
-        Image.new("1", (30, 30), 1),
-        Image.new("CMYK", (30, 30), (0, 90, 0, 0)),
-        Image.fromarray(np.arange(900, dtype=np.uint16).reshape(30, 30)),
-        Image.fromarray(np.full((8, 8), np.nan, dtype=np.float32)),
-    ],
-    ids=[
-        "1x1", "0x0", "black", "huge", "strip", "noise", "gray", "rgba", "la", "palette", "bilevel", "cmyk", "i16",
-        "nan",
-    ],
-)
-def test_odd_images_give_fixed_shape_finite_features(image):
-    feats = extract_regions(image)
-    assert feats.shape == (N_REGIONS, FEATURE_DIM) and feats.dtype == np.float32
-    assert np.isfinite(feats).all()
-
-
-def test_extractor_rejects_what_is_not_an_image():
-    with pytest.raises(TypeError, match="PIL"):
-        extract_regions(np.zeros((64, 64, 3), dtype=np.uint8))
-
-
 def test_families_hold_one_change_variants():
     params = SceneParams(family_share=1.0)
-    scenes = _scenes(params, 120)
+    scenes = synth_scenes(params, 120)
     kinds = Counter()
     attrs = ("shape", "colour", "size")
     for variant in (s for s in scenes if s.variant not in ("base", "single")):
@@ -196,9 +132,9 @@ def test_families_hold_one_change_variants():
 
 
 def test_family_share_knob_controls_near_duplicates():
-    none = _scenes(SceneParams(family_share=0.0), 200)
+    none = synth_scenes(SceneParams(family_share=0.0), 200)
     assert {s.variant for s in none} == {"single"}
-    share = np.mean([s.variant != "single" for s in _scenes(SceneParams(family_share=0.5), 2000)])
+    share = np.mean([s.variant != "single" for s in synth_scenes(SceneParams(family_share=0.5), 2000)])
     assert 0.4 < share < 0.6
 
 
@@ -211,7 +147,7 @@ def test_a_small_test_split_is_the_prefix_of_a_large_one():
 
 def test_captions_vary_and_mention_counts_attributes_and_relations():
     params = SceneParams()
-    scenes = _scenes(params, 300)
+    scenes = synth_scenes(params, 300)
     captions = [
         caption_scene(s, rng_for(0, "train", STREAM_CAPTIONS, k), params.caption_detail) for k, s in enumerate(scenes)
     ]
@@ -234,7 +170,7 @@ def test_captions_vary_and_mention_counts_attributes_and_relations():
 
 
 def test_caption_detail_knob_makes_captions_more_specific():
-    scenes = _scenes(SceneParams(), 300)
+    scenes = synth_scenes(SceneParams(), 300)
     colour_words = re.compile(r"\b(" + "|".join(COLOURS) + r")\b")
 
     def stats(detail):
@@ -253,7 +189,7 @@ def test_caption_detail_knob_makes_captions_more_specific():
 
 def test_colour_variant_changes_the_features():
     params = SceneParams(family_share=1.0)
-    scenes = _scenes(params, 100)
+    scenes = synth_scenes(params, 100)
     k = next(i for i, s in enumerate(scenes) if s.variant == "colour")
     base = next(s for s in scenes if s.family == scenes[k].family and s.variant == "base")
     rng = rng_for(0, "train", STREAM_RENDER, 0)
@@ -383,7 +319,7 @@ def test_caption_facts_name_exactly_the_colours_the_words_name():
     params = SceneParams()
     words = re.compile(r"\b(" + "|".join(_COLOUR_SYNONYMS) + r")\b")
     checked = 0
-    for k, scene in enumerate(_scenes(params, 300)):
+    for k, scene in enumerate(synth_scenes(params, 300)):
         for caption in caption_scene(scene, rng_for(0, "train", STREAM_CAPTIONS, k), params.caption_detail):
             named = {_COLOUR_SYNONYMS[w] for w in words.findall(caption.text.lower())}
             stated = {f.split(",")[1][:-1] for f in caption.facts if f.startswith("colour(")}

@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 from aoq.config import ConfigError, ModelConfig, TrainConfig, config_from_dict
 from aoq.models.joint import build_model
 from tests.fixtures import write_precomp_fixture
-from training.batches import epoch_seed, shuffled_batches
-from training.losses import round1_loss
-from training.round1 import round1_step, train_round1
+from aoq_train.loop.batches import epoch_seed, shuffled_batches
+from aoq_train.objectives.losses import round1_loss
+from aoq_train.round1 import round1_step, train_round1
 
 REPO = Path(__file__).resolve().parents[1]
 # 40 train images x 5 captions = 200 pairs = 8 batches of 25 per epoch.
@@ -150,7 +150,7 @@ def test_resume_after_kill_9_mid_epoch_matches_an_uninterrupted_run(data, tmp_pa
     run = tmp_path / "killed"
     config = tmp_path / "killed.yaml"
     config.write_text(yaml.safe_dump(_tree(data, run, epochs=3, save_every_steps=1)))
-    cmd = [sys.executable, "-m", "aoq.cli.main", "train", "--config", str(config), "--no-progress"]
+    cmd = [sys.executable, "-m", "aoq_cli.main", "train", "--config", str(config), "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -192,7 +192,7 @@ def test_resume_after_kill_9_mid_epoch_matches_an_uninterrupted_run(data, tmp_pa
 
 def test_vsrn_on_features_and_cnn_on_pixels_train_and_evaluate(data, tmp_path):
     from tests.fixtures import write_karpathy_fixture
-    from training.evaluate import evaluate_checkpoint
+    from aoq_train.evaluate import evaluate_checkpoint
 
     vsrn = _tree(data, tmp_path / "vsrn", epochs=1)
     vsrn["model"].update(image_encoder="vsrn", gcn_layers=2)

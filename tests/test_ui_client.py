@@ -9,9 +9,9 @@ import json
 import httpx
 import pytest
 
-from aoq.cli import ui as ui_command
+from aoq_cli import ui as ui_command
 from tests.ui_fake_backend import BASE, FakeBackend, text_answer
-from ui.client import (
+from aoq_ui.client import (
     DEFAULT_BACKEND_URL,
     BackendClient,
     BackendError,

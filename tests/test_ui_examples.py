@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ui.examples import ExampleQuery, ExamplesError, load_example_queries
+from aoq_ui.examples import ExampleQuery, ExamplesError, load_example_queries
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """The UI talks HTTP only: it imports neither the core library (aoq), the training app, the CLI,
-nor any backend module but the pydantic contract (backend.schemas), and never loads torch or FAISS,
-so it installs and starts without them."""
+nor any service module but the pydantic contract (aoq_serve.schemas), and never loads torch or
+FAISS, so it installs and starts without them."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import ui
+import aoq_ui
 
-UI_DIR = Path(ui.__file__).parent
-ALLOWED_BACKEND = {"backend", "backend.schemas"}
+UI_DIR = Path(aoq_ui.__file__).parent
+ALLOWED_SERVICE = {"aoq_serve", "aoq_serve.schemas"}
 HEAVY = ("torch", "faiss")
 
 
 def _ui_modules() -> list[str]:
-    return sorted(f"ui.{m.name}" for m in pkgutil.walk_packages([str(UI_DIR)]))
+    return sorted(f"aoq_ui.{m.name}" for m in pkgutil.walk_packages([str(UI_DIR)]))
 
 
 def _imports(path: Path) -> set[str]:
@@ -35,13 +35,13 @@ def _imports(path: Path) -> set[str]:
 
 def _forbidden(module: str) -> bool:
     top = module.split(".")[0]
-    if top == "backend":
-        return module not in ALLOWED_BACKEND
-    return top in ("aoq", "training", *HEAVY)
+    if top == "aoq_serve":
+        return module not in ALLOWED_SERVICE
+    return top in ("aoq", "aoq_train", "aoq_cli", *HEAVY)
 
 
 def test_the_ui_modules_are_found():
-    assert {"ui.app", "ui.client", "ui.handlers", "ui.plots", "ui.render"} <= set(_ui_modules())
+    assert {"aoq_ui.app", "aoq_ui.client", "aoq_ui.handlers", "aoq_ui.plots", "aoq_ui.render"} <= set(_ui_modules())
 
 
 def test_no_ui_file_imports_the_library_training_cli_or_service():
@@ -50,21 +50,21 @@ def test_no_ui_file_imports_the_library_training_cli_or_service():
 
 
 def test_the_forbidden_rule_itself():
-    assert [_forbidden(m) for m in ("backend.schemas", "backend", "backend.app", "aoq.cli.main", "aoq",
-                                    "training.mining", "torch.nn", "faiss", "gradio", "ui.client")] == [
+    assert [_forbidden(m) for m in ("aoq_serve.schemas", "aoq_serve", "aoq_serve.app", "aoq_cli.main", "aoq",
+                                    "aoq_train.mining", "torch.nn", "faiss", "gradio", "aoq_ui.client")] == [
         False, False, True, True, True, True, True, True, False, False]
 
 
-def test_importing_every_ui_module_loads_no_torch_faiss_or_backend_internals():
+def test_importing_every_ui_module_loads_no_torch_faiss_or_service_internals():
     """In a fresh interpreter, so what other tests imported does not hide a new dependency."""
     code = (
         "import importlib, json, sys\n"
         f"for name in {_ui_modules()!r}:\n"
         "    importlib.import_module(name)\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('torch', 'faiss', 'aoq', 'training', 'backend'))))\n"
+        "('torch', 'faiss', 'aoq', 'aoq_train', 'aoq_serve', 'aoq_cli'))))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=UI_DIR.parent, check=False)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(ALLOWED_BACKEND)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(ALLOWED_SERVICE)

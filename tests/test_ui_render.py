@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from backend.schemas import (
+from aoq_serve.schemas import (
     ExampleImage,
     FailureItem,
     FailuresOut,
@@ -27,9 +27,9 @@ from tests.ui_fake_backend import (
     image_answer,
     text_answer,
 )
-from ui import handlers, plots
-from ui.client import BackendError, BackendUnavailable
-from ui.render import (
+from aoq_ui import handlers, plots
+from aoq_ui.client import BackendError, BackendUnavailable
+from aoq_ui.render import (
     TICK,
     failure_choices,
     media_url,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backend.decode import MemoryBudget, decode_cost, decode_upload
+from aoq_serve.decode import MemoryBudget, decode_cost, decode_upload
 from tests.backend_helpers import build_service_fixture, serve_process
 
 #: the budget the server test runs with, and the allowance on top of it for everything else a

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aoq.cli.main import main as aoq
+from aoq_cli.main import main as aoq
 from aoq.data.precomp import read_captions
 from aoq.data.vocab import (
     TOKENIZER_VERSION,

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from backend.schemas import MAX_QUERY_CHARS
-from ui.client import BackendClient
+from aoq_serve.schemas import MAX_QUERY_CHARS
+from aoq_ui.client import BackendClient
 
 BASE = "http://backend.test"
 #: (method, path as OpenAPI writes it) -> the FakeBackend method that answers it

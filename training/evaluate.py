@@ -21,7 +21,7 @@ from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_split
 from aoq.label_metrics import label_metrics, label_metrics_folds
-from aoq.metrics import chance_rsum, evaluate_embeddings
+from aoq.metrics import PROTOCOLS, chance_rsum, evaluate_embeddings
 from aoq.models.joint import JointModel
 
 
@@ -149,7 +149,7 @@ def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels
         ``{protocol: result}``, each result as :func:`evaluate_checkpoint`'s for that protocol.
     """
     split, img, cap, common = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
-    protocols = ("full", "1k5fold", "5k") if split.n_images >= 5000 else ("full",)
+    protocols = PROTOCOLS if split.n_images >= 5000 else ("full",)
     results = {p: {**evaluate_embeddings(img, cap, split.captions_per_image, protocol=p), **common} for p in protocols}
     if labels:
         where = "1k5fold" if "1k5fold" in results else "full"

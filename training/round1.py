@@ -2,9 +2,9 @@
 
 A batch holds B positive pairs (image, caption), one item per training caption, so
 ``scores = img_emb @ cap_emb.T`` has the positives on its diagonal and the loss is
-``train.loss`` (max_violation = VSE++, sum, smooth_ap, infonce) from :mod:`training.losses`, or
-``goal``, the gradient objective of the ``goal`` section (:mod:`training.goal`). With
-``train.label_lambda > 0`` the label-prediction term of :mod:`training.labels` is added.
+``train.loss`` (max_violation = VSE++, sum, smooth_ap, infonce) from :mod:`aoq_train.objectives.losses`, or
+``goal``, the gradient objective of the ``goal`` section (:mod:`aoq_train.objectives.goal`). With
+``train.label_lambda > 0`` the label-prediction term of :mod:`aoq_train.objectives.labels` is added.
 
 With 5 captions per image a batch may hold two captions of the same image; the off-diagonal
 entry between them is then a true match treated as a negative. VSE++ and the public AOQ code
@@ -25,17 +25,17 @@ from aoq.data.load import load_split
 from aoq.data.loaders import PairDataset, collate_pairs
 from aoq.device import autocast, full_precision, resolve_device, seed_everything
 from aoq.models.joint import JointModel, build_model, text_vocabulary
-from training import distributed
-from training.batches import epoch_loader
-from training.evaluate import dev_validator
-from training.goal import GoalSpec, goal_objective
-from training.labels import label_prediction_loss
-from training.losses import round1_loss
-from training.trainer import StepFn, TrainResult, fit
+from aoq_train.loop import distributed
+from aoq_train.loop.batches import epoch_loader
+from aoq_train.evaluate import dev_validator
+from aoq_train.objectives.goal import GoalSpec, goal_objective
+from aoq_train.objectives.labels import label_prediction_loss
+from aoq_train.objectives.losses import round1_loss
+from aoq_train.loop.trainer import StepFn, TrainResult, fit
 
 
 def goal_spec(goal_cfg: GoalConfig) -> GoalSpec:
-    """The :class:`training.goal.GoalSpec` of a run's ``goal`` section."""
+    """The :class:`aoq_train.objectives.goal.GoalSpec` of a run's ``goal`` section."""
     return GoalSpec(**goal_cfg.model_dump())
 
 
@@ -88,7 +88,7 @@ def round1_step(
 
 
 def train_round1(cfg: ExperimentConfig, run_dir: str | Path | None = None, *, progress_bar: bool = True) -> TrainResult:
-    """Read the data, build vocabulary and model, and :func:`training.trainer.fit` round 1.
+    """Read the data, build vocabulary and model, and :func:`aoq_train.loop.trainer.fit` round 1.
 
     Args:
         cfg: the run configuration (``data``, ``model`` and ``train`` sections are used).

@@ -3,11 +3,12 @@
 The page holds no model: every result comes from the search service through ``BackendClient``,
 and images are ``<img>`` URLs on the backend that the browser fetches itself (the backend must be
 reachable from the browser: pass ``public_url`` when the browser sees it under another address).
-Behaviour lives in ``ui.handlers``; this module only lays out components and wires events.
+Behaviour lives in ``aoq_ui.handlers``; this module only lays out components and wires events.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,16 +18,16 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from ui import handlers  # noqa: E402
-from ui.client import BackendClient  # noqa: E402
-from ui.examples import ExampleQuery  # noqa: E402
-from ui.render import CSS, DIRECTION_LABELS, WHICH_LABELS, media_url  # noqa: E402
+from aoq_serve.schemas import DEFAULT_MAX_UPLOAD_BYTES  # noqa: E402
+from aoq_ui import handlers  # noqa: E402
+from aoq_ui.client import BackendClient  # noqa: E402
+from aoq_ui.examples import ExampleQuery  # noqa: E402
+from aoq_ui.render import CSS, DIRECTION_LABELS, WHICH_LABELS, media_url  # noqa: E402
 
 TITLE = "AOQ retrieval: baseline vs AOQ"
 DEFAULT_K = 5
 DEFAULT_CONCURRENCY = 4
 N_PAGE = 12  # example queries shown per page
-MAX_UPLOAD = "10mb"  # the backend's upload limit; larger files are refused before they travel
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def build_app(
 ) -> gr.Blocks:
     """The comparison page for the search service at ``backend_url`` (not contacted until a page loads).
 
-    ``example_queries`` (``ui.examples``) are offered as clickable free-text queries next to the
+    ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries next to the
     test-split examples.
     """
     api = client or BackendClient(backend_url, public_url=public_url)
@@ -111,25 +112,24 @@ def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Fill
         # The negatives tab starts on the first training example, so "Show" works as it stands.
         first = handlers.parse_train_pick(page.train_picks[0][1]) if page.train_picks else None
         query = first_query or (page.example_captions[0].text if page.example_captions else "")
-        return (
-            page.status_html,
-            gr.update(choices=page.model_choices, value=page.left),
-            gr.update(choices=page.model_choices, value=page.right),
-            gr.update(choices=page.model_choices, value=page.right),
-            gr.update(choices=page.all_models, value=[m for m in (page.left, page.right) if m]),
-            gr.update(samples=samples),
-            page.example_captions,
-            thumbs,
-            page.example_images,
-            gr.update(choices=page.train_picks, value=page.train_picks[0][1] if first else None),
-            gr.update(value=first[0]) if first else gr.update(),
-            gr.update(value=first[1]) if first else gr.update(),
-            query,
-        )
+        # keyed by component: Gradio matches a dict's values to the outputs by key, not by position
+        return {
+            status: page.status_html,
+            shared.left: gr.update(choices=page.model_choices, value=page.left),
+            shared.right: gr.update(choices=page.model_choices, value=page.right),
+            tabs.neg_model: gr.update(choices=page.model_choices, value=page.right),
+            tabs.metric_models: gr.update(choices=page.all_models, value=[m for m in (page.left, page.right) if m]),
+            tabs.examples: gr.update(samples=samples),
+            tabs.captions: page.example_captions,
+            tabs.gallery: thumbs,
+            tabs.images: page.example_images,
+            tabs.train_pick: gr.update(choices=page.train_picks, value=page.train_picks[0][1] if first else None),
+            tabs.neg_kind: gr.update(value=first[0]) if first else gr.update(),
+            tabs.neg_item: gr.update(value=first[1]) if first else gr.update(),
+            tabs.query: query,
+        }
 
-    demo.load(on_load, outputs=[status, shared.left, shared.right, tabs.neg_model, tabs.metric_models,
-                                tabs.examples, tabs.captions, tabs.gallery, tabs.images, tabs.train_pick,
-                                tabs.neg_kind, tabs.neg_item, tabs.query])
+    demo.load(on_load, outputs=[status, shared.left, shared.right, *(getattr(tabs, f.name) for f in dataclasses.fields(tabs))])
 
 
 def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]) -> tuple[gr.Textbox, gr.Dataset, gr.State]:
@@ -305,7 +305,7 @@ def launch(demo: gr.Blocks, host: str, port: int, *, block: bool = True):
         prevent_thread_lock=not block,
         show_error=False,
         quiet=True,
-        max_file_size=MAX_UPLOAD,
+        max_file_size=DEFAULT_MAX_UPLOAD_BYTES,
         ssr_mode=False,
         mcp_server=False,
         pwa=False,

@@ -7,7 +7,7 @@ Every failure becomes a ``BackendError`` carrying a message fit to show in the p
   ``{"detail": ...}`` message (a 422's list of problems is flattened to ``field: msg; ...``);
 * ``BackendError`` with ``status=None``: the answer is not the JSON the contract promises.
 
-The contract is the backend's own pydantic models (``backend.schemas``, which imports pydantic
+The contract is the backend's own pydantic models (``aoq_serve.schemas``, which imports pydantic
 only, no torch or FAISS). They ignore unknown fields, so a newer backend may add fields; a field
 the UI needs that is missing or mistyped becomes a ``BackendError`` naming it.
 """
@@ -23,7 +23,7 @@ from urllib.parse import quote, urljoin
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
-from backend.schemas import (
+from aoq_serve.schemas import (
     CompareImageOut,
     CompareTextOut,
     ExamplesOut,
@@ -91,7 +91,7 @@ def format_detail(detail: Any) -> str:
 
 
 class BackendClient:
-    """Calls the endpoints of docs/api.md and returns validated ``backend.schemas`` objects.
+    """Calls the endpoints of docs/api.md and returns validated ``aoq_serve.schemas`` objects.
 
     ``public_url`` is the backend URL as the *browser* reaches it: the image URLs of every answer
     are rewritten to it (``browser_url``) before validation; it defaults to ``base_url``.

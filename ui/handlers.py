@@ -2,7 +2,7 @@
 
 Each function takes the ``BackendClient`` and plain values and returns plain values (HTML strings,
 choice lists, figures), so the whole behaviour of the page, error paths included, is tested with
-a fake backend and no browser. ``ui.app`` only wires these to Gradio components.
+a fake backend and no browser. ``aoq_ui.app`` only wires these to Gradio components.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from backend.schemas import (
+from aoq_serve.schemas import (
     CompareImageOut,
     CompareTextOut,
     ExampleCaption,
     ExampleImage,
     FailureItem,
 )
-from ui import plots
-from ui.client import BackendClient, BackendError
-from ui.render import (
+from aoq_ui import plots
+from aoq_ui.client import BackendClient, BackendError
+from aoq_ui.render import (
     failure_choices,
     model_label,
     pick_default_models,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
-from backend.schemas import CurvePoint, MetricsOut
+from aoq_serve.schemas import CurvePoint, MetricsOut
 
 ROUND_MARKERS = {1: "o", 2: "s"}
 

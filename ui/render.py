@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from urllib.parse import urljoin
 
-from backend.schemas import (
+from aoq_serve.schemas import (
     FailuresOut,
     HealthOut,
     MetricsOut,
@@ -22,7 +22,7 @@ from backend.schemas import (
     SearchImageOut,
     SearchTextOut,
 )
-from ui.client import BackendError, BackendUnavailable
+from aoq_ui.client import BackendError, BackendUnavailable
 
 TICK = "\u2714"  # heavy check mark, as the paper ticks correct items
 GT_THUMB_PX = 96
@@ -157,6 +157,10 @@ def _header(title: str, meta: str, latency_ms: float | None) -> str:
     return f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{latency}{meta}</div>"
 
 
+def _tick(is_ground_truth: bool) -> str:
+    return f' <span class="aoq-tick" title="ground truth">{TICK}</span>' if is_ground_truth else ""
+
+
 def render_text_column(answer: SearchTextOut, title: str, public_url: str) -> str:
     """One model's top-k images for a text query: rank, score, a tick on ground-truth images."""
     any_gt = any(hit.is_ground_truth for hit in answer.results)
@@ -164,7 +168,7 @@ def render_text_column(answer: SearchTextOut, title: str, public_url: str) -> st
     cards = []
     for hit in answer.results:
         gt = " aoq-gt" if hit.is_ground_truth else ""
-        tick = f' <span class="aoq-tick" title="ground truth">{TICK}</span>' if hit.is_ground_truth else ""
+        tick = _tick(hit.is_ground_truth)
         cards.append(
             f'<div class="aoq-card{gt}" data-image-id="{hit.image_id}">'
             f'<a href="{escape(media_url(public_url, hit.image_url))}" target="_blank">'
@@ -184,7 +188,7 @@ def render_image_column(answer: SearchImageOut, title: str) -> str:
     items = []
     for hit in answer.results:
         gt = ' class="aoq-gt"' if hit.is_ground_truth else ""
-        tick = f' <span class="aoq-tick" title="ground truth">{TICK}</span>' if hit.is_ground_truth else ""
+        tick = _tick(hit.is_ground_truth)
         items.append(
             f'<li{gt} data-caption-id="{hit.caption_id}"><span class="aoq-rank">#{hit.rank}</span> '
             f"{escape(hit.text)}{tick} <span class=\"aoq-rank\">({_score(hit.score)})</span></li>"

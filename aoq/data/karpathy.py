@@ -18,7 +18,6 @@ COCO training images), ``dev`` (Karpathy ``val``) and ``test``.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 
 from aoq.data.dataset import DataError, DatasetDescription, SplitData
 from aoq.data.facts import SplitFacts, check_facts
+from aoq.io import parse_json
 
 #: Karpathy split label -> project split name.
 SPLIT_NAMES: dict[str, str] = {"train": "train", "restval": "train", "val": "dev", "test": "test"}
@@ -67,10 +67,7 @@ def read_karpathy(
     json_path = Path(json_path)
     if not json_path.is_file():
         raise DataError(f"{json_path}: Karpathy split JSON not found")
-    try:
-        data = json.loads(json_path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{json_path}: not valid JSON ({exc})") from None
+    data = parse_json(json_path, DataError)
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise DataError(f'{json_path}: missing key "images" (the list of image entries)')
     root = json_path.parent if image_root is None else Path(image_root)

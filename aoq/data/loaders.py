@@ -93,11 +93,7 @@ class PairDataset(Dataset):
     """One item per caption ``c``: (image ``c // cpi``, token ids, caption index, image index)."""
 
     def __init__(
-        self,
-        split: SplitData,
-        vocab: Vocabulary,
-        image_mode: ImageMode = "features",
-        image_size: int = 64,
+        self, split: SplitData, vocab: Vocabulary, image_mode: ImageMode = "features", image_size: int = 64,
         text_mode: TextMode = "tokens",
     ) -> None:
         self.split, self.vocab = split, vocab

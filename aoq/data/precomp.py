@@ -14,13 +14,13 @@ Optional ``{split}_facts.jsonl``: structured facts of images and captions, read 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from aoq.data.dataset import DataError, SplitData
 from aoq.data.facts import read_facts_file
+from aoq.io import parse_json
 
 IMS_SUFFIX = "_ims.npy"
 CAPS_SUFFIX = "_caps.txt"
@@ -165,10 +165,7 @@ def read_labels(path: Path, n_images: int) -> list[list[str]] | None:
     """
     if not path.is_file():
         return None
-    try:
-        labels = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: not valid JSON ({exc})") from None
+    labels = parse_json(path, DataError)
     if not isinstance(labels, list) or not all(
         isinstance(item, list) and all(isinstance(x, str) and x for x in item) for item in labels
     ):

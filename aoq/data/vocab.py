@@ -20,7 +20,6 @@ vocabulary is never silently reused with a tokenizer that splits text differentl
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import unicodedata
@@ -29,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from aoq.io import ArtefactError, atomic_write_json
+from aoq.io import ArtefactError, atomic_write_json, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +211,5 @@ class Vocabulary:
         path = Path(path)
         if not path.is_file():
             raise ArtefactError(f"{path}: vocabulary file not found")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ArtefactError(f"{path}: vocabulary is not valid JSON ({exc})") from exc
+        data = parse_json(path, what="vocabulary")
         return cls.from_dict(data, source=str(path))

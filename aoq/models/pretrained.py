@@ -135,8 +135,8 @@ class EffNetImageEncoder(_PretrainedEncoder):
         if pixels.shape[-2:] != (INPUT_SIZE, INPUT_SIZE):
             raise ValueError(f"EfficientNet-Lite0 reads {INPUT_SIZE}x{INPUT_SIZE} images, got "
                              f"{tuple(pixels.shape[-2:])} (set data.image_size={INPUT_SIZE})")
-        # channels_last: oneDNN's depthwise convolutions take about 30% less CPU time in it
-        # (measured 50 vs 69 ms per image, one thread); results agree within 1e-5.
+        # channels_last: oneDNN's depthwise convolutions take less CPU time in it (docs/models.md,
+        # Speed); results agree within 1e-5.
         return self.backbone.features(effnet_normalise(pixels).contiguous(memory_format=torch.channels_last))
 
     def forward(self, images: Tensor) -> Tensor:

@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query
 
-from backend.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
-from backend.errors import ServiceError
-from backend.failures import failure_cases
-from backend.schemas import (
+from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
+from aoq_serve.errors import ServiceError
+from aoq_serve.failures import failure_cases
+from aoq_serve.schemas import (
     MAX_ID,
     ErrorOut,
     FailureItem,

@@ -8,12 +8,12 @@ import numpy as np
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from backend import catalogue
-from backend.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
-from backend.errors import ServiceError
-from backend.images import checked_file, media_type, thumbnail_png
-from backend.paths import safe_path
-from backend.schemas import (
+from aoq_serve.store import catalogue
+from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
+from aoq_serve.errors import ServiceError
+from aoq_serve.images import checked_file, media_type, thumbnail_png
+from aoq_serve.paths import safe_path
+from aoq_serve.schemas import (
     MAX_ID,
     CaptionOut,
     ErrorOut,

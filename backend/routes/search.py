@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, UploadFile
 from PIL import Image
 
-from backend.decode import decode_upload
-from backend.deps import ServiceDep, SnapshotDep, UrlsDep
-from backend.errors import ServiceError
-from backend.registry import Snapshot
-from backend.schemas import (
+from aoq_serve.decode import decode_upload
+from aoq_serve.deps import ServiceDep, SnapshotDep, UrlsDep
+from aoq_serve.errors import ServiceError
+from aoq_serve.registry import Snapshot
+from aoq_serve.schemas import (
+    DEFAULT_MAX_UPLOAD_BYTES,
     MAX_ID,
     MAX_K,
     CompareImageOut,
@@ -23,7 +24,7 @@ from backend.schemas import (
     SearchTextIn,
     SearchTextOut,
 )
-from backend.search import search_image, search_text
+from aoq_serve.search import search_image, search_text
 
 router = APIRouter(tags=["search"])
 ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 413, 415, 422)}
@@ -31,7 +32,7 @@ ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 413, 415, 422)}
 ModelForm = Annotated[str, Form(min_length=1, max_length=200, description="model name")]
 KForm = Annotated[int, Form(ge=1, le=MAX_K)]
 ImageIdForm = Annotated[int | None, Form(ge=0, le=MAX_ID, description="a gallery image id (or upload a file)")]
-FileForm = Annotated[UploadFile | None, File(description="PNG or JPEG, at most 10 MB (or give image_id)")]
+FileForm = Annotated[UploadFile | None, File(description=f"PNG or JPEG, at most {DEFAULT_MAX_UPLOAD_BYTES // 2**20} MB by default (or give image_id)")]
 
 
 def _read_query_image(service: ServiceDep, image_id: int | None, file: UploadFile | None) -> Image.Image | None:

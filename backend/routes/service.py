@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from backend import catalogue
-from backend.access import require_admin
-from backend.deps import ServiceDep, SessionDep, SnapshotDep
-from backend.schemas import (
+from aoq_serve.store import catalogue
+from aoq_serve.access import require_admin
+from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep
+from aoq_serve.schemas import (
     DatasetOut,
     ErrorOut,
     HealthOut,
@@ -15,7 +15,7 @@ from backend.schemas import (
     ReloadOut,
     SplitCounts,
 )
-from backend.version import VERSION
+from aoq_serve.version import VERSION
 
 router = APIRouter(tags=["service"])
 

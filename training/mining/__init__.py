@@ -3,10 +3,10 @@
 After round 1, every training image is scored against every training caption. For each image we
 keep the ids of its ``top_captions`` best captions other than its own, and for each caption the
 ids of its ``top_images`` best images other than its own. Round 2 samples its offline negatives
-from these lists (:mod:`training.sampling`).
+from these lists (:mod:`aoq_train.mining.sampling`).
 
 How it is computed (torch backend)
-    On the CPU, one pass for both directions (:mod:`training.mining.fused`): both lists read the
+    On the CPU, one pass for both directions (:mod:`aoq_train.mining.fused`): both lists read the
     same matrix ``img @ cap.T`` (rows: an image's top captions; columns: a caption's top images),
     so every tile of it is computed once, 512 image rows x 1024 captions at a time, and both
     directions select from it. A score enters a row's (column's) candidate pool when it reaches
@@ -15,9 +15,9 @@ How it is computed (torch backend)
     candidates are kept as packed keys and sorted once at the end. Lists whose estimate was too
     high are redone with no threshold, so the result is exact. ``precision="bf16"`` scores the
     tiles with bfloat16 products, filters them with a proven bound on their error
-    (:mod:`training.mining.bf16`) and re-scores only the candidates in float32: the same exact
+    (:mod:`aoq_train.mining.bf16`) and re-scores only the candidates in float32: the same exact
     lists. ``precision="auto"`` (the default) does so where this CPU's bf16 products pay.
-    On CUDA, each direction on its own (:mod:`training.mining.topk`): a block of ``block_size``
+    On CUDA, each direction on its own (:mod:`aoq_train.mining.topk`): a block of ``block_size``
     queries against the gallery one chunk at a time, float32 products (``precision="fp16"``:
     float16 products with float32 results, faster, not exact), the compare on the GPU; only the
     passing scores travel to the host.
@@ -46,9 +46,9 @@ Resuming
 """
 
 from aoq.mined import CAP_FILE, IMG_FILE, KIND, MinedNegatives, load_mined, save_mined
-from training.mining.driver import mine_offline_negatives
-from training.mining.job import mine_with_checkpoint
-from training.mining.keys import decode_ids, decode_scores, encode_keys
+from aoq_train.mining.driver import mine_offline_negatives
+from aoq_train.mining.job import mine_with_checkpoint
+from aoq_train.mining.keys import decode_ids, decode_scores, encode_keys
 
 __all__ = [
     "CAP_FILE", "IMG_FILE", "KIND", "MinedNegatives", "decode_ids", "decode_scores", "encode_keys",

@@ -1,7 +1,7 @@
 """The bfloat16 filter's guarantee: a proven bound on how far a bf16 product lies from any float32
 evaluation of the same score, the filter levels it implies, and whether bf16 pays on this CPU.
 
-The fused pass (:mod:`training.mining.fused`) may score its tiles with bfloat16 products and
+The fused pass (:mod:`aoq_train.mining.fused`) may score its tiles with bfloat16 products and
 re-score only the candidates in float32. No list member may be filtered out, so a score must be
 a candidate whenever its float32 value ``s`` reaches a level ``L``. For a query ``q`` and a gallery
 row ``g`` (float32), with ``q~ = bf16(q)``, ``e_q = q~ - q`` (likewise for ``g``), ``y`` the bf16
@@ -14,10 +14,9 @@ product's float32 accumulator and ``b = bf16(y)`` the tile's entry (round to nea
 with ``gamma_d = d u / (1 - d u)``, ``u = 2**-24``, plus ``2 d 2**-126`` for subnormals flushed to
 zero. Their sum ``m`` (maxima of the norms over all rows) bounds ``|y - s|``. So ``s >= L``
 implies ``y >= L - m``, and rounding to bf16 is monotone: ``b >= bf16(L - m) >= floor_bf16(L -
-m)``. The filter compares ``b`` with that floor: exact, with no estimate anywhere. For unit
-vectors ``m`` is ~0.0039 (|e_q| <= ~0.0019 at d = 512 or 1024), 5-8x the largest error seen on
-a tile, which the filter pays in extra candidates to re-score (13% more than a margin of twice
-that error, at the benchmark's size).
+m)``. The filter compares ``b`` with that floor: exact, with no estimate anywhere. The bound is
+several times the largest error seen on a tile, which the filter pays in extra candidates to
+re-score (docs/mining.md, section 2).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from training.mining import kernels
+from aoq_train.mining import kernels
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def _norms(x: torch.Tensor, x16: torch.Tensor, rows: int = 2048) -> tuple[float,
     """(max |x_r|, max |x16_r|, max |x16_r - x_r|) over the rows of a float32 matrix and its
     bfloat16 rounding, in float64 (the difference of a float32 value and its bf16 rounding is
     exact in float32). Small row groups: their float64 copies stay in the caches and in memory
-    already faulted in (65,536 rows at a time took ~0.5 s of page faults at d = 512)."""
+    already faulted in, where a whole matrix at a time pays page faults for its copies."""
     top = [0.0, 0.0, 0.0]
     for s in range(0, x.shape[0], rows):
         part = x[s : s + rows]
@@ -68,7 +67,7 @@ def error_bound(queries: torch.Tensor, gallery: torch.Tensor, queries16: torch.T
 
 def filter_levels(levels: np.ndarray, margin: float) -> np.ndarray:
     """The bf16 filter's levels for float32 ``levels``: the largest bfloat16 values at or below
-    ``levels - margin`` (:func:`training.mining.kernels.bf16_filter_keys`), as float32 values,
+    ``levels - margin`` (:func:`aoq_train.mining.kernels.bf16_filter_keys`), as float32 values,
     for a compare with bf16 products held as float32. A bf16 product whose float32 score reaches
     a level compares ``>=`` to its filter level (module docstring)."""
     keys = kernels.bf16_filter_keys(np.ascontiguousarray(levels, dtype=np.float32), float(margin))
@@ -88,9 +87,9 @@ def tile_within_bound(approx: np.ndarray, exact: np.ndarray, margin: float) -> b
 @functools.lru_cache(maxsize=1)
 def bf16_pays(dim: int = 512, repeats: int = 5) -> bool:
     """Whether this CPU's single-threaded bf16 products are at least ``PAYS_FACTOR`` times
-    faster than float32 ones on a 512 x 1024 tile (measured: ~9x with AMX, 4.6x on an AMD Zen 5
-    with AVX512-BF16, about 1x or less on an Intel CPU with AVX512-BF16 but no AMX) and within
-    the proven bound. Measured once per process (~50 ms): the choice of ``precision="auto"``."""
+    faster than float32 ones on a 512 x 1024 tile and within the proven bound (the speed-ups
+    measured per CPU are in docs/mining.md). Timed once per process: the choice of
+    ``precision="auto"``."""
     gen = torch.Generator().manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(512, dim, generator=gen), dim=1)
     g = torch.nn.functional.normalize(torch.randn(1024, dim, generator=gen), dim=1)

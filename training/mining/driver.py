@@ -8,6 +8,7 @@ import logging
 import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,10 +22,11 @@ from aoq.io import (
     stamp_matches,
     write_stamp,
 )
-from training.mining.bf16 import bf16_pays
-from training.mining.fused import CHUNK, FusedPass, processing_order
-from training.mining.pools import fresh_array
-from training.mining.topk import (
+from aoq_train.mining.bf16 import bf16_pays
+from aoq_train.mining.fused import CHUNK, FusedPass, processing_order
+from aoq_train.mining.pools import fresh_array
+from aoq_train.mining.topk import (
+    Direction,
     block_topk_faiss,
     block_topk_torch,
     directions,
@@ -129,13 +131,13 @@ def mine_offline_negatives(
             the faster CPU path).
         backend: "torch" (exact tie rule) or "faiss" (IndexFlatIP on the CPU).
         gallery_chunk: gallery columns scored at once (torch backend); default 1024 on the CPU
-            (``training.mining.fused.CHUNK``), 16384 on CUDA.
+            (``aoq_train.mining.fused.CHUNK``), 16384 on CUDA.
         precision: ``fp32`` scores everything in float32 (exact lists; on CUDA as torch's float32
             products are set, IEEE unless the caller enabled TF32). CPU torch backend: ``bf16``
             filters with bfloat16 products, with a proven error bound, and re-scores the
-            candidates in float32 (``training.mining.bf16``), same lists. ``auto``: ``bf16``
+            candidates in float32 (``aoq_train.mining.bf16``), same lists. ``auto``: ``bf16``
             where it pays (the fused CPU pass on a CPU whose bf16 products are at least 1.5x
-            faster, :func:`training.mining.bf16.bf16_pays`), else ``fp32``: exact either way.
+            faster, :func:`aoq_train.mining.bf16.bf16_pays`), else ``fp32``: exact either way.
             CUDA: ``fp16`` uses float16 products with float32 results, faster but not exact
             (near-ties reorder; docs/mining.md).
         work_dir: folder for resumable per-block results; None keeps everything in memory.
@@ -170,23 +172,20 @@ def mine_offline_negatives(
         "precision": products,
         "layout": "fused" if fused else "per-direction",
     }
-    parts = _Parts(None if work_dir is None else Path(work_dir), job)
-    gallery_chunk = gallery_chunk or (CHUNK if fused else 16384)
+    run = _Run(_Parts(None if work_dir is None else Path(work_dir), job), block_size,
+               gallery_chunk or (CHUNK if fused else 16384), progress, on_block)
+    both = directions(img_emb, cap_emb, captions_per_image, top_captions, top_images)
     if fused:
-        return _mine_fused(img_emb, cap_emb, captions_per_image, top_captions, top_images, block_size,
-                           gallery_chunk, "bf16" if products == BF16_FILTER else "fp32", parts, progress, on_block)
-    results = []
-    for direction in directions(img_emb, cap_emb, captions_per_image, top_captions, top_images):
-        results.append(_mine_direction(direction, devs, backend, block_size, gallery_chunk, half, parts, progress,
-                                       on_block))
-    return results[0], results[1]
+        return _mine_fused(run, both, captions_per_image, "bf16" if products == BF16_FILTER else "fp32")
+    img_top_caps, cap_top_imgs = (_mine_direction(run, direction, devs, backend, half) for direction in both)
+    return img_top_caps, cap_top_imgs
 
 
 def product_precision(device: torch.device, backend: str, precision: str, fused: bool = True) -> str:
     """The products a mining job runs (recorded with the job and the mined artefact):
     ``float32``, ``bfloat16+float32`` (CPU filter, float32 decision) or ``float16`` (CUDA).
     ``auto`` picks the bf16 filter for the fused CPU pass (``fused``: one CPU device, torch
-    backend) where :func:`training.mining.bf16.bf16_pays`, else float32.
+    backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else float32.
 
     Raises:
         ValueError: an unknown precision, or one the device cannot run.
@@ -220,12 +219,31 @@ def _devices(device: str | torch.device | Sequence[str | torch.device]) -> list[
     return [dev]
 
 
-def _mine_direction(direction: Any, devs: list[torch.device], backend: str, block_size: int, gallery_chunk: int,
-                    half: bool, parts: _Parts, progress: bool, on_block: Callable[[str, int], None] | None) -> np.ndarray:
+@dataclass(frozen=True)
+class _Run:
+    """What every block of one mining job shares: where parts are saved, the block and gallery
+    chunk sizes, and how progress is shown and reported."""
+
+    parts: _Parts
+    block_size: int
+    gallery_chunk: int
+    progress: bool
+    on_block: Callable[[str, int], None] | None
+
+    def blocks(self, n: int) -> list[int]:
+        """The first row of every block of ``n`` rows."""
+        return list(range(0, n, self.block_size))
+
+    def report(self, name: str, first: int) -> None:
+        if self.on_block is not None:
+            self.on_block(name, first)
+
+
+def _mine_direction(run: _Run, direction: Direction, devs: list[torch.device], backend: str, half: bool) -> np.ndarray:
     """One direction block by block (per-direction paths: CUDA, FAISS, several devices). Block j
     goes to device j mod len(devs); each device has one thread and its own copy of the gallery.
     Blocks are stored, counted and reported (``on_block``) in order, from this thread."""
-    n_q = direction.queries.shape[0]
+    n_q, block_size, parts = direction.queries.shape[0], run.block_size, run.parts
     out = np.empty((n_q, direction.k), dtype=np.int32)
     galleries: dict[int, tuple[torch.Tensor, Any]] = {}
 
@@ -240,11 +258,11 @@ def _mine_direction(direction: Any, devs: list[torch.device], backend: str, bloc
             part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first)
         else:
             q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
-            part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, gallery_chunk)
+            part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, run.gallery_chunk)
         parts.save(direction.name, first, part)
         return part
 
-    firsts = list(range(0, n_q, block_size))
+    firsts = run.blocks(n_q)
     done = {first: parts.load(direction.name, first, (min(n_q, first + block_size) - first, direction.k))
             for first in firsts}
     with contextlib.ExitStack() as stack:
@@ -253,20 +271,16 @@ def _mine_direction(direction: Any, devs: list[torch.device], backend: str, bloc
         todo = [first for first in firsts if done[first] is None]
         futures = {first: pools[j % len(devs)].submit(compute, j % len(devs), first) for j, first in enumerate(todo)}
         stack.callback(lambda: [f.cancel() for f in futures.values()])  # an error or an interruption stops the rest
-        for first in tqdm(firsts, desc=f"mining {direction.name}", unit="block", disable=not progress, leave=False):
+        for first in tqdm(firsts, desc=f"mining {direction.name}", unit="block", disable=not run.progress, leave=False):
             part = done[first] if done[first] is not None else futures[first].result()
             out[first : first + part.shape[0]] = part
-            if on_block is not None:
-                on_block(direction.name, first)
+            run.report(direction.name, first)
     return out
 
 
-def _mine_fused(
-    img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captions: int, top_images: int, block_size: int,
-    gallery_chunk: int, precision: str, parts: _Parts, progress: bool,
-    on_block: Callable[[str, int], None] | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Both directions from one pass (:class:`training.mining.fused.FusedPass`), resumable.
+def _mine_fused(run: _Run, both: list[Direction], cpi: int,
+                precision: Literal["fp32", "bf16"]) -> tuple[np.ndarray, np.ndarray]:
+    """Both directions from one pass (:class:`aoq_train.mining.fused.FusedPass`), resumable.
 
     Image blocks are ``block_size`` consecutive positions of the pass's image order, saved as
     they complete; caption blocks are consecutive caption ids, saved at the end of the pass (the
@@ -274,11 +288,13 @@ def _mine_fused(
     are missing (the pass was interrupted while saving them), those are computed on their own by
     the per-direction path rather than by a whole new pass.
     """
-    n_img, n_cap = len(img_emb), len(cap_emb)
+    rows, cols = both
+    img_emb, cap_emb, top_captions, top_images = rows.queries, cols.queries, rows.k, cols.k
+    n_img, n_cap, block_size, parts = len(img_emb), len(cap_emb), run.block_size, run.parts
     img_out = fresh_array((n_img, top_captions), np.int32)
     cap_out = fresh_array((n_cap, top_images), np.int32)
     order = processing_order(n_img, 0)
-    img_firsts = list(range(0, n_img, block_size))
+    img_firsts = run.blocks(n_img)
     img_done = set()
     for first in img_firsts:
         last = min(n_img, first + block_size)
@@ -287,7 +303,7 @@ def _mine_fused(
             img_out[order[first:last]] = part
             img_done.add(first)
     cap_missing = []
-    for first in range(0, n_cap, block_size):
+    for first in run.blocks(n_cap):
         last = min(n_cap, first + block_size)
         part = parts.load("cap_top_imgs", first, (last - first, top_images))
         if part is None:
@@ -297,37 +313,34 @@ def _mine_fused(
 
     def cap_block_done(first: int) -> None:
         parts.save("cap_top_imgs", first, cap_out[first : first + block_size])
-        if on_block is not None:
-            on_block("cap_top_imgs", first)
+        run.report("cap_top_imgs", first)
 
     if len(img_done) < len(img_firsts):
-        bar = tqdm(total=len(img_firsts), desc="mining (both directions)", unit="block", disable=not progress,
+        bar = tqdm(total=len(img_firsts), desc="mining (both directions)", unit="block", disable=not run.progress,
                    leave=False)
         pending = iter(img_firsts)
-        next_first = [next(pending, None)]
+        next_first = next(pending, None)
 
         def rows_done(end: int) -> None:
-            while next_first[0] is not None and min(n_img, next_first[0] + block_size) <= end:
-                first = next_first[0]
-                if first not in img_done:
-                    parts.save("img_top_caps", first, img_out[order[first : first + block_size]])
-                if on_block is not None:
-                    on_block("img_top_caps", first)
+            nonlocal next_first
+            while next_first is not None and min(n_img, next_first + block_size) <= end:
+                if next_first not in img_done:
+                    parts.save("img_top_caps", next_first, img_out[order[next_first : next_first + block_size]])
+                run.report("img_top_caps", next_first)
                 bar.update(1)
-                next_first[0] = next(pending, None)
+                next_first = next(pending, None)
 
-        miner = FusedPass(img_emb, cap_emb, cpi, top_captions, top_images, chunk=gallery_chunk, precision=precision)
+        miner = FusedPass(img_emb, cap_emb, cpi, top_captions, top_images, chunk=run.gallery_chunk, precision=precision)
         miner.run(img_out, cap_out, block_size, img_done.__contains__, rows_done, state=parts.dir)
         bar.close()
         for first in cap_missing:
             cap_block_done(first)
         parts.drop_snapshots()
     elif cap_missing:  # float32 whatever the precision: a few blocks, exact
-        direction = directions(img_emb, cap_emb, cpi, top_captions, top_images)[1]
-        gallery = torch.from_numpy(direction.gallery)
-        for first in tqdm(cap_missing, desc="mining cap_top_imgs", unit="block", disable=not progress, leave=False):
+        gallery = torch.from_numpy(cols.gallery)
+        for first in tqdm(cap_missing, desc="mining cap_top_imgs", unit="block", disable=not run.progress, leave=False):
             last = min(n_cap, first + block_size)
-            q = torch.from_numpy(direction.queries[first:last])
-            cap_out[first:last] = block_topk_torch(direction, q, np.arange(first, last), gallery, gallery_chunk)
+            q = torch.from_numpy(cols.queries[first:last])
+            cap_out[first:last] = block_topk_torch(cols, q, np.arange(first, last), gallery, run.gallery_chunk)
             cap_block_done(first)
     return img_out, cap_out

@@ -16,7 +16,7 @@ Layout
 Thresholds
     Rows: a row tile scores the first ``sample_chunks`` chunks first (~``ROW_HITS`` sampled scores
     above the target level) and reads each row's threshold from them
-    (:func:`training.mining.pools.sampled_threshold`). Columns: the pass starts with its sample
+    (:func:`aoq_train.mining.pools.sampled_threshold`). Columns: the pass starts with its sample
     phase, the first ``sample_height`` rows of the image order scored as one tall tile per chunk,
     whose first ``sample_rows`` give each column its threshold (~``COL_HITS`` hits). A score then
     enters a row's pool when it reaches the row's threshold and a column's pool when it reaches the
@@ -27,7 +27,7 @@ Thresholds
 
 bf16 filter (``precision="bf16"``)
     Tiles are scored with bfloat16 products; a score is a candidate when it reaches the bf16
-    filter level of a threshold (:mod:`training.mining.bf16`: the threshold minus a proven bound
+    filter level of a threshold (:mod:`aoq_train.mining.bf16`: the threshold minus a proven bound
     on the bf16 products' error, ``margin``, rounded down to a bfloat16 value), and only
     candidates are re-scored in float32 (:func:`kernels.rescore` on the permuted float32
     embeddings), so pools, keys and lists hold float32 scores. The row tiles' scan reads the bf16
@@ -37,7 +37,7 @@ bf16 filter (``precision="bf16"``)
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
 threshold (an estimate that was too high), is redone with no threshold
-(:func:`training.mining.topk.exact_rows`). Every other list equals the brute force: each member
+(:func:`aoq_train.mining.topk.exact_rows`). Every other list equals the brute force: each member
 reached every threshold it met.
 
 Memory, beyond the inputs and the two returned id arrays: a permuted float32 copy of both
@@ -47,7 +47,7 @@ keys; per worker a row pool (``ROW_TILE x (2 k_rows + 64)`` keys), a tall tile (
 x CHUNK`` floats) and the scan's output (``ROW_TILE x CHUNK`` positions and values).
 
 The per-score work (the scan of a tile, the appends to the pools) is compiled
-(:mod:`training.mining.kernels`): with numpy it cost more than the product itself.
+(:mod:`aoq_train.mining.kernels`): with numpy it cost more than the product itself.
 """
 
 from __future__ import annotations
@@ -68,17 +68,17 @@ import numpy as np
 import torch
 
 from aoq.io import atomic_open
-from training.mining import bf16 as bf16_filter
-from training.mining import kernels
-from training.mining.keys import LOWEST, decode_ids, decode_scores
-from training.mining.pools import Pool, fresh_array, sample_rank, sampled_threshold
-from training.mining.topk import directions, exact_rows
+from aoq_train.mining import bf16 as bf16_filter
+from aoq_train.mining import kernels
+from aoq_train.mining.keys import LOWEST, decode_ids, decode_scores
+from aoq_train.mining.pools import Pool, fresh_array, sample_rank, sampled_threshold
+from aoq_train.mining.topk import directions, exact_rows
 
 log = logging.getLogger(__name__)
 
 ROW_TILE = 512  # image rows per tile: with CHUNK columns, the tile stays in the caches from the product to the compares
 CHUNK = 1024  # caption columns per tile
-ROW_HITS = 100  # sampled scores above a row threshold's level (a row samples ~5% of its gallery at H = 2000)
+ROW_HITS = 100  # sampled scores above a row threshold's level (a few % of a row's gallery at H = 2000)
 COL_HITS = 32  # the same for columns, whose sample is the first rows of the image order, scored as tall tiles
 BF16_NEG_INF = 0xFF80  # the bit pattern of bfloat16 -inf
 SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kill loses at most ~that much work
@@ -99,8 +99,8 @@ def worker_pool() -> Iterator[tuple[ThreadPoolExecutor, int]]:
     """(executor, workers): one worker thread per torch thread, each running single-threaded
     torch kernels; torch's thread count is 1 inside and restored after. A new thread does not
     inherit the count set by another: a worker that did not set its own would run every product
-    on all cores, and the workers together would oversubscribe them (measured: ~15% more CPU
-    time for the pass on 2 cores). On an error, tasks not yet started are cancelled."""
+    on all cores, and the workers together would oversubscribe them (more CPU time for the same
+    pass). On an error, tasks not yet started are cancelled."""
     threads = torch.get_num_threads()
     workers = max(1, threads)
     torch.set_num_threads(1)
@@ -117,7 +117,7 @@ def worker_pool() -> Iterator[tuple[ThreadPoolExecutor, int]]:
 
 
 def _permuted(a: np.ndarray, order: np.ndarray) -> torch.Tensor:
-    """``a[order]`` as a tensor, in fresh memory (:func:`training.mining.pools.fresh_array`), filled
+    """``a[order]`` as a tensor, in fresh memory (:func:`aoq_train.mining.pools.fresh_array`), filled
     by torch's threads."""
     out = torch.from_numpy(fresh_array(a.shape, a.dtype))
     with warnings.catch_warnings():  # "the given NumPy array is not writable": it is only read
@@ -164,8 +164,8 @@ class FusedPass:
     def _dense(self, p0: int, p1: int, ci: int, slot: int = 0, raw: bool = False) -> np.ndarray:
         """Rows [p0, p1) against chunk ``ci``: float32 scores (of bf16 products with ``bf16``), own
         positives at -inf, in this worker's buffer ``slot``. With ``raw`` and ``bf16``, the bf16
-        products themselves, as their bit patterns (uint16): the scan reads them directly, and a
-        float32 copy of the tile cost as much as the AMX product that made it."""
+        products themselves, as their bit patterns (uint16): the scan reads them directly, where a
+        float32 copy of the tile would cost about as much as the bf16 product that made it."""
         c0, c1 = self.bounds[ci], self.bounds[ci + 1]
         rows, width = p1 - p0, c1 - c0
         raw = raw and self.bf16
@@ -189,7 +189,7 @@ class FusedPass:
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows, columns and float32 values of the tile's scores reaching the row or the column
-        threshold (for bf16 scores, its filter level, :mod:`training.mining.bf16`; the candidates
+        threshold (for bf16 scores, its filter level, :mod:`aoq_train.mining.bf16`; the candidates
         are then re-scored). ``scores``: float32, or bf16 bit patterns (:meth:`_dense` with ``raw``)."""
         rows, width = scores.shape
         out = getattr(self.local, "scan", None)
@@ -284,7 +284,7 @@ class FusedPass:
             exact = (self.q[:rows] @ self.g[: self.bounds[1]].T).numpy()
             if not bf16_filter.tile_within_bound(approx, exact, self.margin):
                 raise RuntimeError("this CPU's bf16 products are further from float32 ones than the proven bound "
-                                   "allows (training.mining.bf16): mine with precision fp32")
+                                   "allows (aoq_train.mining.bf16): mine with precision fp32")
         tr = None
         if rows_wanted:
             pieces = [(p, min(h, p + ROW_TILE)) for p in range(0, h, ROW_TILE)]
@@ -435,7 +435,7 @@ class FusedPass:
 
     def _redo(self, which: int, ids: np.ndarray, out: np.ndarray, pool_map: Callable | None = None) -> None:
         """Lists that ended short, redone exactly with no threshold (float32 products,
-        :func:`training.mining.topk.exact_rows`), shared over the workers when ``pool_map`` is given."""
+        :func:`aoq_train.mining.topk.exact_rows`), shared over the workers when ``pool_map`` is given."""
         if not ids.size:
             return
         log.info("%d %s lists redone exactly (their threshold estimate was too high)", ids.size,

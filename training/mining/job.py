@@ -19,9 +19,9 @@ from aoq.io import (
     write_stamp,
 )
 from aoq.mined import MinedNegatives, load_mined, save_mined
-from training.depth import checked_depths
-from training.mining.diagnostics import diagnostics_settings, hardness_diagnostics
-from training.mining.driver import mine_offline_negatives, product_precision
+from aoq_train.mining.depth import checked_depths
+from aoq_train.mining.diagnostics import diagnostics_settings, hardness_diagnostics
+from aoq_train.mining.driver import mine_offline_negatives, product_precision
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,10 @@ def mine_with_checkpoint(
     The checkpoint may be of any model kind (a "teacher"); only its embeddings are used. The
     mining settings are ``cfg.mining`` (top_captions, top_images, block_size, backend, device).
     The artefact also holds ``diagnostics.json``, the hardness diagnostics of
-    :mod:`training.mining.diagnostics` at ``cfg.round2``'s batch size and depth (a warning is
+    :mod:`aoq_train.mining.diagnostics` at ``cfg.round2``'s batch size and depth (a warning is
     logged when the offline negatives are not harder than the in-batch ones).
     Nothing is done when ``out`` already holds an artefact mined by the same checkpoint (content
-    hash), data, H and products (:func:`training.mining.driver.product_precision`), with
+    hash), data, H and products (:func:`aoq_train.mining.driver.product_precision`), with
     diagnostics of the same round-2 settings; when only those settings changed, the lists are
     kept and only the diagnostics are recomputed. Work files (embeddings, per-block parts) live
     in a hidden sibling ``.<out>.work`` until the artefact is in place, so an interrupted run
@@ -97,7 +97,7 @@ def mine_with_checkpoint(
         ArtefactError: the checkpoint is damaged (``CheckpointError``).
         DataError: the training split cannot be read.
         ValueError: H larger than the split allows.
-        ConfigError: the round-2 depth is deeper than the lists (``training.depth``), or the
+        ConfigError: the round-2 depth is deeper than the lists (``aoq_train.mining.depth``), or the
             mining precision does not run on the mining device.
     """
     from aoq.checkpoint import load_checkpoint

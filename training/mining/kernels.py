@@ -1,12 +1,12 @@
 """Compiled per-score work of the fused pass (numba): the scan of a score tile and the pools' appends.
 
-The fused pass (:mod:`training.mining.fused`) looks at every score once. With numpy each look was
+The fused pass (:mod:`aoq_train.mining.fused`) looks at every score once. With numpy each look was
 several full passes over the tile (two compares, an or, a nonzero, gathers, a sort by column, a
 scatter), together more than the product that made the tile; here a tile is read once and each
 candidate is touched once more when it is appended. Every function releases the GIL (the pass runs
 one worker thread per core) and is compiled on first use, then cached beside this file.
 
-Keys are :mod:`training.mining.keys`'s packed (score, id) int64s; a pool is a dense ``(lists,
+Keys are :mod:`aoq_train.mining.keys`'s packed (score, id) int64s; a pool is a dense ``(lists,
 cap)`` key array with a fill count per list, and only the first ``fill`` keys of a list are
 meaningful (nothing else is ever read).
 """
@@ -20,6 +20,15 @@ from numba.cpython.unsafe.numbers import trailing_zeros
 ID_MASK = 0x7FFFFFFF  # keys.ID_MASK (kept literal: compiled code reads module constants at compile time)
 _GATHER = np.uint64(0x0102040810204080)
 BF16_LOWEST_KEY = 0x8000 - 0xFF7F  # the key of the most negative finite bfloat16
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _flag_groups(mask: np.ndarray, width: int) -> int:
+    """The 64-flag groups a row of ``width`` scores spans, with the flags past ``width`` cleared
+    (they are read with the last group)."""
+    groups = (width + 63) // 64
+    mask[width : 64 * groups] = 0
+    return groups
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -55,8 +64,7 @@ def scan(scores: np.ndarray, tr: np.ndarray, tc: np.ndarray, mask: np.ndarray,
     collected (:func:`_collect`)."""
     n = 0
     n_rows, width = scores.shape
-    groups = (width + 63) // 64
-    mask[width : 64 * groups] = 0
+    groups = _flag_groups(mask, width)
     for r in range(n_rows):
         t = tr[r]
         row = scores[r]
@@ -79,8 +87,7 @@ def scan_bf16(bits: np.ndarray, kr: np.ndarray, kc: np.ndarray, mask: np.ndarray
     u`` for a negative one. No values: the caller re-scores the positions in float32."""
     n = 0
     n_rows, width = bits.shape
-    groups = (width + 63) // 64
-    mask[width : 64 * groups] = 0
+    groups = _flag_groups(mask, width)
     for r in range(n_rows):
         t = kr[r]
         row = bits[r]
@@ -97,7 +104,7 @@ def bf16_filter_keys(levels: np.ndarray, margin: float) -> np.ndarray:
     """The integer keys (see :func:`scan_bf16`) of the largest bfloat16 values at or below
     ``levels - margin`` (float32 levels; the difference taken in float64 and rounded down to
     float32, then to bfloat16), never below the most negative finite bfloat16: a ``LOWEST`` level
-    lets every finite score pass and -inf fail (:mod:`training.mining.bf16` says why this is
+    lets every finite score pass and -inf fail (:mod:`aoq_train.mining.bf16` says why this is
     the filter's level)."""
     out = np.empty(levels.shape[0], dtype=np.int32)
     scratch = np.empty(1, dtype=np.float32)
@@ -126,8 +133,8 @@ def rescore(q: np.ndarray, g: np.ndarray, p0: int, c0: int, rows: np.ndarray, co
             out: np.ndarray) -> None:
     """float32 products ``q[p0 + rows[i]] . g[c0 + cols[i]]`` into ``out[i]``. fastmath lets the
     sum be vectorised (reassociated, like a GEMM's), so a product may differ from ``q @ g.T``'s
-    in its last bits; the cost is the gathered rows of ``g`` (measured 1.1-1.3x faster than
-    ``torch.sparse.sampled_addmm`` at 3% and 1% of a 512 x 1024 tile, with no CSR to build)."""
+    in its last bits; the cost is the gathered rows of ``g``, with no CSR to build (against
+    ``torch.sparse.sampled_addmm``: docs/mining.md, "Measurements behind the code")."""
     d = q.shape[1]
     for i in range(rows.shape[0]):
         a = q[p0 + rows[i]]

@@ -1,4 +1,4 @@
-"""Candidate pools and sampled thresholds: the selection half of the fused pass (:mod:`training.mining.fused`)."""
+"""Candidate pools and sampled thresholds: the selection half of the fused pass (:mod:`aoq_train.mining.fused`)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import mmap
 
 import numpy as np
 
-from training.mining import kernels
-from training.mining.keys import LOWEST, PAD, decode_scores
+from aoq_train.mining import kernels
+from aoq_train.mining.keys import LOWEST, PAD, decode_scores
 
 
 def fresh_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """A zeroed array in a fresh private anonymous mapping, on ordinary pages. numpy would
     advise huge pages for an array this large (``MADV_HUGEPAGE``), and where free memory is
-    fragmented the kernel then compacts it on the first touch: measured on an AMD VM, 1.2-1.4 s
-    of system time for the 531 MB of column pools in 2 of 4 runs, against ~0.2 s with 4 KB pages
-    (0.1 s with huge pages already free). A shared mapping (shmem) faulted ~1.5x slower still."""
+    fragmented the kernel then compacts it on the first touch, which costs more system time than
+    the faults of ordinary pages; a shared mapping (shmem) faults slower still (figures:
+    docs/mining.md, "Measurements behind the code")."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if size < 2**21:
         return np.zeros(shape, dtype=dtype)
@@ -25,10 +25,10 @@ def fresh_array(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
 
 
 class Pool:
-    """Candidate keys (:func:`training.mining.keys.encode_keys`) of ``n`` lists, at most ``cap``
+    """Candidate keys (:func:`aoq_train.mining.keys.encode_keys`) of ``n`` lists, at most ``cap``
     per list, held in one dense ``(n, cap)`` array with a fill count per list: appending is a
     write at the list's end, and a full list is cut to its best k in place
-    (:func:`training.mining.kernels.append`). Only a list's first ``fill`` keys are meaningful,
+    (:func:`aoq_train.mining.kernels.append`). Only a list's first ``fill`` keys are meaningful,
     so an emptied pool is reused without touching its keys."""
 
     def __init__(self, n: int, cap: int, keys: np.ndarray | None = None) -> None:
@@ -46,7 +46,7 @@ class Pool:
     def add(self, lists: np.ndarray, others: np.ndarray, other_ids: np.ndarray, values: np.ndarray, k: int,
             threshold: np.ndarray) -> int:
         """Append the candidates reaching their list's ``threshold`` (raised in place whenever a
-        full list is cut to its best ``k``, see :func:`training.mining.kernels.append`): list
+        full list is cut to its best ``k``, see :func:`aoq_train.mining.kernels.append`): list
         ``lists[i]`` gets score ``values[i]`` (float32) with id ``other_ids[others[i]]``.
         Returns the number of cuts."""
         values = np.asarray(values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0, as encode_keys
@@ -109,7 +109,7 @@ def sampled_threshold(blocks: list[np.ndarray], k: int, population: int, axis: i
     r = sample_rank(groups * s, k, population)
     if r >= groups:
         return np.full(n, LOWEST, dtype=np.float32)
-    # contiguous: a strided array (the columns' transposed maxima) partitions ~5x slower
+    # contiguous: a strided array (the columns' transposed maxima) partitions several times slower
     maxima = np.ascontiguousarray(np.concatenate([_group_maxima(b, s, axis) for b in blocks], axis=1))
     return np.partition(maxima, groups - r, axis=1)[:, groups - r]
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.mining.keys import PAD, decode_ids, decode_scores, encode_keys
+from aoq_train.mining.keys import PAD, decode_ids, decode_scores, encode_keys
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,6 @@ five-caption rule), ``render`` (both vendors' pictures as fixed-size RGB) and ``
 (drops, splits and the atomic, byte-reproducible writing of the dataset).
 """
 
-from training.datasets.emoji.builder import build_emoji_dataset
+from aoq_train.datasets.emoji.builder import build_emoji_dataset
 
 __all__ = ["build_emoji_dataset"]

@@ -39,17 +39,17 @@ from aoq.io import (
     read_manifest,
     write_manifest,
 )
-from training.datasets.emoji.captions import CAPTIONS_PER_IMAGE, emoji_captions
-from training.datasets.emoji.catalogue import Emoji, load_catalogue
-from training.datasets.emoji.render import (
+from aoq_train.datasets.emoji.captions import CAPTIONS_PER_IMAGE, emoji_captions
+from aoq_train.datasets.emoji.catalogue import Emoji, load_catalogue
+from aoq_train.datasets.emoji.render import (
     ART,
     SIZE,
     NotoRenderer,
     TwemojiRenderer,
     is_blank,
 )
-from training.datasets.emoji.sources import EmojiSources, locate_sources
-from training.datasets.synth.render import png_bytes
+from aoq_train.datasets.emoji.sources import EmojiSources, locate_sources
+from aoq_train.datasets.synth.render import png_bytes
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ or generated text. Both vendors' pictures of one emoji get the same five caption
 
 from __future__ import annotations
 
-from training.datasets.emoji.catalogue import Emoji
+from aoq_train.datasets.emoji.catalogue import Emoji
 
 CAPTIONS_PER_IMAGE = 5
 

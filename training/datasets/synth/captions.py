@@ -11,7 +11,7 @@ asks for captions that state the difference (:func:`caption_family`).
 Every caption comes with the facts it states (:mod:`aoq.data.facts`; ``?k`` is object ``k`` of
 the scene it was written for), recorded as the text is built, so a caption's facts are exactly
 what its words claim and can be checked against any other scene's ground facts
-(:func:`training.datasets.synth.facts.scene_facts`).
+(:func:`aoq_train.datasets.synth.facts.scene_facts`).
 """
 
 from __future__ import annotations
@@ -19,191 +19,39 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from aoq.data.facts import facts_hold, index_facts, parse_fact
-from training.datasets.synth.facts import (
-    ZONE_NAMES,
-    relation,
-    relation_fact,
-    scene_facts,
+from aoq_train.datasets.synth.facts import relation, relation_fact, scene_facts
+from aoq_train.datasets.synth.phrases import (
+    COLOUR_WORDS,
+    Caption,
+    Facts,
+    PREFIXES,
+    RELATION_WORDS,
+    article,
+    background_phrase,
+    bare_phrase,
+    cardinal,
+    chance,
+    full_phrase,
+    join,
+    noun,
+    noun_phrase,
+    number,
+    pick,
+    shape_word,
+    var,
+    zone_phrase,
 )
-from training.datasets.synth.scenes import (
+from aoq_train.datasets.synth.scenes import (
     PERTURBATIONS,
     STREAM_CAPTIONS,
     STREAM_CONTRAST,
     Scene,
-    SceneObject,
     rng_for,
 )
 
 CAPTIONS_PER_IMAGE = 5
-
-_SHAPE_WORDS: dict[str, tuple[tuple[str, str], ...]] = {  # (singular, plural)
-    "circle": (("circle", "circles"), ("disc", "discs"), ("round shape", "round shapes")),
-    "square": (("square", "squares"), ("box", "boxes"), ("block", "blocks")),
-    "triangle": (("triangle", "triangles"), ("triangular shape", "triangular shapes")),
-    "diamond": (("diamond", "diamonds"), ("rhombus", "rhombuses"), ("diamond shape", "diamond shapes")),
-    "cross": (("cross", "crosses"), ("plus sign", "plus signs")),
-    "star": (("star", "stars"), ("star shape", "star shapes")),
-    "hexagon": (("hexagon", "hexagons"), ("six sided shape", "six sided shapes")),
-    "ring": (("ring", "rings"), ("hoop", "hoops"), ("donut", "donuts")),
-}
-_COLOUR_WORDS: dict[str, tuple[str, ...]] = {
-    "red": ("red", "red", "bright red"),
-    "green": ("green", "green", "grass green"),
-    "blue": ("blue", "blue", "deep blue"),
-    "yellow": ("yellow", "yellow", "golden"),
-    "purple": ("purple", "purple", "violet"),
-    "orange": ("orange",),
-    "pink": ("pink", "pink", "rosy"),
-    "cyan": ("cyan", "turquoise", "teal"),
-    "brown": ("brown", "brown", "chocolate"),
-}
-_SIZE_WORDS: dict[str, tuple[str, ...]] = {
-    "small": ("small", "tiny", "little"),
-    "medium": ("medium", "medium sized", "mid sized"),
-    "large": ("large", "big", "huge"),
-}
-_BACKGROUND_WORDS: dict[str, tuple[str, ...]] = {
-    "white": ("white", "bright white"),
-    "light gray": ("light gray", "light grey", "pale gray"),
-    "gray": ("gray", "grey", "medium gray"),
-    "dark gray": ("dark gray", "dark grey", "charcoal"),
-    "black": ("black", "pitch black"),
-    "beige": ("beige", "cream colored", "sand colored"),
-}
-_TEXTURE_WORDS: dict[str, tuple[str, ...]] = {
-    "plain": ("plain", "flat", "uniform"),
-    "grain": ("grainy", "noisy", "speckled"),
-    "stripes": ("striped", "faintly striped", "lined"),
-    "gradient": ("shaded", "softly shaded", "graded"),
-}
-_ZONE_WORDS: dict[tuple[int, int], tuple[str, ...]] = {  # (column, row) of the 3x3 grid
-    (0, 0): ("in the top left corner", "at the top left", "in the upper left"),
-    (1, 0): ("at the top", "near the top", "in the upper part"),
-    (2, 0): ("in the top right corner", "at the top right", "in the upper right"),
-    (0, 1): ("on the left", "on the left side", "at the left"),
-    (1, 1): ("in the middle", "in the center", "in the centre"),
-    (2, 1): ("on the right", "on the right side", "at the right"),
-    (0, 2): ("in the bottom left corner", "at the bottom left", "in the lower left"),
-    (1, 2): ("at the bottom", "near the bottom", "in the lower part"),
-    (2, 2): ("in the bottom right corner", "at the bottom right", "in the lower right"),
-}
-_RELATION_WORDS: dict[str, tuple[str, ...]] = {
-    "left": ("to the left of", "left of", "on the left of"),
-    "right": ("to the right of", "right of", "on the right of"),
-    "above": ("above", "over", "higher than"),
-    "below": ("below", "under", "beneath", "underneath"),
-}
-_NUMBERS: dict[int, tuple[str, ...]] = {
-    1: ("one", "a single"),
-    2: ("two", "two", "a pair of", "2"),
-    3: ("three", "three", "3"),
-    4: ("four", "four", "4"),
-}
-_NOUNS = (("shape", "shapes"), ("object", "objects"), ("figure", "figures"), ("item", "items"))
-_PREFIXES = ("", "", "", "a picture of ", "an image of ", "a drawing of ", "a photo of ", "there is ")
-
-
-Facts = tuple[str, ...]
-
-
-class Caption(NamedTuple):
-    """A caption's text and the facts it states (sorted, each once)."""
-
-    text: str
-    facts: Facts
-
-
-def _pick(rng: random.Random, options: Sequence[str]) -> str:
-    return rng.choice(options)
-
-
-def _chance(rng: random.Random, p: float) -> bool:
-    return rng.random() < p
-
-
-def _article(phrase: str) -> str:
-    vowel_sound = phrase[0] in "aeiou" and not phrase.startswith("uni")  # "a uniform ..."
-    return ("an " if vowel_sound else "a ") + phrase
-
-
-def _number(rng: random.Random, n: int) -> str:
-    return _pick(rng, _NUMBERS[n])
-
-
-def _cardinal(rng: random.Random, n: int) -> str:
-    """A number that reads well before "other" or "more" (never "a pair of")."""
-    return _pick(rng, [w for w in _NUMBERS[n] if not w.startswith("a ")])
-
-
-def _shape_word(rng: random.Random, shape: str, plural: bool = False) -> str:
-    return _pick(rng, _SHAPE_WORDS[shape])[1 if plural else 0]
-
-
-def _noun(rng: random.Random, plural: bool) -> str:
-    return _pick(rng, _NOUNS)[1 if plural else 0]
-
-
-def _var(scene: Scene, obj: SceneObject) -> str:
-    """The fact variable of ``obj``: its index in the scene it belongs to."""
-    return f"?{scene.objects.index(obj)}"
-
-
-def _bare(
-    rng: random.Random, scene: Scene, obj: SceneObject, p_size: float = 0.5, p_colour: float = 0.9
-) -> tuple[str, Facts]:
-    """``[size] [colour] shape`` without an article; the shape word may be a generic noun when a
-    colour is named ("a red shape")."""
-    v = _var(scene, obj)
-    words, facts = [], []
-    if _chance(rng, p_size):
-        words.append(_pick(rng, _SIZE_WORDS[obj.size]))
-        facts.append(f"size({v},{obj.size})")
-    has_colour = _chance(rng, p_colour)
-    if has_colour:
-        words.append(_pick(rng, _COLOUR_WORDS[obj.colour]))
-        facts.append(f"colour({v},{obj.colour})")
-    generic = has_colour and _chance(rng, 0.1)
-    if generic:
-        words.append(_noun(rng, False))
-    else:
-        words.append(_shape_word(rng, obj.shape))
-        facts.append(f"shape({v},{obj.shape})")
-    return " ".join(words), tuple(facts)
-
-
-def _np(rng: random.Random, scene: Scene, obj: SceneObject, **kw: float) -> tuple[str, Facts]:
-    text, facts = _bare(rng, scene, obj, **kw)
-    return _article(text), facts
-
-
-def _full(rng: random.Random, scene: Scene, obj: SceneObject) -> tuple[str, Facts]:
-    """``a <size> <colour> <shape>``: every attribute named, as a contrastive caption needs."""
-    v = _var(scene, obj)
-    text = " ".join((_pick(rng, _SIZE_WORDS[obj.size]), _pick(rng, _COLOUR_WORDS[obj.colour]),
-                     _shape_word(rng, obj.shape)))
-    return _article(text), (f"size({v},{obj.size})", f"colour({v},{obj.colour})", f"shape({v},{obj.shape})")
-
-
-def _zone(rng: random.Random, scene: Scene, obj: SceneObject) -> tuple[str, Facts]:
-    return _pick(rng, _ZONE_WORDS[obj.zone()]), (f"zone({_var(scene, obj)},{ZONE_NAMES[obj.zone()]})",)
-
-
-def _background(rng: random.Random, scene: Scene) -> tuple[str, Facts]:
-    words = [_pick(rng, _BACKGROUND_WORDS[scene.background])]
-    facts = [f"bg({scene.background})"]
-    if _chance(rng, 0.3):
-        words.insert(0, _pick(rng, _TEXTURE_WORDS[scene.texture]))
-        facts.append(f"texture({scene.texture})")
-    text = _article(" ".join(words)) + " " + _pick(rng, ("background", "background", "backdrop", "surface"))
-    return text, tuple(facts)
-
-
-def _join(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
-
 
 _INVERSE = {"left": "right", "right": "left", "above": "below", "below": "above"}
 
@@ -215,10 +63,10 @@ def _count(rng: random.Random, scene: Scene, detail: float) -> _Said:
     n = len(scene.objects)
     count = (f"count({n})",)
     if n == 1:
-        noun1, (bg1, f1) = _noun(rng, False), _background(rng, scene)
-        noun2 = _noun(rng, False)
-        noun3, (bg3, f3) = _noun(rng, False), _background(rng, scene)
-        (bg4, f4), noun4 = _background(rng, scene), _noun(rng, False)
+        noun1, (bg1, f1) = noun(rng, False), background_phrase(rng, scene)
+        noun2 = noun(rng, False)
+        noun3, (bg3, f3) = noun(rng, False), background_phrase(rng, scene)
+        (bg4, f4), noun4 = background_phrase(rng, scene), noun(rng, False)
         return rng.choice(
             (
                 (f"a single {noun1} on {bg1}", count + f1),
@@ -227,13 +75,13 @@ def _count(rng: random.Random, scene: Scene, detail: float) -> _Said:
                 (f"{bg4} with one {noun4}", count + f4),
             )
         )
-    num, nouns = _number(rng, n), _noun(rng, True)
-    bg1, f1 = _background(rng, scene)
-    what = _pick(rng, ("image", "picture", "scene"))
-    bg3, f3 = _background(rng, scene)
-    how = _pick(rng, ("placed", "scattered", "arranged"))
-    bg4, f4 = _background(rng, scene)
-    kind = _pick(rng, ("picture", "scene", "drawing"))
+    num, nouns = number(rng, n), noun(rng, True)
+    bg1, f1 = background_phrase(rng, scene)
+    what = pick(rng, ("image", "picture", "scene"))
+    bg3, f3 = background_phrase(rng, scene)
+    how = pick(rng, ("placed", "scattered", "arranged"))
+    bg4, f4 = background_phrase(rng, scene)
+    kind = pick(rng, ("picture", "scene", "drawing"))
     text, facts = rng.choice(
         (
             (f"{num} {nouns} on {bg1}", count + f1),
@@ -243,31 +91,31 @@ def _count(rng: random.Random, scene: Scene, detail: float) -> _Said:
             (f"a {kind} showing {num} different {nouns}", count),
         )
     )
-    if _chance(rng, detail):
-        named = rng.sample(scene.objects, 2 if _chance(rng, detail) else 1)
-        text += _pick(rng, (", including ", ", among them "))
-        said = [_np(rng, scene, o) for o in named]
-        text += _join([t for t, _ in said])
+    if chance(rng, detail):
+        named = rng.sample(scene.objects, 2 if chance(rng, detail) else 1)
+        text += pick(rng, (", including ", ", among them "))
+        said = [noun_phrase(rng, scene, o) for o in named]
+        text += join([t for t, _ in said])
         facts += tuple(f for _, fs in said for f in fs)
     return text, facts
 
 
 def _single(rng: random.Random, scene: Scene, detail: float) -> _Said:
     obj = rng.choice(scene.objects)
-    prefix = _pick(rng, _PREFIXES)
-    np_, facts = _np(rng, scene, obj)
+    prefix = pick(rng, PREFIXES)
+    np_, facts = noun_phrase(rng, scene, obj)
     text = prefix + np_
-    if _chance(rng, 0.6):
-        zone, zf = _zone(rng, scene, obj)
+    if chance(rng, 0.6):
+        zone, zf = zone_phrase(rng, scene, obj)
         text += " " + zone
         facts += zf
     n = len(scene.objects)
-    if n > 1 and _chance(rng, detail):
-        others = _pick(rng, ("another", "one other")) if n == 2 else f"{_cardinal(rng, n - 1)} other"
-        text += _pick(rng, (" among ", " and ", " with ")) + f"{others} {_noun(rng, n > 2)}"
+    if n > 1 and chance(rng, detail):
+        others = pick(rng, ("another", "one other")) if n == 2 else f"{cardinal(rng, n - 1)} other"
+        text += pick(rng, (" among ", " and ", " with ")) + f"{others} {noun(rng, n > 2)}"
         facts += (f"count({n})",)
-    elif n > 1 and _chance(rng, 0.3):
-        text += _pick(rng, (" among other shapes", " and some other shapes", " with a few other objects"))
+    elif n > 1 and chance(rng, 0.3):
+        text += pick(rng, (" among other shapes", " and some other shapes", " with a few other objects"))
         facts += ("several",)
     return text, facts
 
@@ -275,12 +123,12 @@ def _single(rng: random.Random, scene: Scene, detail: float) -> _Said:
 def _relational(rng: random.Random, scene: Scene, detail: float) -> _Said:
     a, b = rng.sample(scene.objects, 2)
     rel = relation(a, b)
-    words = _pick(rng, _RELATION_WORDS[rel])
-    inverse = _pick(rng, _RELATION_WORDS[_INVERSE[rel]])
-    (na, fa), (nb, fb) = (_np(rng, scene, a, p_size=0.3 + 0.3 * detail),
-                          _np(rng, scene, b, p_size=0.3 + 0.3 * detail))
-    verb = _pick(rng, ("is", "sits", "is placed", "appears"))
-    text = _pick(
+    words = pick(rng, RELATION_WORDS[rel])
+    inverse = pick(rng, RELATION_WORDS[_INVERSE[rel]])
+    (na, fa), (nb, fb) = (noun_phrase(rng, scene, a, p_size=0.3 + 0.3 * detail),
+                          noun_phrase(rng, scene, b, p_size=0.3 + 0.3 * detail))
+    verb = pick(rng, ("is", "sits", "is placed", "appears"))
+    text = pick(
         rng,
         (
             f"{na} {words} {nb}",
@@ -290,20 +138,20 @@ def _relational(rng: random.Random, scene: Scene, detail: float) -> _Said:
             f"{nb} with {na} {words} it",
         ),
     )
-    facts = fa + fb + (relation_fact(rel, _var(scene, a), _var(scene, b)),)
+    facts = fa + fb + (relation_fact(rel, var(scene, a), var(scene, b)),)
     rest = len(scene.objects) - 2
-    if rest and _chance(rng, detail):
-        text += _pick(rng, (", and ", ", plus ")) + ("one more shape" if rest == 1 else f"{_cardinal(rng, rest)} more shapes")
+    if rest and chance(rng, detail):
+        text += pick(rng, (", and ", ", plus ")) + ("one more shape" if rest == 1 else f"{cardinal(rng, rest)} more shapes")
         facts += (f"count({len(scene.objects)})",)
     return text, facts
 
 
 def _enumeration(rng: random.Random, scene: Scene, detail: float) -> _Said:
-    p_size = 0.7 if _chance(rng, detail) else 0.0
-    said = [_np(rng, scene, obj, p_size=p_size, p_colour=0.95) for obj in rng.sample(scene.objects, len(scene.objects))]
-    text = _join([t for t, _ in said])
-    if _chance(rng, 0.3):
-        text = _pick(rng, ("a picture with ", "an image containing ", "this scene shows ")) + text
+    p_size = 0.7 if chance(rng, detail) else 0.0
+    said = [noun_phrase(rng, scene, obj, p_size=p_size, p_colour=0.95) for obj in rng.sample(scene.objects, len(scene.objects))]
+    text = join([t for t, _ in said])
+    if chance(rng, 0.3):
+        text = pick(rng, ("a picture with ", "an image containing ", "this scene shows ")) + text
     # naming every object says there is nothing else
     return text, tuple(f for _, fs in said for f in fs) + (f"count({len(scene.objects)})",)
 
@@ -311,24 +159,24 @@ def _enumeration(rng: random.Random, scene: Scene, detail: float) -> _Said:
 def _grouped(rng: random.Random, scene: Scene, detail: float) -> _Said:
     """Counts per colour or per shape: "two red shapes and a blue one", "two circles and a star"."""
     n = len(scene.objects)
-    by_colour = _chance(rng, 0.5)
+    by_colour = chance(rng, 0.5)
     attribute = "colour" if by_colour else "shape"
     groups = Counter(o.colour if by_colour else o.shape for o in scene.objects)
     # every object is counted in its group, so the groups say what each object is and how many
-    facts = tuple(f"{attribute}({_var(scene, o)},{getattr(o, attribute)})" for o in scene.objects) + (f"count({n})",)
+    facts = tuple(f"{attribute}({var(scene, o)},{getattr(o, attribute)})" for o in scene.objects) + (f"count({n})",)
     if len(groups) == 1:
         (key,) = groups
         if by_colour:
-            return _pick(
+            return pick(
                 rng,
                 (
-                    f"{_number(rng, n)} {_noun(rng, True)}, all of them {_pick(rng, _COLOUR_WORDS[key])}",
-                    f"{_number(rng, n)} {_pick(rng, _COLOUR_WORDS[key])} {_noun(rng, True)}",
+                    f"{number(rng, n)} {noun(rng, True)}, all of them {pick(rng, COLOUR_WORDS[key])}",
+                    f"{number(rng, n)} {pick(rng, COLOUR_WORDS[key])} {noun(rng, True)}",
                 ),
             ), facts
-        different = f"{_number(rng, n)} {_shape_word(rng, key, plural=True)} of different colors"
-        plain = f"{_number(rng, n)} {_shape_word(rng, key, plural=True)}"
-        text = _pick(rng, (different, plain))
+        different = f"{number(rng, n)} {shape_word(rng, key, plural=True)} of different colors"
+        plain = f"{number(rng, n)} {shape_word(rng, key, plural=True)}"
+        text = pick(rng, (different, plain))
         if text is different:
             if len({o.colour for o in scene.objects}) == n:
                 return text, facts + ("distinct_colours",)
@@ -338,13 +186,13 @@ def _grouped(rng: random.Random, scene: Scene, detail: float) -> _Said:
     items = list(groups.items())
     for key, count in rng.sample(items, len(items)):
         if by_colour:
-            noun = _noun(rng, count > 1)
-            colour = _pick(rng, _COLOUR_WORDS[key])
-            parts.append(_article(f"{colour} {noun}") if count == 1 else f"{_number(rng, count)} {colour} {noun}")
+            thing = noun(rng, count > 1)
+            colour = pick(rng, COLOUR_WORDS[key])
+            parts.append(article(f"{colour} {thing}") if count == 1 else f"{number(rng, count)} {colour} {thing}")
         else:
-            word = _shape_word(rng, key, plural=count > 1)
-            parts.append(_article(word) if count == 1 else f"{_number(rng, count)} {word}")
-    return _join(parts), facts
+            word = shape_word(rng, key, plural=count > 1)
+            parts.append(article(word) if count == 1 else f"{number(rng, count)} {word}")
+    return join(parts), facts
 
 
 def _partial(rng: random.Random, scene: Scene, detail: float) -> _Said:
@@ -352,11 +200,11 @@ def _partial(rng: random.Random, scene: Scene, detail: float) -> _Said:
     n = len(scene.objects)
     obj = rng.choice(scene.objects)
     rest = n - 1
-    others = "another shape" if rest == 1 else f"{_cardinal(rng, rest)} other {_noun(rng, True)}"
-    num1, noun1, (np1, f1) = _number(rng, n), _noun(rng, True), _np(rng, scene, obj)
-    num2, noun2, (np2, f2) = _number(rng, n), _noun(rng, True), _np(rng, scene, obj)
-    np3, f3 = _np(rng, scene, obj)
-    np4, f4 = _np(rng, scene, obj)
+    others = "another shape" if rest == 1 else f"{cardinal(rng, rest)} other {noun(rng, True)}"
+    num1, noun1, (np1, f1) = number(rng, n), noun(rng, True), noun_phrase(rng, scene, obj)
+    num2, noun2, (np2, f2) = number(rng, n), noun(rng, True), noun_phrase(rng, scene, obj)
+    np3, f3 = noun_phrase(rng, scene, obj)
+    np4, f4 = noun_phrase(rng, scene, obj)
     text, facts = rng.choice(
         (
             (f"one of the {num1} {noun1} is {np1}", f1),
@@ -375,33 +223,33 @@ def _sizes(rng: random.Random, scene: Scene, detail: float) -> _Said:
         (a, b) for a in scene.objects for b in scene.objects if order[a.size] > order[b.size]
     ]
     big, small = rng.choice(pairs)
-    (nb, fb), (ns, fs) = _np(rng, scene, big, p_size=0.0), _np(rng, scene, small, p_size=0.0)
-    bigger = (f"bigger({_var(scene, big)},{_var(scene, small)})",)
+    (nb, fb), (ns, fs) = noun_phrase(rng, scene, big, p_size=0.0), noun_phrase(rng, scene, small, p_size=0.0)
+    bigger = (f"bigger({var(scene, big)},{var(scene, small)})",)
     largest = max(order[o.size] for o in scene.objects)
-    word1 = _pick(rng, ("bigger", "larger"))
-    bare2, f2 = _bare(rng, scene, small, p_size=0.0)
-    word3 = _pick(rng, ("bigger", "larger", "much larger"))
-    bare3, f3 = _bare(rng, scene, big, p_size=0.0)
+    word1 = pick(rng, ("bigger", "larger"))
+    bare2, f2 = bare_phrase(rng, scene, small, p_size=0.0)
+    word3 = pick(rng, ("bigger", "larger", "much larger"))
+    bare3, f3 = bare_phrase(rng, scene, big, p_size=0.0)
     options = [
         (f"{nb} {word1} than {ns}", fb + fs + bigger),
         (f"{nb} and a smaller {bare2}", fb + f2 + bigger),
         (f"{ns} next to a {word3} {bare3}", fs + f3 + bigger),
     ]
     if order[big.size] == largest and sum(order[o.size] == largest for o in scene.objects) == 1:
-        word4 = _pick(rng, ("largest", "biggest"))
-        options.append((f"the {word4} {_noun(rng, False)} is {nb}", fb + (f"largest({_var(scene, big)})",)))
+        word4 = pick(rng, ("largest", "biggest"))
+        options.append((f"the {word4} {noun(rng, False)} is {nb}", fb + (f"largest({var(scene, big)})",)))
     return rng.choice(options)
 
 
 def _lone(rng: random.Random, scene: Scene, detail: float) -> _Said:
     """The only object of a one-object scene, placed and on its background."""
     obj = scene.objects[0]
-    np_, f = _np(rng, scene, obj, p_size=0.8)
-    zone1, z1 = _zone(rng, scene, obj)
-    bg1, b1 = _background(rng, scene)
-    bg2, b2 = _background(rng, scene)
-    zone2, z2 = _zone(rng, scene, obj)
-    bg3, b3 = _background(rng, scene)
+    np_, f = noun_phrase(rng, scene, obj, p_size=0.8)
+    zone1, z1 = zone_phrase(rng, scene, obj)
+    bg1, b1 = background_phrase(rng, scene)
+    bg2, b2 = background_phrase(rng, scene)
+    zone2, z2 = zone_phrase(rng, scene, obj)
+    bg3, b3 = background_phrase(rng, scene)
     return rng.choice(
         (
             (f"{np_} {zone1} of {bg1}", f + z1 + b1),
@@ -438,9 +286,9 @@ def _templates(scene: Scene, detail: float) -> list[tuple[_Template, float]]:
 
 
 def _style(rng: random.Random, text: str) -> str:
-    if _chance(rng, 0.5):
+    if chance(rng, 0.5):
         text = text[0].upper() + text[1:]
-    if _chance(rng, 0.4):
+    if chance(rng, 0.4):
         text += "."
     return text
 
@@ -463,8 +311,8 @@ def _mentions_background(text: str) -> bool:
 def _caption(rng: random.Random, scene: Scene, template: _Template, detail: float) -> _Said:
     """One caption of ``template``, with the background added with probability ``detail``."""
     text, facts = template(rng, scene, detail)
-    if not _mentions_background(text) and _chance(rng, detail):
-        background, more = _background(rng, scene)
+    if not _mentions_background(text) and chance(rng, detail):
+        background, more = background_phrase(rng, scene)
         text, facts = text + " on " + background, facts + more
     return text, facts
 
@@ -515,16 +363,16 @@ def _contrast(rng: random.Random, scene: Scene, kind: str, changed: tuple[int, .
     if kind == "relation":
         a, b = rng.sample(objs, 2)
         rel = relation(a, b)
-        (na, fa), (nb, fb) = _full(rng, scene, a), _full(rng, scene, b)
-        fact = (relation_fact(rel, _var(scene, a), _var(scene, b)),)
-        if _chance(rng, 0.5):
-            return f"{na} {_pick(rng, _RELATION_WORDS[rel])} {nb}", fa + fb + fact
-        return f"{nb} {_pick(rng, _RELATION_WORDS[_INVERSE[rel]])} {na}", fa + fb + fact
+        (na, fa), (nb, fb) = full_phrase(rng, scene, a), full_phrase(rng, scene, b)
+        fact = (relation_fact(rel, var(scene, a), var(scene, b)),)
+        if chance(rng, 0.5):
+            return f"{na} {pick(rng, RELATION_WORDS[rel])} {nb}", fa + fb + fact
+        return f"{nb} {pick(rng, RELATION_WORDS[_INVERSE[rel]])} {na}", fa + fb + fact
     obj = objs[0]
-    text, facts = _full(rng, scene, obj)
-    text = _pick(rng, _PREFIXES) + text
-    if kind == "position" or _chance(rng, 0.5):
-        zone, zf = _zone(rng, scene, obj)
+    text, facts = full_phrase(rng, scene, obj)
+    text = pick(rng, PREFIXES) + text
+    if kind == "position" or chance(rng, 0.5):
+        zone, zf = zone_phrase(rng, scene, obj)
         text, facts = text + " " + zone, facts + zf
     return text, facts
 

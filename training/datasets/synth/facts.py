@@ -13,7 +13,7 @@ everything a caption of the generator can state about it:
 
 from __future__ import annotations
 
-from training.datasets.synth.scenes import Scene, SceneObject
+from aoq_train.datasets.synth.scenes import Scene, SceneObject
 
 #: caption words of the 3 x 3 grid cells -> the zone constant of the facts.
 ZONE_NAMES: dict[tuple[int, int], str] = {

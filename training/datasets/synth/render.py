@@ -1,4 +1,4 @@
-"""Pillow rendering of a :class:`~training.datasets.synth.scenes.Scene` and its deterministic PNG bytes.
+"""Pillow rendering of a :class:`~aoq_train.datasets.synth.scenes.Scene` and its deterministic PNG bytes.
 
 Objects are drawn without anti-aliasing, so their colour is flat and their outline crisp; the
 background carries a faint texture (grain, stripes or a gradient) whose amplitude stays well below
@@ -14,7 +14,7 @@ import random
 import numpy as np
 from PIL import Image, ImageDraw
 
-from training.datasets.synth.scenes import BACKGROUNDS, Scene, SceneObject, SceneParams
+from aoq_train.datasets.synth.scenes import BACKGROUNDS, Scene, SceneObject, SceneParams
 
 #: texture amplitude in grey levels at ``noise=1``.
 TEXTURE_AMPLITUDE = 8.0

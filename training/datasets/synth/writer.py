@@ -38,10 +38,11 @@ from tqdm import tqdm
 from aoq.data.vocab import tokenize
 from aoq.features import FEATURE_DIM, N_REGIONS, extract_regions
 from aoq.io import ArtefactError, atomic_dir, read_manifest, write_manifest
-from training.datasets.synth.captions import CAPTIONS_PER_IMAGE, Caption, caption_family
-from training.datasets.synth.facts import scene_facts
-from training.datasets.synth.render import png_bytes, render_scene
-from training.datasets.synth.scenes import (
+from aoq_train.datasets.synth.captions import CAPTIONS_PER_IMAGE, caption_family
+from aoq_train.datasets.synth.phrases import Caption
+from aoq_train.datasets.synth.facts import scene_facts
+from aoq_train.datasets.synth.render import png_bytes, render_scene
+from aoq_train.datasets.synth.scenes import (
     STREAM_RENDER,
     SceneParams,
     family_plan,

@@ -1,0 +1,243 @@
+"""``aoq index``: catalogue a gallery split and index it with every checkpoint of a models folder.
+
+For each checkpoint (one subfolder of the models directory), in this order:
+
+1. its dataset's gallery split is catalogued (images with paths relative to the data directory
+   and sizes, captions); the training split too when the checkpoint names mined negatives
+   (``/negatives`` shows training items);
+2. the gallery images and captions are embedded with the model, and both FAISS indexes are
+   written atomically to ``<out>/<model>/`` with their manifest;
+3. in one transaction: the model row (role, loss, checkpoint hash, metrics, the report of
+   :mod:`aoq_serve.index.reports`), its index records and its full-gallery test ranks (failure cases).
+
+``<out>/index.json`` is rewritten last, after every commit: a running server sees the new
+generation and swaps to the new indexes; until then it keeps answering from the old ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+from sqlalchemy.orm import Session, sessionmaker
+from tqdm.auto import tqdm
+
+from aoq.checkpoint import Checkpoint, load_checkpoint
+from aoq.config import DataConfig, load_config
+from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
+from aoq.data.karpathy import read_karpathy
+from aoq.data.load import load_split
+from aoq.device import resolve_device
+from aoq.embed import encode_split
+from aoq.io import ArtefactError, read_manifest
+from aoq_serve.store import catalogue
+from aoq_serve.store.catalogue import SplitIds
+from aoq_serve.store.db import create_schema, make_engine, session_factory, utcnow
+from aoq_serve.index.faiss_index import IndexSpec, bump_generation, write_model_index
+from aoq_serve.negatives import TRAIN_SPLIT
+from aoq_serve.paths import relative_to_data, stored_data_config
+from aoq_serve.index.reports import gallery_ranks, model_report
+
+log = logging.getLogger(__name__)
+
+SYNTHETIC_KIND = "synthetic_dataset"
+#: checkpoints written by the trainer say which round they come from; the pipeline says the role.
+ROLE_ALIASES = {"round1": "baseline", "round2": "aoq"}
+
+
+@dataclass
+class IndexJob:
+    models_dir: Path
+    data_dir: Path
+    out: Path
+    catalogue_url: str
+    split: str = "test"
+    spec: IndexSpec = field(default_factory=IndexSpec)
+    #: use this run configuration's data section instead of each checkpoint's own.
+    config: Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    device: str = "auto"
+    batch_size: int = 256
+
+
+def discover_checkpoints(models_dir: Path) -> list[Path]:
+    """Checkpoint folders (those with a manifest) directly under ``models_dir``, by name.
+
+    Raises:
+        ArtefactError: the folder is missing or holds no checkpoint.
+    """
+    if not models_dir.is_dir():
+        raise ArtefactError(f"{models_dir}: models directory not found")
+    # ".<name>.*" folders are atomic writes that a kill interrupted (aoq.io.atomic_dir), not models
+    found = sorted(p.parent for p in models_dir.glob("*/manifest.json") if not p.parent.name.startswith("."))
+    if not found:
+        raise ArtefactError(f"{models_dir}: no checkpoint folders (subfolders with a manifest.json)")
+    return found
+
+
+def is_synthetic(data_cfg: DataConfig) -> bool:
+    """Whether the data comes from ``aoq synth`` (its manifest sits in the data folder or above it)."""
+    path = Path(data_cfg.path)
+    folder = path if path.is_dir() else path.parent
+    for candidate in (folder, folder.parent):
+        try:
+            if read_manifest(candidate, verify=False).get("kind") == SYNTHETIC_KIND:
+                return True
+        except ArtefactError:
+            continue
+    return False
+
+
+def image_files(data_cfg: DataConfig, role: str, split: SplitData) -> list[Path] | None:
+    """The split's image files: its own, or for precomp features those of a Karpathy JSON beside
+    the precomp folder (``aoq synth`` writes both) whose split has exactly the same captions."""
+    if split.image_paths is not None:
+        return list(split.image_paths)
+    if data_cfg.format != "precomp":
+        return None
+    for json_path in sorted(Path(data_cfg.path).parent.glob("dataset_*.json")):
+        try:
+            described = read_karpathy(json_path, captions_per_image=split.captions_per_image)
+        except DataError as exc:
+            log.info("%s: not used for image files (%s)", json_path, exc)
+            continue
+        twin = described.splits.get(role)
+        if twin is not None and twin.captions == split.captions:
+            log.info("images of split %r: %s", role, json_path)
+            return list(twin.image_paths)
+    log.warning("%s: no image files for split %r (features only): /images will answer 404", data_cfg.path, role)
+    return None
+
+
+def _sizes(paths: list[Path]) -> list[tuple[int, int]]:
+    sizes = []
+    for path in tqdm(paths, desc="image sizes", leave=False, disable=len(paths) < 2000):
+        try:
+            with Image.open(path) as image:
+                sizes.append(image.size)
+        except (OSError, UnidentifiedImageError) as exc:
+            raise DataError(f"{path}: not a readable image ({exc})") from None
+    return sizes
+
+
+class _Catalogue:
+    """Registers datasets and splits once per run, shared by the checkpoints that use them."""
+
+    def __init__(self, sessions: sessionmaker, data_dir: Path) -> None:
+        self.sessions, self.data_dir = sessions, data_dir
+        self.splits: dict[tuple[str, str], tuple[SplitIds, SplitData]] = {}
+
+    def split(self, data_cfg: DataConfig, role: str) -> tuple[SplitIds, SplitData]:
+        key = (data_cfg.name, role)
+        if key in self.splits:
+            return self.splits[key]
+        split = load_split(data_cfg, role)
+        files = image_files(data_cfg, role, split)
+        rel = None if files is None else [relative_to_data(self.data_dir, p) for p in files]
+        sizes = None if files is None else _sizes(files)
+        with self.sessions() as session, session.begin():
+            dataset = catalogue.get_or_create_dataset(
+                session, data_cfg.name, data_cfg.format, is_synthetic(data_cfg), split.captions_per_image,
+                stored_data_config(self.data_dir, data_cfg),
+            )
+            ids = catalogue.register_split(session, dataset, role, split, rel, sizes)
+        log.info("catalogued %s/%s: %d images, %d captions", data_cfg.name, role, split.n_images, split.n_captions)
+        self.splits[key] = (ids, split)
+        return ids, split
+
+
+def _resolve(value: str | None, checkpoint_dir: Path) -> Path | None:
+    """A path recorded in a checkpoint's extra.json: absolute, or relative to the run folder
+    (``runs/<name>``, where the pipeline publishes ``models/<model>``), the checkpoint folder or
+    the working directory, the first that exists."""
+    if not value:
+        return None
+    path = Path(value)
+    candidates = [path] if path.is_absolute() else [checkpoint_dir.parent.parent / path, checkpoint_dir / path, path]
+    return next((c.resolve() for c in candidates if c.exists()), None)
+
+
+def _metrics_logs(extra: dict[str, Any], role: str, checkpoint_dir: Path) -> list[tuple[Path, int]]:
+    """``(metrics.jsonl, round)`` pairs: one path (round 1 for the baseline, 2 for every model
+    trained on mined negatives) or a list (rounds 1, 2...)."""
+    value = extra.get("metrics_log")
+    if isinstance(value, list):
+        pairs = [(_resolve(v, checkpoint_dir), r) for r, v in enumerate(value, start=1)]
+    else:
+        pairs = [(_resolve(value, checkpoint_dir), 1 if role == "baseline" else 2)]
+    return [(p, r) for p, r in pairs if p is not None]
+
+
+def _role(ckpt: Checkpoint) -> str:
+    role = str(ckpt.extra.get("role") or ckpt.path.name)
+    return ROLE_ALIASES.get(role, role)
+
+
+def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path: Path) -> dict[str, Any]:
+    name = path.name
+    ckpt = load_checkpoint(path, device=resolve_device(job.device))
+    cfg = load_config(job.config, job.overrides) if job.config else ckpt.config
+    role = _role(ckpt)
+    ids, split = registry.split(cfg.data, job.split)
+    mined_dir = _resolve(ckpt.extra.get("mined_dir"), path)
+    if ckpt.extra.get("mined_dir") and mined_dir is None:
+        log.warning("%s: mined_dir %r not found; /negatives will answer 404 for this model", name, ckpt.extra["mined_dir"])
+    if mined_dir is not None:
+        registry.split(cfg.data, TRAIN_SPLIT)
+
+    img_emb, cap_emb = encode_split(ckpt.model, ckpt.vocab, split, batch_size=job.batch_size,
+                                    image_size=cfg.data.image_size, progress=True)
+    meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
+            "gallery_hash": catalogue.gallery_digest(ids, split.captions)}
+    manifest = write_model_index(job.out / name, {"images": img_emb, "captions": cap_emb},
+                                 {"images": ids.image_ids, "captions": ids.caption_ids}, job.spec, meta)
+    cpi = split.captions_per_image
+    ranks = gallery_ranks(img_emb, cap_emb, cpi)
+    labels = None if split.labels is None else multi_hot(split.labels, label_vocabulary(split.labels))
+    report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels)
+    loss = ckpt.extra.get("loss") or (cfg.round2.loss if role == "aoq" else cfg.train.loss)
+    with sessions() as session, session.begin():
+        record_model(session, name, role, str(loss), ckpt, ids, manifest, ranks, report, mined_dir)
+    full = report["tables"]["full"]
+    log.info("%s (%s): indexed %d images, %d captions; full-gallery rsum %.1f", name, role,
+             len(img_emb), len(cap_emb), full["rsum"])
+    return {"model": name, "role": role, "rsum": full["rsum"], "params": manifest["params"]}
+
+
+def record_model(session: Session, name: str, role: str, loss: str, ckpt: Checkpoint, ids: SplitIds,
+                 manifest: dict, ranks: dict[str, Any], report: dict, mined_dir: Path | None) -> None:
+    """Catalogue a model indexed over the gallery ``ids``: its row, its two index records (from the
+    index ``manifest``) and its ground-truth ranks (``{"t2i": per caption, "i2t": per image}``,
+    either may be missing)."""
+    model = catalogue.upsert_model(
+        session, name, role=role, loss=loss, image_encoder=ckpt.config.model.image_encoder,
+        image_input=ckpt.model.image_input, dataset_id=ids.dataset_id, gallery_split=ids.split,
+        checkpoint_path=str(ckpt.path.resolve()), checkpoint_hash=ckpt.content_hash,
+        metrics=ckpt.metrics, report=report, mined_dir=None if mined_dir is None else str(mined_dir),
+    )
+    built_at, config = utcnow(), manifest["config"]
+    for modality in ("images", "captions"):
+        catalogue.add_index_record(
+            session, model, modality, config["index_type"], config["counts"][modality], config["dim"],
+            manifest["files"][f"{modality}.faiss"], manifest["params"][modality], built_at,
+        )
+    for direction, query_ids in (("t2i", ids.caption_ids), ("i2t", ids.image_ids)):
+        if direction in ranks:
+            catalogue.store_ranks(session, model, direction, query_ids, ranks[direction])
+
+
+def index_models(job: IndexJob) -> list[dict[str, Any]]:
+    """Run the whole job; returns one summary per model (name, role, rsum, index parameters)."""
+    engine = make_engine(job.catalogue_url)
+    try:
+        create_schema(engine)
+        sessions = session_factory(engine)
+        registry = _Catalogue(sessions, job.data_dir)
+        summaries = [_index_one(job, sessions, registry, path) for path in discover_checkpoints(job.models_dir)]
+        bump_generation(job.out, [s["model"] for s in summaries])
+        return summaries
+    finally:
+        engine.dispose()

@@ -1,0 +1,105 @@
+"""The figures of ``aoq report`` (R@1 curves, cross-retrieval rank histogram) and the test-split
+evaluations they and the within-family table need; PNGs written atomically."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aoq.io import atomic_write_bytes
+
+
+def curves_figure(collected: dict[str, Any], path: Path) -> None:
+    """Dev R@1 against epoch (paper Fig. 4 style): baseline = round 1, the others = round 2."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
+    for ax, direction, title in ((axes[0], "t2i", "image retrieval (t2i)"), (axes[1], "i2t", "sentence retrieval (i2t)")):
+        for arm, label in collected["methods"].items():
+            series = [[h[f"dev_{direction}_r1"] for h in s["history"][arm]] for s in collected["seeds"]]
+            n = min(len(x) for x in series)  # early stopping may end seeds at different epochs
+            mean = np.mean([x[:n] for x in series], axis=0)
+            ax.plot(range(1, n + 1), mean, marker="o", markersize=3, label=label)
+        ax.set_title(f"dev R@1, {title}")
+        ax.set_xlabel("epoch (round 1 for the baseline, round 2 for the others)")
+        ax.set_ylabel("R@1 (%)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def rank_histograms(run_dir: Path, arms: tuple[str, ...], split: str = "test") -> dict[str, dict[str, int]]:
+    """Cross-retrieval rank histogram (supplement Fig. 1) of the given arms' models on ``split``."""
+    from aoq.checkpoint import load_checkpoint
+    from aoq.data.load import load_split
+    from aoq.embed import encode_split
+    from aoq.metrics import cross_retrieval_ranks, rank_histogram
+
+    out = {}
+    for arm in arms:
+        ckpt = load_checkpoint(run_dir / "models" / arm)
+        data = load_split(ckpt.config.data, split)
+        img, cap = encode_split(ckpt.model, ckpt.vocab, data, image_size=ckpt.config.data.image_size)
+        out[arm] = rank_histogram(cross_retrieval_ranks(img @ cap.T, data.captions_per_image))
+    return out
+
+
+def within_family_scores(run_dirs: list[Path], methods: tuple[str, ...], split: str = "test",
+                         ) -> dict[str, list[dict[str, dict[str, float]]]] | None:
+    """Within-family R@1 per change kind (training/report/family.py) of every method's model on
+    ``split``, one dict per seed; None when the split has no family structure."""
+    from aoq.checkpoint import load_checkpoint
+    from aoq.data.load import load_split
+    from aoq.embed import encode_split
+    from aoq_train.report.family import within_family_of_split
+
+    out: dict[str, list[dict[str, dict[str, float]]]] = {m: [] for m in methods}
+    for run_dir in run_dirs:
+        for method in methods:
+            ckpt = load_checkpoint(run_dir / "models" / method)
+            data = load_split(ckpt.config.data, split)
+            img, cap = encode_split(ckpt.model, ckpt.vocab, data, image_size=ckpt.config.data.image_size)
+            result = within_family_of_split(img @ cap.T, data)
+            if result is None:
+                return None
+            out[method].append(result)
+    return out
+
+
+def histogram_figure(hists: dict[str, dict[str, int]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(next(iter(hists.values())))
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, (name, counts) in enumerate(hists.items()):
+        total = sum(counts.values())
+        ax.bar(x + (i - 0.5) * 0.4, [100 * counts[k] / total for k in labels], width=0.4, label=name)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("cross-retrieval rank of the positive pair")
+    ax.set_ylabel("% of positive pairs")
+    ax.set_title("cross-retrieval rank histogram, test split (seed 0)")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig, path: Path) -> None:
+    """Write a figure as PNG atomically (no software tag, so reruns give the same bytes)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,334 @@
+"""The page ``aoq report`` writes: setup, tables per protocol, diagnostics and budgets,
+within-family recall, sweeps, cost, figures and the hand-written notes, from finished runs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aoq.config import ExperimentConfig
+from aoq.io import atomic_write_text
+from aoq_train.report.runs import (
+    COLLAPSED_FILE,
+    PROTOCOLS,
+    ReportSetup,
+    collect,
+    seed_config,
+    sweep_setup,
+)
+from aoq_train.report.figures import (
+    curves_figure,
+    histogram_figure,
+    rank_histograms,
+    within_family_scores,
+)
+from aoq_train.report.tables import (
+    batch_time_ratios,
+    diagnostic_cells,
+    diagnostics_table,
+    is_round1,
+    label_protocol,
+    label_scores,
+    label_table,
+    mean_std,
+    paired_bootstrap,
+    per_seed_rsum,
+    results_table,
+    rsum_differences,
+    within_family_table,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _family_section(collected: dict[str, Any], run_dirs: list[Path]) -> list[str]:
+    """Within-family R@1 on the test split, when the data has families (the synthetic benchmark)."""
+    scores = within_family_scores(run_dirs, tuple(collected["methods"]))
+    if scores is None:
+        return []
+    sizes = next(iter(scores.values()))[0]
+    return [
+        "## Within-family R@1 (test split)", "",
+        "R@1 of each query among the members of its own one-change family only (i2t + t2i, so 200 is "
+        "perfect), per change kind of the query's image; ties count against the positive "
+        f"([synthetic.md](synthetic.md)). Images in families: {int(sizes['all']['images'])}, mean family "
+        f"size {sizes['all']['mean_family_size']:.2f}.", "",
+        within_family_table(scores, collected["methods"]), "",
+    ]
+
+
+def scene_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, float]:
+    """How hard and how clean the mined negatives are, from the generator's scene records.
+
+    * ``family_top1``: share of training images whose hardest mined caption describes a scene of
+      the same family (a one-change near-duplicate): the negatives AOQ is meant to find.
+    * ``same_objects_top1`` / ``same_objects``: share of images whose hardest mined caption (and
+      of all mined pairs within the sampled depth ``h_t``) comes from a scene with exactly the
+      same objects by shape and colour. Captions that leave out sizes and positions, which many
+      do, are then true descriptions of the anchor: likely false negatives.
+    * ``duplicate_text``: share of the mined pairs within ``h_t`` whose text equals one of the
+      image's own captions: certain false negatives
+      (:func:`aoq_train.mining.diagnostics.certain_false_negatives`).
+    """
+    from aoq.mined import load_mined
+    from aoq_train.mining.diagnostics import certain_false_negatives
+
+    mined = load_mined(run_dir / "mined")
+    scenes = sorted((json.loads(line) for line in (data_dir / "scenes.jsonl").read_text().splitlines()
+                     if '"split": "train"' in line), key=lambda s: s["index"])
+    family = np.array([s["family"] for s in scenes])
+    objects = [tuple(sorted((o["shape"], o["colour"]) for o in s["objects"])) for s in scenes]
+    ids = {o: i for i, o in enumerate(dict.fromkeys(objects))}
+    content = np.array([ids[o] for o in objects])
+    captions = (data_dir / "precomp" / "train_caps.txt").read_text().splitlines()
+    cpi = len(captions) // len(family)
+    owner = np.asarray(mined.img_top_caps[:, :h_t]) // cpi
+    return {
+        "family_top1": float(np.mean(family[owner[:, 0]] == family)),
+        "same_objects_top1": float(np.mean(content[owner[:, 0]] == content)),
+        "same_objects": float(np.mean(content[owner] == content[:, None])),
+        "duplicate_text": certain_false_negatives(mined.img_top_caps, captions, cpi, h_t)["pairs"],
+    }
+
+
+def _protocols(collected: dict[str, Any]) -> list[str]:
+    """The protocols every seed was evaluated on: 5K and 1K when the test split allows, and full."""
+    available = set.intersection(*(set(s["results"]["baseline"]) for s in collected["seeds"]))
+    return [p for p in PROTOCOLS if p in available]
+
+
+#: where ``aoq report`` writes by default (aoq_cli.report); other places are named in the command.
+DEFAULT_OUT, DEFAULT_FIGURES = Path("docs/results.md"), Path("docs/figures")
+
+
+def _command(setup: ReportSetup, out: Path, figures: Path) -> str:
+    """The ``aoq report --run`` command line that regenerates this page (and its figures)."""
+    parts = ["aoq report --run", f"--config {setup.config}", f"--seeds {','.join(map(str, setup.seeds))}",
+             f"--arms {','.join(setup.arms)}", f"--runs {setup.runs_root}",
+             f"--patience {setup.patience if setup.patience is not None else 0}"]
+    if setup.synth:
+        parts.append(f"--synth --data {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}")
+    parts += [f"--set {o}" for o in setup.overrides]
+    for sweep in setup.sweeps:
+        parts.append(f"--sweep '{sweep.name}" + (f":{','.join(sweep.overrides)}" if sweep.overrides else "")
+                     + f"@{','.join(sweep.arms)}'")
+    if setup.sweeps:
+        parts.append(f"--sweep-seeds {','.join(map(str, setup.sweep_seeds))}")
+    if out != DEFAULT_OUT or figures != DEFAULT_FIGURES:
+        parts.append(f"--out {out} --figures {figures}")
+    return " ".join(parts)
+
+
+def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[str, Any]) -> list[str]:
+    diag = next((s["diagnostics"] for s in collected["seeds"] if s["diagnostics"]), None)
+    r1, r2 = cfg.train, cfg.round2
+    depth = (f"h_t = {diag['settings']['h_t']}, h_i = {diag['settings']['h_i']}" if diag
+             else f"h_t = {r2.h_t}, h_i = {r2.h_i}") + (f" (relative depth h_rel = {r2.h_rel:g})"
+                                                         if r2.depth == "relative" else "")
+    data = (f"`aoq synth --out {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}` "
+            "(the demo's generator and seed)" if setup.synth
+            else f"`{cfg.data.name}` ({cfg.data.format}, `{cfg.data.path}`)")
+    round1_arms = [a for a in collected["methods"] if a != "baseline" and is_round1(a)]
+    stop = (f"early stopping on dev rsum with patience {r1.patience} (round 1) / {r2.patience} (round 2), "
+            "`epochs` as the cap" if r1.patience or r2.patience else "every epoch of the schedule")
+    return [
+        "## Setup", "",
+        f"- Data: {data}; seeds {', '.join(map(str, setup.seeds))}, paired (every arm of a seed shares its "
+        "data, round-1 model and mined lists).",
+        f"- Model: `{cfg.model.image_encoder}` image encoder, `{cfg.model.text_encoder}` text encoder, joint "
+        f"space {cfg.model.embed_dim}; config `{setup.config}`"
+        + (f" with `{' '.join(setup.overrides)}`" if setup.overrides else "") + ".",
+        f"- Round 1 (the baseline): `{r1.loss}`, at most {r1.epochs} epochs, lr {r1.lr:g} x{r1.lr_decay_factor:g} "
+        f"every {r1.lr_decay_epochs} epochs, batch {r1.batch_size}.",
+        *([f"- Round-1 arms ({', '.join(collected['methods'][a] for a in round1_arms)}): trained like the baseline, "
+           f"from scratch and without mined negatives, with their own objective; GOAL with tau = {cfg.goal.tau:g}, "
+           f"margin = {cfg.goal.margin}, multi-similarity a = {cfg.goal.ms_a:g}, b = {cfg.goal.ms_b:g}, "
+           f"lambda = {cfg.goal.ms_lambda:g} ([goal.md](goal.md))."] if round1_arms else []),
+        f"- Mining: top {cfg.mining.top_captions} captions per image, top {cfg.mining.top_images} images per "
+        "caption, by the seed's own round-1 model.",
+        f"- Round 2 (from scratch): at most {r2.epochs} epochs, lr {r2.lr:g} x{r2.lr_decay_factor:g} every "
+        f"{r2.lr_decay_epochs} epochs, batch {r2.batch_size}, {depth}, {r2.sampling} sampling, "
+        f"g1 = {r2.margin_online:g}, g2 = {r2.margin_offline:g}, alpha = {r2.alpha:g}, beta = {r2.beta:g}.",
+        f"- Budget: {stop}. Model selection: best dev rsum per run (never the test split). Single models.",
+        "- Intervals: paired bootstrap over seeds (10,000 resamples) of the mean rsum difference to the "
+        "baseline, 95% percentile interval. Ties in the scores count against the positive "
+        "([evaluation.md](evaluation.md#ties)).",
+        "",
+    ]
+
+
+def _results_section(collected: dict[str, Any]) -> list[str]:
+    protocols = _protocols(collected)
+    lines: list[str] = []
+    for p in protocols:
+        lines += [f"## {PROTOCOLS[p]}, mean ± std over seeds", "", results_table(collected, p), ""]
+    lines += [f"rsum per seed ({PROTOCOLS[protocols[0]]}):", "", per_seed_rsum(collected, protocols[0]), ""]
+    labels = label_table(collected)
+    if labels:
+        where = PROTOCOLS[label_protocol(collected["seeds"][0]["results"]["baseline"])]
+        lines += [f"## Label-wise retrieval ({where}), mean ± std over seeds", "",
+                  "Relevance = the number of labels a query and a gallery item share; mAP@R and NDCG@k as defined "
+                  "in [evaluation.md](evaluation.md#label-wise-evaluation), in percent, both directions.", "",
+                  labels, ""]
+    lines += [
+              "## Hardness diagnostics and training budget per method", "",
+              "Diagnostics of the mined lists at the round-1 model (`mined/diagnostics.json`, "
+              "[mining.md](mining.md#hardness-diagnostics)), means over seeds; a negative S_on − S_off means "
+              "the offline negatives are the harder ones (the paper's premise). Budget: epochs run, the epoch "
+              "of the best dev rsum (epochs to plateau) and wall time of training plus validation.", "",
+              diagnostics_table(collected), ""]
+    certain = [s["diagnostics"]["certain_false_negatives"] for s in collected["seeds"]
+               if s["diagnostics"] and "certain_false_negatives" in s["diagnostics"]]
+    if certain:
+        lines += [f"Certain false negatives in the mined lists (a mined caption within h_t whose text is one of the "
+                  f"anchor image's own captions), mean over seeds: "
+                  f"{100 * statistics.fmean(c['pairs'] for c in certain):.2f}% of the (image, mined caption) pairs, "
+                  f"{100 * statistics.fmean(c['images'] for c in certain):.1f}% of the images have at least one. "
+                  "`round2.false_negative_filter` drops them (and, where the data has structured facts, every "
+                  "mined caption that is true of the anchor).", ""]
+    for s in collected["seeds"]:
+        for warning in (s["diagnostics"] or {}).get("warnings", []):
+            lines += [f"**Warning ({Path(s['run_dir']).name}):** {warning}", ""]
+    return lines
+
+
+def _collapsed(run_dirs: list[Path]) -> str | None:
+    """The collapse message of the first run of a sweep point that the collapse guard stopped."""
+    for run_dir in run_dirs:
+        if (run_dir / COLLAPSED_FILE).is_file():
+            return json.loads((run_dir / COLLAPSED_FILE).read_text())["message"]
+    return None
+
+
+def sweeps_table(setup: ReportSetup) -> str:
+    """One row per sweep point and arm: rsum of the point's baseline and arm, the paired
+    difference (bootstrap interval over the sweep seeds) and the mined lists' diagnostics."""
+    lines = ["| sweep | overrides | method | baseline rsum | method rsum | Δ rsum [95% CI] | NDCG@10 baseline / "
+             "method | h_t / h_i | S_on − S_off (img / cap) | premise held |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for sweep in setup.sweeps:
+        point = sweep_setup(setup, sweep)
+        run_dirs = [seed_config(point, s).run_dir for s in point.seeds]
+        stopped = _collapsed(run_dirs)
+        if stopped is not None:
+            reason = stopped.split(":", 1)[-1].split(". ")[0].strip()
+            lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | "
+                         f"{', '.join(point.methods[a] for a in sweep.arms)} | — | collapsed | {reason} | | | | |")
+            continue
+        collected = collect(run_dirs, point.methods)
+        protocol = _protocols(collected)[0]
+        depth, _, _, gap, held = diagnostic_cells(collected["seeds"])
+        base = mean_std([s["results"]["baseline"][protocol]["rsum"] for s in collected["seeds"]])[0]
+        for arm in sweep.arms:
+            value = mean_std([s["results"][arm][protocol]["rsum"] for s in collected["seeds"]])[0]
+            mean, low, high = paired_bootstrap(rsum_differences(collected, arm, protocol))
+            mined = ["—"] * 3 if is_round1(arm) else [depth, gap, held]
+            lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | {point.methods[arm]} | "
+                         f"{base:.1f} | {value:.1f} | {mean:+.1f} [{low:+.1f}, {high:+.1f}] | "
+                         f"{_mean_ndcg(collected, 'baseline')} / {_mean_ndcg(collected, arm)} | " + " | ".join(mined) + " |")
+    return "\n".join(lines)
+
+
+def _mean_ndcg(collected: dict[str, Any], arm: str) -> str:
+    """Seed mean of an arm's NDCG@k (mean of both directions, on the protocol that has it), or a dash."""
+    results = [s["results"][arm] for s in collected["seeds"]]
+    protocols = [label_protocol(r) for r in results]
+    if None in protocols:
+        return "—"
+    return f"{statistics.fmean(label_scores(r[p])['ndcg'] for r, p in zip(results, protocols)):.2f}"
+
+
+def _sweeps_section(setup: ReportSetup) -> list[str]:
+    if not setup.sweeps:
+        return []
+    return ["## Sweeps", "",
+            f"One seed group each (seeds {', '.join(map(str, setup.sweep_seeds))}): every point retrains its "
+            "own baseline, mines with it and trains the listed arms; rsum on the first protocol of the main "
+            "table. A single seed's interval is the point itself: read these as directions, not results.", "",
+            sweeps_table(setup), ""]
+
+
+def _cost_section(collected: dict[str, Any]) -> list[str]:
+    lines = ["## Training cost per batch", "",
+             "Mean wall time per training batch from the metrics logs (first epoch left out), same machine and run:",
+             "", "| method | baseline s/batch | method s/batch | ratio (mean ± std over seeds) |",
+             "|---|---:|---:|---:|"]
+    for arm, (b, a, r, sd) in batch_time_ratios(collected).items():
+        lines.append(f"| {collected['methods'][arm]} | {b:.3f} | {a:.3f} | {r:.2f} ± {sd:.2f} |")
+    return lines + ["", "Paper (VSRN on a GPU): 1.604 s / 1.096 s = 1.46x.", ""]
+
+
+def _figures_section(collected: dict[str, Any], run_dirs: list[Path], out: Path, figures: Path) -> list[str]:
+    curves_figure(collected, figures / "r1_curves.png")
+    arms = [a for a in collected["methods"] if a != "baseline"]
+    hists = rank_histograms(run_dirs[0], ("baseline", "aoq" if "aoq" in arms else arms[0]))
+    histogram_figure(hists, figures / "rank_histogram.png")
+
+    def rel(p: Path) -> Path:
+        return p.relative_to(out.parent) if p.is_relative_to(out.parent) else p
+
+    return [
+        "## Figures", "", f"![dev R@1 against epoch]({rel(figures / 'r1_curves.png')})", "",
+        "Dev R@1 against epoch, mean over seeds (paper Fig. 4 style): the baseline's curve is round 1, "
+        "the others are round 2 (trained from scratch with the baseline's mined negatives)"
+        + ("; the round-1 arms' curves are round 1 too (trained from scratch like the baseline)."
+           if any(is_round1(a) for a in arms) else "."), "",
+        f"![cross-retrieval rank histogram]({rel(figures / 'rank_histogram.png')})", "",
+        "Cross-retrieval rank `max(5 r_i - 4, r_t)` of every positive test pair (supplement Fig. 1 style), "
+        f"{Path(run_dirs[0]).name}: "
+        + "; ".join(f"{k}: " + ", ".join(f"{b} {c}" for b, c in v.items()) for k, v in hists.items()) + ".", "",
+    ]
+
+
+def _scene_section(setup: ReportSetup, run_dir: Path, h_t: int) -> list[str]:
+    """The synthetic benchmark's scene-based checks of the mined lists (needs its scenes.jsonl)."""
+    if not (setup.synth and (setup.data_dir / "scenes.jsonl").is_file()):
+        return []
+    diag = scene_diagnostics(run_dir, setup.data_dir, h_t)
+    return [
+        f"## Mining diagnostics from the scene records ({run_dir.name})", "",
+        f"- Hardest mined caption of a training image describes a scene of the same one-change family: "
+        f"{100 * diag['family_top1']:.1f}% of images.",
+        f"- Hardest mined caption comes from a scene with exactly the same objects (shape and colour; only sizes "
+        f"or positions differ): {100 * diag['same_objects_top1']:.1f}% of images; over all mined pairs within "
+        f"depth h_t = {h_t}: {100 * diag['same_objects']:.1f}%. Such captions often describe the "
+        "anchor too (they rarely mention sizes and positions): likely false negatives.",
+        f"- Mined (image, caption) pairs within depth h_t = {h_t} whose caption text equals one of the "
+        f"image's own captions (certain false negatives): {100 * diag['duplicate_text']:.2f}%.", "",
+    ]
+
+
+def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: Path) -> str:
+    """Write ``out`` (markdown) and its two PNG figures from finished runs; returns the text."""
+    collected = collect(run_dirs, setup.methods)
+    cfg = seed_config(setup, setup.seeds[0])
+    diag = collected["seeds"][0]["diagnostics"]
+    h_t = diag["settings"]["h_t"] if diag else cfg.round2.h_t
+    title = "the synthetic benchmark" if setup.synth else f"`{cfg.data.name}`"
+    lines = [
+        f"# Results on {title}", "",
+        f"Generated by `aoq report` on {time.strftime('%Y-%m-%d')} from the run files under `{setup.runs_root}` "
+        f"({len(run_dirs)} seeds); machine: {platform.machine()}, {platform.system()}. Regenerate with:", "",
+        f"    {_command(setup, out, figures)}", "",
+        "(`--run` runs or resumes the pipelines; without it the tables come from the finished runs.)", "",
+        *_setup_section(setup, cfg, collected),
+        *_results_section(collected),
+        *_family_section(collected, run_dirs),
+        *_sweeps_section(setup),
+        *_cost_section(collected),
+        *_figures_section(collected, run_dirs, out, figures),
+        *_scene_section(setup, run_dirs[0], h_t),
+    ]
+    text = "\n".join(lines)
+    notes = out.with_name(f"{out.stem}-notes.md")  # the hand-written part of the page: results-notes.md
+    if notes.is_file():
+        text += "\n" + notes.read_text()
+    atomic_write_text(out, text)
+    return text

@@ -1,0 +1,180 @@
+"""The experiment report ``docs/results.md``: several paired seeds of the pipeline on any dataset,
+the baseline against its arms (default the round-2 arms OffTri, OffQuin, AdapOffQuin; round-1
+arms such as GOAL objectives too, :mod:`aoq_train.pipeline.arms`), from the run files only.
+
+``aoq report --run`` first runs (or resumes, stage by stage) one pipeline per seed: the config's
+own dataset, or with ``--synth`` a synthetic set generated for the report (by default with a
+5,000-image test split, so that the full 5K and the COCO-style 5-fold 1K protocols both apply).
+Seeds are paired: every arm of a seed shares that seed's data, round-1 model and mined lists.
+Without ``--run`` it only reads finished runs. Every figure in the report is computed here from
+``comparison/comparison.json``, ``metrics.jsonl``, ``mined/diagnostics.json`` and the checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from aoq.config import ExperimentConfig, load_config
+from aoq.io import atomic_write_json
+from aoq_train.pipeline.arms import arm_label, resolve_arm, resolve_arms
+from aoq_train.loop.guards import TrainingCollapsed
+
+log = logging.getLogger(__name__)
+
+ARMS = ("offtri", "offquin", "aoq")
+#: protocol -> heading, in the order the report shows them.
+PROTOCOLS = {
+    "5k": "5K protocol (all 5,000 test images)",
+    "1k5fold": "1K protocol (mean of 5 folds of 1,000 test images)",
+    "full": "full test split",
+}
+#: written into a sweep run that the collapse guard stopped (the point is reported as collapsed)
+COLLAPSED_FILE = "collapsed.json"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One sweep point: config overrides on top of the report's, run for the sweep seeds with
+    ``arms`` (each compared with that point's own baseline), in ``<runs>/sweeps/<name>``."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+    arms: tuple[str, ...] = ("aoq",)
+
+
+def parse_sweep(text: str) -> Sweep:
+    """``NAME[:KEY=VALUE,...][@ARM,...]``, e.g. ``depth10:round2.depth=absolute,round2.h_t=10@aoq``."""
+    head, _, arms = text.partition("@")
+    name, _, overrides = head.partition(":")
+    if not name.strip() or "/" in name:
+        raise ValueError(f"--sweep {text!r}: give NAME[:KEY=VALUE,...][@ARM,...]")
+    items = tuple(o.strip() for o in overrides.split(",") if o.strip())
+    if any("=" not in o for o in items):
+        raise ValueError(f"--sweep {text!r}: overrides are KEY=VALUE, separated by commas")
+    chosen = tuple(a.strip() for a in arms.split(",") if a.strip()) or ("aoq",)
+    return Sweep(name.strip(), items, chosen)
+
+
+@dataclass
+class ReportSetup:
+    """What the report runs: the config, seeds, arms, early stopping, the data and folders.
+
+    ``synth``: generate a synthetic set of ``train``/``dev``/``test`` images under ``data_dir``
+    and run on it; otherwise the config's own ``data`` section is used as is.
+    """
+
+    config: Path
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    arms: tuple[str, ...] = ARMS
+    runs_root: Path = Path("runs/report")
+    synth: bool = False
+    data_dir: Path = Path("data/report")
+    train: int = 4000
+    dev: int = 500
+    test: int = 5000
+    overrides: tuple[str, ...] = ()
+    #: early stopping on dev rsum for both rounds (``epochs`` caps it); None keeps the config's.
+    patience: int | None = 3
+    sweeps: tuple[Sweep, ...] = ()
+    sweep_seeds: tuple[int, ...] = (0,)
+
+    @property
+    def methods(self) -> dict[str, str]:
+        """arm -> label, baseline first."""
+        return {arm: arm_label(arm) for arm in ("baseline", *self.arms)}
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    """``"0-4"`` -> (0, 1, 2, 3, 4); ``"0,2,5"`` -> (0, 2, 5); ranges and lists may mix."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        low, _, high = part.partition("-")
+        try:
+            seeds += list(range(int(low), int(high) + 1)) if high else [int(low)]
+        except ValueError:
+            raise ValueError(f"--seeds: cannot read {part!r}; use e.g. 0-4 or 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds {text!r}: give distinct seeds, e.g. 0-4")
+    return tuple(seeds)
+
+
+def seed_config(setup: ReportSetup, seed: int) -> ExperimentConfig:
+    """The config of one seed: the report's overrides and patience, seeded, in ``<runs>/seed<N>``."""
+    from aoq_train.pipeline.run import seeded_config
+
+    patience = [] if setup.patience is None else [f"train.patience={setup.patience}",
+                                                  f"round2.patience={setup.patience}"]
+    cfg = load_config(setup.config, [*patience, *setup.overrides])
+    cfg.out_dir = str(setup.runs_root)
+    if setup.synth:
+        cfg.data = cfg.data.model_copy(update={"path": str(setup.data_dir / "precomp"), "format": "precomp"})
+    return seeded_config(cfg, seed)
+
+
+def sweep_setup(setup: ReportSetup, sweep: Sweep) -> ReportSetup:
+    """The report setup of one sweep point: its overrides added, its arms, the sweep seeds."""
+    return replace(setup, seeds=setup.sweep_seeds, arms=sweep.arms, overrides=(*setup.overrides, *sweep.overrides),
+                   runs_root=setup.runs_root / "sweeps" / sweep.name, sweeps=())
+
+
+def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
+    """Generate the synthetic set if asked, then run (or resume) every seed's pipeline with all arms
+    (unless ``main`` is False), then every sweep point. Finished stages are skipped, so several
+    processes may share the work by sweep points."""
+    from aoq_train.pipeline.run import run_pipeline
+
+    if setup.synth:
+        from aoq_train.datasets.synth.writer import ensure_dataset
+
+        ensure_dataset(setup.data_dir, {"train": setup.train, "dev": setup.dev, "test": setup.test})
+    main_dirs = []
+    jobs = [(setup, seed, False) for seed in setup.seeds] if main else []
+    jobs += [(sweep_setup(setup, sw), seed, True) for sw in setup.sweeps for seed in setup.sweep_seeds]
+    for job, seed, is_sweep in jobs:
+        cfg = seed_config(job, seed)
+        log.info("report: seed %d -> %s", seed, cfg.run_dir)
+        try:
+            run_pipeline(cfg, resolve_arms(job.arms))
+        except TrainingCollapsed as exc:
+            if not is_sweep:
+                raise  # a main seed must finish: the tables compare every arm on every seed
+            # A sweep point that collapses is a result: recorded, shown in the table, not retried.
+            log.warning("report: sweep run %s collapsed: %s", cfg.run_dir, exc)
+            atomic_write_json(cfg.run_dir / COLLAPSED_FILE, {"message": str(exc)})
+        if not is_sweep:
+            main_dirs.append(cfg.run_dir)
+    return main_dirs
+
+
+# --------------------------------------------------------------------------- collection
+
+
+def _history(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _round_dir(run_dir: Path, arm: str) -> Path:
+    return run_dir / ("round1" if arm == "baseline" else resolve_arm(arm).folder)
+
+
+def _diagnostics(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "mined" / "diagnostics.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def collect(run_dirs: list[Path], methods: dict[str, str]) -> dict[str, Any]:
+    """Read every finished seed: results per protocol, training curves, mining diagnostics."""
+    seeds = []
+    for run_dir in run_dirs:
+        comparison = json.loads((run_dir / "comparison" / "comparison.json").read_text())
+        seeds.append({
+            "run_dir": str(run_dir),
+            "results": comparison,
+            "history": {arm: _history(_round_dir(run_dir, arm) / "metrics.jsonl") for arm in methods},
+            "diagnostics": _diagnostics(run_dir),
+        })
+    return {"seeds": seeds, "methods": methods}
