@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from aoq.names import GoalPair, GoalTriplet, Round1Loss, Round2Init, Round2Loss, Round2Variant
+from aoq.names import GoalPair, GoalTriplet, PositiveRule, Round1Loss, Round2Init, Round2Loss, Round2Variant
 
 
 class ConfigError(ValueError):
@@ -191,6 +191,16 @@ class Round2Config(OptimConfig):
     lr_decay_epochs: int = Field(10, ge=1)
 
 
+class EvalConfig(_Strict):
+    """How retrieval is scored (docs/evaluation.md): the dev validation, ``aoq evaluate``, the
+    report and the service all read this."""
+
+    #: ``pair``: caption c matches its own image only (the published COCO / Flickr30K protocol);
+    #: ``text``: identical (normalised) caption texts are one answer, for datasets whose pictures
+    #: share caption texts.
+    positives: PositiveRule = "pair"
+
+
 class ExperimentConfig(_Strict):
     """Everything one run needs; saved inside every artefact it produces."""
 
@@ -203,6 +213,7 @@ class ExperimentConfig(_Strict):
     goal: GoalConfig = GoalConfig()
     mining: MiningConfig = MiningConfig()
     round2: Round2Config = Round2Config()
+    eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
     def _check(self) -> "ExperimentConfig":

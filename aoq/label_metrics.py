@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aoq.metrics import (  # one memory bound and one layout check
+from aoq.ranks import (  # one memory bound and one layout check
     BLOCK_ELEMENTS,
     check_layout,
 )

@@ -4,18 +4,16 @@ Layout: ``sims`` is an (n_images, n_captions) array of similarity scores with
 ``n_captions = captions_per_image * n_images`` and captions ``cpi*k .. cpi*k + cpi - 1``
 belonging to image k.
 
-Ranks are 0-based. Image->text (i2t): one query per image, its rank is the best (lowest) rank
-among its captions. Text->image (t2i): one query per caption. R@K is the percentage of queries
-with rank < K, ``medr = floor(median(rank)) + 1``, ``meanr = mean(rank) + 1``, and rsum adds the
-six recalls.
+Ranks are 0-based. Image->text (i2t): one query per image, its rank is that of its best
+positive caption. Text->image (t2i): one query per caption. R@K is the percentage of queries
+ranked in the top K, ``medr = floor(median(rank)) + 1``, ``meanr = mean(rank) + 1``, and rsum
+adds the six recalls.
 
-Tie rule (pessimistic): the rank of a positive is the number of NEGATIVE candidates whose score
-is greater than OR EQUAL to the positive's, counted exactly against the positive's own score. A
-negative tied with the positive ranks above it, so constant scores (a collapsed model) give
-recall 0, at or below chance, never a perfect score. Without ties this equals the usual
-``argsort`` position used by the VSE++ code; with ties argsort would depend on the sort's
-arbitrary order. For i2t the other captions of the same image are positives and never count,
-so the rank is the number of negatives scored at or above the best caption.
+Ties (:mod:`aoq.ranks`): a rank is where the best positive lands under a uniformly random order
+of the tied items, so R@K is the probability of a hit (a positive tied with one negative is half
+a hit at K = 1), medr and meanr come from the expected rank, and constant scores give exactly
+:func:`chance_rsum`. Positives: ``texts=None`` is the published pair rule (caption ``c`` matches
+image ``c // cpi``); with the caption texts, identical (normalised) texts count as one answer.
 
 Everything is computed in blocks through a "sims function" ``fn(image_slice, caption_slice)``
 returning that block of scores, so a 5,000 x 25,000 matrix never needs more than a few tens of
@@ -24,12 +22,12 @@ megabytes of temporaries and embeddings can be evaluated without forming the ful
 
 from __future__ import annotations
 
-from typing import Callable, Literal, get_args
+from collections.abc import Sequence
+from typing import Literal, get_args
 
 import numpy as np
 
-#: ``fn(image_slice, caption_slice) -> scores`` of those images against those captions.
-SimsFn = Callable[[slice, slice], np.ndarray]
+from aoq.ranks import Positives, RankStats, SimsFn, array_fn, check_layout, i2t_stats, t2i_stats
 
 METRIC_KEYS = ("r1", "r5", "r10", "medr", "meanr")
 #: "full": the whole split; "1k5fold": COCO 1K, the mean over 5 folds of 1,000 images; "5k": COCO 5K
@@ -37,23 +35,9 @@ Protocol = Literal["full", "1k5fold", "5k"]
 PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 #: rank intervals of the supplement's cross-retrieval histogram (inclusive, None = no upper end).
 DEFAULT_BINS = ((1, 1), (2, 5), (6, 20), (21, 100), (101, 200), (201, None))
-#: number of score elements handled per block (bounds the temporary boolean arrays).
-BLOCK_ELEMENTS = 1 << 24
 
 
 # --------------------------------------------------------------------------- validation
-
-
-def check_layout(n_images: int, n_captions: int, captions_per_image: int, what: str = "sims") -> None:
-    if not isinstance(captions_per_image, (int, np.integer)) or captions_per_image < 1:
-        raise ValueError(f"captions_per_image must be a positive integer, got {captions_per_image!r}")
-    if n_images < 1:
-        raise ValueError(f"{what}: needs at least one image, got {n_images}")
-    if n_captions != captions_per_image * n_images:
-        raise ValueError(
-            f"{what}: {n_captions} captions for {n_images} images, expected "
-            f"captions_per_image * n_images = {captions_per_image * n_images}"
-        )
 
 
 def _as_sims(sims: np.ndarray, captions_per_image: int) -> np.ndarray:
@@ -66,124 +50,55 @@ def _as_sims(sims: np.ndarray, captions_per_image: int) -> np.ndarray:
     return sims
 
 
-def _array_fn(sims: np.ndarray) -> SimsFn:
-    return lambda rows, cols: sims[rows, cols]
-
-
-def _block(fn: SimsFn, rows: slice, cols: slice) -> np.ndarray:
-    return np.asarray(fn(rows, cols))
-
-
-def _check_positives(positives: np.ndarray) -> None:
-    # A NaN positive would compare False against everything and rank first. Scanning every
-    # score for NaN would cost as much as ranking, so only the (few) positives are checked;
-    # a NaN negative compares False and is never counted above a positive.
-    if np.isnan(positives).any():
-        raise ValueError("similarity scores of positive pairs contain NaN: ranks would be meaningless")
-
-
-def _blocks(total: int, other: int, factor: int = 1):
-    """Slices of ``total`` so that one block holds about ``BLOCK_ELEMENTS`` elements."""
-    step = max(1, BLOCK_ELEMENTS // max(1, other * factor))
-    for start in range(0, total, step):
-        yield slice(start, min(start + step, total))
+def positives_of(n_images: int, captions_per_image: int, texts: Sequence[str] | None) -> Positives:
+    """The pair rule (``texts`` None) or the text rule over these caption texts."""
+    if texts is None:
+        return Positives.pairs(n_images, captions_per_image)
+    if len(texts) != n_images * captions_per_image:
+        raise ValueError(f"{len(texts)} caption texts for {n_images * captions_per_image} captions")
+    return Positives.texts(texts, captions_per_image)
 
 
 # --------------------------------------------------------------------------- ranks
 
 
-def _i2t_ranks(fn: SimsFn, n_images: int, cpi: int) -> np.ndarray:
-    n_captions = n_images * cpi
-    ranks = np.empty(n_images, dtype=np.int64)
-    for rows in _blocks(n_images, n_captions):
-        block = _block(fn, rows, slice(0, n_captions))
-        local = np.arange(rows.stop - rows.start)
-        own = (rows.start + local)[:, None] * cpi + np.arange(cpi)
-        positives = block[local[:, None], own]
-        _check_positives(positives)
-        best = positives.max(axis=1)
-        # Pessimistic ties: every candidate >= the best positive, minus the positives themselves.
-        at_or_above = np.count_nonzero(block >= best[:, None], axis=1)
-        ranks[rows] = at_or_above - np.count_nonzero(positives >= best[:, None], axis=1)
-    return ranks
-
-
-def _t2i_ranks(fn: SimsFn, n_images: int, cpi: int) -> np.ndarray:
-    """Caption ranks from a sims function, in caption blocks holding every image."""
-    n_captions = n_images * cpi
-    ranks = np.empty(n_captions, dtype=np.int64)
-    for cols in _blocks(n_captions, n_images):
-        block = _block(fn, slice(0, n_images), cols)
-        caption = np.arange(cols.start, cols.stop)
-        # The positive is read from the very block it is compared against, so a score computed
-        # blockwise (e.g. a matrix product) is never compared with a differently rounded copy.
-        positive = block[caption // cpi, caption - cols.start]
-        _check_positives(positive)
-        # >= counts the positive itself once: subtract it (pessimistic ties).
-        ranks[cols] = np.count_nonzero(block >= positive[None, :], axis=0) - 1
-    return ranks
-
-
-def _t2i_ranks_array(sims: np.ndarray, cpi: int) -> np.ndarray:
-    """Caption ranks from a score array, in contiguous image blocks (faster than caption blocks)."""
-    n_images, n_captions = sims.shape
-    caption = np.arange(n_captions)
-    positive = sims[caption // cpi, caption]
-    _check_positives(positive)
-    ranks = np.full(n_captions, -1, dtype=np.int64)  # the positive itself is counted once below
-    for rows in _blocks(n_images, n_captions):
-        ranks += np.count_nonzero(sims[rows] >= positive[None, :], axis=0)
-    return ranks
-
-
-def _ranks(source: np.ndarray | SimsFn, n_images: int, cpi: int) -> tuple[np.ndarray, np.ndarray]:
-    """(i2t ranks, t2i ranks) of a score array or a sims function."""
-    if callable(source):
-        return _i2t_ranks(source, n_images, cpi), _t2i_ranks(source, n_images, cpi)
-    return _i2t_ranks(_array_fn(source), n_images, cpi), _t2i_ranks_array(source, cpi)
-
-
-def i2t_ranks(sims: np.ndarray, captions_per_image: int = 5) -> np.ndarray:
-    """0-based rank of every image query: negatives scored at or above its best caption.
-
-    Returns:
-        int64 array of shape (n_images,).
-    """
+def i2t_ranks(sims: np.ndarray, captions_per_image: int = 5, texts: Sequence[str] | None = None) -> np.ndarray:
+    """0-based expected rank of every image query (its best positive caption), float64 (n_images,)."""
     sims = _as_sims(sims, captions_per_image)
-    return _i2t_ranks(_array_fn(sims), sims.shape[0], captions_per_image)
+    return i2t_stats(array_fn(sims), positives_of(sims.shape[0], captions_per_image, texts)).expected()
 
 
-def t2i_ranks(sims: np.ndarray, captions_per_image: int = 5) -> np.ndarray:
-    """0-based rank of every caption query: other images scored at or above the caption's own image.
-
-    Returns:
-        int64 array of shape (n_captions,).
-    """
-    return _t2i_ranks_array(_as_sims(sims, captions_per_image), captions_per_image)
+def t2i_ranks(sims: np.ndarray, captions_per_image: int = 5, texts: Sequence[str] | None = None) -> np.ndarray:
+    """0-based expected rank of every caption query (its best positive image), float64 (n_captions,)."""
+    sims = _as_sims(sims, captions_per_image)
+    return t2i_stats(array_fn(sims), positives_of(sims.shape[0], captions_per_image, texts)).expected()
 
 
-def recall_metrics(ranks: np.ndarray) -> dict[str, float]:
-    """``r1, r5, r10`` (percent), ``medr = floor(median) + 1`` and ``meanr = mean + 1`` of 0-based ranks."""
-    ranks = np.asarray(ranks)
-    if ranks.ndim != 1 or ranks.size == 0:
-        raise ValueError(f"ranks must be a non-empty 1-D array, got shape {ranks.shape}")
+def recall_metrics(stats: RankStats) -> dict[str, float]:
+    """``r1, r5, r10`` (percent: the mean probability of a hit), ``medr = floor(median) + 1``
+    and ``meanr = mean + 1`` of the expected 0-based ranks."""
+    if stats.above.ndim != 1 or stats.above.size == 0:
+        raise ValueError(f"need rank statistics of at least one query, got shape {stats.above.shape}")
+    expected = stats.expected()
     return {
-        "r1": float(100.0 * np.mean(ranks < 1)),
-        "r5": float(100.0 * np.mean(ranks < 5)),
-        "r10": float(100.0 * np.mean(ranks < 10)),
-        "medr": float(np.floor(np.median(ranks)) + 1),
-        "meanr": float(ranks.mean() + 1),
+        "r1": float(100.0 * stats.hit_probability(1).mean()),
+        "r5": float(100.0 * stats.hit_probability(5).mean()),
+        "r10": float(100.0 * stats.hit_probability(10).mean()),
+        "medr": float(np.floor(np.median(expected)) + 1),
+        "meanr": float(expected.mean() + 1),
     }
 
 
-def i2t(sims: np.ndarray, captions_per_image: int = 5) -> dict[str, float]:
+def i2t(sims: np.ndarray, captions_per_image: int = 5, texts: Sequence[str] | None = None) -> dict[str, float]:
     """Image->text retrieval metrics ``{r1, r5, r10, medr, meanr}`` (recalls in percent)."""
-    return recall_metrics(i2t_ranks(sims, captions_per_image))
+    sims = _as_sims(sims, captions_per_image)
+    return recall_metrics(i2t_stats(array_fn(sims), positives_of(sims.shape[0], captions_per_image, texts)))
 
 
-def t2i(sims: np.ndarray, captions_per_image: int = 5) -> dict[str, float]:
+def t2i(sims: np.ndarray, captions_per_image: int = 5, texts: Sequence[str] | None = None) -> dict[str, float]:
     """Text->image retrieval metrics ``{r1, r5, r10, medr, meanr}`` (recalls in percent)."""
-    return recall_metrics(t2i_ranks(sims, captions_per_image))
+    sims = _as_sims(sims, captions_per_image)
+    return recall_metrics(t2i_stats(array_fn(sims), positives_of(sims.shape[0], captions_per_image, texts)))
 
 
 def rsum(i2t_metrics: dict[str, float], t2i_metrics: dict[str, float]) -> float:
@@ -192,7 +107,8 @@ def rsum(i2t_metrics: dict[str, float], t2i_metrics: dict[str, float]) -> float:
 
 
 def chance_rsum(n_images: int, captions_per_image: int = 5) -> float:
-    """Expected rsum of a uniformly random ranking (random scores, no ties) on a full set.
+    """Expected rsum of a uniformly random ranking on a full set: random scores, and (by the tie
+    rule) constant scores too.
 
     i2t: the best of ``cpi`` positives among ``N = cpi * n`` captions is in the top K with
     probability ``1 - C(N - cpi, K) / C(N, K)``; t2i: ``min(K, n) / n``.
@@ -208,16 +124,17 @@ def chance_rsum(n_images: int, captions_per_image: int = 5) -> float:
     return total
 
 
-def _evaluate(source: np.ndarray | SimsFn, n_images: int, cpi: int) -> dict:
-    forward_ranks, backward_ranks = _ranks(source, n_images, cpi)
-    forward, backward = recall_metrics(forward_ranks), recall_metrics(backward_ranks)
-    return {"i2t": forward, "t2i": backward, "rsum": rsum(forward, backward)}
+def _evaluate(source: np.ndarray | SimsFn, positives: Positives) -> dict:
+    fn = source if callable(source) else array_fn(source)
+    forward, backward = recall_metrics(i2t_stats(fn, positives)), recall_metrics(t2i_stats(fn, positives))
+    return {"i2t": forward, "t2i": backward, "rsum": rsum(forward, backward), "merged": positives.merged}
 
 
-def evaluate_sims(sims: np.ndarray, captions_per_image: int = 5) -> dict:
-    """``{"i2t": {...}, "t2i": {...}, "rsum": x}`` on the whole matrix."""
+def evaluate_sims(sims: np.ndarray, captions_per_image: int = 5, texts: Sequence[str] | None = None) -> dict:
+    """``{"i2t": {...}, "t2i": {...}, "rsum": x, "merged": n}`` on the whole matrix (``merged``:
+    the (image, caption) pairs the text rule matched beyond each caption's own image)."""
     sims = _as_sims(sims, captions_per_image)
-    return _evaluate(sims, sims.shape[0], captions_per_image)
+    return _evaluate(sims, positives_of(sims.shape[0], captions_per_image, texts))
 
 
 # --------------------------------------------------------------------------- 1K / 5K protocols
@@ -249,6 +166,7 @@ def _mean_results(results: list[dict]) -> dict:
         for direction in ("i2t", "t2i")
     }
     mean["rsum"] = float(np.mean([r["rsum"] for r in results]))
+    mean["merged"] = int(sum(r["merged"] for r in results))
     return mean
 
 
@@ -267,12 +185,8 @@ def _fold(source: np.ndarray | SimsFn, images: slice, captions: slice) -> np.nda
 
 
 def fold_1k(
-    sims: np.ndarray | SimsFn,
-    captions_per_image: int = 5,
-    *,
-    n_images: int | None = None,
-    fold_images: int = 1000,
-    n_folds: int = 5,
+    sims: np.ndarray | SimsFn, captions_per_image: int = 5, *, n_images: int | None = None,
+    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
 ) -> dict:
     """COCO "1K": every metric averaged over ``n_folds`` consecutive folds of ``fold_images``
     images (and their captions) of the first ``n_folds * fold_images`` images.
@@ -280,6 +194,7 @@ def fold_1k(
     Args:
         sims: the (n_images, n_captions) score array, or a sims function ``fn(image_slice,
             caption_slice)`` (then ``n_images`` is required); only the diagonal fold blocks are read.
+        texts: the caption texts for the text rule (within each fold), None for the pair rule.
 
     Returns:
         ``{"protocol": "1k5fold", "n_images", "fold_images", "i2t", "t2i", "rsum", "folds": [...]}``
@@ -292,22 +207,18 @@ def fold_1k(
     source, total = _checked_source(sims, captions_per_image, n_images)
     needed = fold_images * n_folds
     _need_images(total, needed, "1k5fold", fold_images, n_folds)
+    positives = positives_of(total, captions_per_image, texts)
     folds = []
     for f in range(n_folds):
         images = slice(f * fold_images, (f + 1) * fold_images)
         captions = slice(images.start * captions_per_image, images.stop * captions_per_image)
-        folds.append(_evaluate(_fold(source, images, captions), fold_images, captions_per_image))
+        folds.append(_evaluate(_fold(source, images, captions), positives.fold(images.start, fold_images)))
     return {"protocol": "1k5fold", "n_images": needed, "fold_images": fold_images, **_mean_results(folds), "folds": folds}
 
 
 def evaluate_embeddings(
-    img_emb: np.ndarray,
-    cap_emb: np.ndarray,
-    captions_per_image: int = 5,
-    protocol: Protocol = "full",
-    *,
-    fold_images: int = 1000,
-    n_folds: int = 5,
+    img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int = 5, protocol: Protocol = "full", *,
+    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
 ) -> dict:
     """Evaluate (n_images, d) image and (n_captions, d) caption embeddings under a protocol.
 
@@ -319,9 +230,13 @@ def evaluate_embeddings(
     * ``"1k5fold"``: :func:`fold_1k` (COCO 1K, the first 5,000 images in 5 folds of 1,000);
     * ``"5k"``: the first ``n_folds * fold_images`` (5,000) images at once (COCO 5K).
 
+    ``texts`` (the captions' texts) selects the text rule: identical texts are one answer
+    (``eval.positives: text``); None keeps the pair rule of the published protocol.
+
     Returns:
-        ``{"protocol", "n_images", "i2t", "t2i", "rsum"}`` (plus ``fold_images`` and ``folds``
-        for 1k5fold); ``n_images`` is the number of images evaluated.
+        ``{"protocol", "n_images", "i2t", "t2i", "rsum", "merged"}`` (plus ``fold_images`` and
+        ``folds`` for 1k5fold); ``n_images`` is the number of images evaluated, ``merged`` the
+        (image, caption) pairs the text rule matched beyond each caption's own image.
 
     Raises:
         ValueError: bad shapes, non-finite embeddings, unknown protocol, or too few images for
@@ -344,45 +259,45 @@ def evaluate_embeddings(
 
     n_images = img_emb.shape[0]
     if protocol == "1k5fold":
-        return fold_1k(fn, captions_per_image, n_images=n_images, fold_images=fold_images, n_folds=n_folds)
+        return fold_1k(fn, captions_per_image, n_images=n_images, fold_images=fold_images, n_folds=n_folds,
+                       texts=texts)
     if protocol == "5k":
         needed = fold_images * n_folds
         _need_images(n_images, needed, "5k", fold_images, n_folds)
         n_images = needed
-    return {"protocol": protocol, "n_images": n_images, **_evaluate(fn, n_images, captions_per_image)}
+        texts = None if texts is None else texts[: needed * captions_per_image]
+    positives = positives_of(n_images, captions_per_image, texts)
+    return {"protocol": protocol, "n_images": n_images, **_evaluate(fn, positives)}
 
 
 # --------------------------------------------------------------------------- cross-retrieval ranks
 
 
 def pair_ranks(sims: np.ndarray, captions_per_image: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """1-based ranks ``(r_i, r_t)`` of every positive pair (caption c, its image k = c // cpi).
+    """1-based expected ranks ``(r_i, r_t)`` of every positive pair (caption c, its image k = c // cpi).
 
     Reading of the AOQ supplement: on COCO 5K each pair is ranked "against the 4,999 negative
     pairs that share the same text" (r_i) and "the 24,995 negative pairs that share the same
-    image" (r_t). So, with the pessimistic tie rule of this module (ties rank above the pair):
+    image" (r_t). So, with the tie rule of this module (a tie with the pair is half a place):
 
-    * ``r_i[c] = 1 + #{images j != k : S(j, c) >= S(k, c)}`` (= the t2i rank of c, plus one);
-    * ``r_t[c] = 1 + #{captions c' not of image k : S(k, c') >= S(k, c)}`` — the other captions
+    * ``r_i[c]``: image k among all images for caption c (the t2i rank of c, plus one);
+    * ``r_t[c]``: caption c among the captions of other images for image k — the other captions
       of image k are positives, not negatives, and are left out.
 
     Returns:
-        two int64 arrays of shape (n_captions,).
+        two float64 arrays of shape (n_captions,).
     """
     sims = _as_sims(sims, captions_per_image)
     n_images, cpi = sims.shape[0], captions_per_image
-    fn = _array_fn(sims)
-    r_i = _t2i_ranks(fn, n_images, cpi) + 1
-    r_t = np.empty(n_images * cpi, dtype=np.int64)
-    for rows in _blocks(n_images, sims.shape[1], factor=cpi):
-        block = _block(fn, rows, slice(None))
-        local = np.arange(rows.stop - rows.start)
-        own = (rows.start + local)[:, None] * cpi + np.arange(cpi)
-        positives = block[local[:, None], own]  # (rows, cpi)
-        _check_positives(positives)
-        above_all = np.count_nonzero(block[:, None, :] >= positives[:, :, None], axis=2)
-        above_own = np.count_nonzero(positives[:, None, :] >= positives[:, :, None], axis=2)
-        r_t[own.ravel()] = (above_all - above_own).ravel() + 1
+    r_i = t2i_stats(array_fn(sims), Positives.pairs(n_images, cpi)).expected() + 1
+    r_t = np.empty(n_images * cpi, dtype=np.float64)
+    for k in range(n_images):
+        own = slice(k * cpi, (k + 1) * cpi)
+        others = np.concatenate([sims[k, : own.start], sims[k, own.stop :]])
+        scores = sims[k, own]
+        above = np.count_nonzero(others[None, :] > scores[:, None], axis=1)
+        tied = np.count_nonzero(others[None, :] == scores[:, None], axis=1)
+        r_t[k * cpi:(k + 1) * cpi] = above + tied / 2.0 + 1
     return r_i, r_t
 
 
@@ -396,7 +311,7 @@ def cross_retrieval_ranks(sims: np.ndarray, captions_per_image: int = 5) -> np.n
     pair beats every negative of both kinds.
 
     Returns:
-        int64 array of shape (n_captions,), indexed by caption.
+        float64 array of shape (n_captions,), indexed by caption.
     """
     r_i, r_t = pair_ranks(sims, captions_per_image)
     return np.maximum(captions_per_image * r_i - (captions_per_image - 1), r_t)
@@ -411,8 +326,9 @@ def _bin_label(low: int, high: int | None) -> str:
 def rank_histogram(
     ranks: np.ndarray, bins: tuple[tuple[int, int | None], ...] = DEFAULT_BINS
 ) -> dict[str, int]:
-    """Count 1-based ranks per inclusive interval; the default intervals are the supplement's
-    (``"1", "2-5", "6-20", "21-100", "101-200", ">200"``).
+    """Count 1-based ranks per interval ``low <= rank < high + 1`` (an expected rank between two
+    integers falls in the interval of its integer part); the default intervals are the
+    supplement's (``"1", "2-5", "6-20", "21-100", "101-200", ">200"``).
 
     Args:
         bins: ascending, non-overlapping ``(low, high)`` pairs, ``high=None`` for no upper end.
@@ -422,8 +338,8 @@ def rank_histogram(
         ``{label: count}`` in the order of ``bins``.
     """
     ranks = np.asarray(ranks)
-    if ranks.ndim != 1 or not np.issubdtype(ranks.dtype, np.integer):
-        raise ValueError(f"ranks must be a 1-D integer array, got shape {ranks.shape} dtype {ranks.dtype}")
+    if ranks.ndim != 1 or not np.issubdtype(ranks.dtype, np.number):
+        raise ValueError(f"ranks must be a 1-D array of numbers, got shape {ranks.shape} dtype {ranks.dtype}")
     if ranks.size and ranks.min() < 1:
         raise ValueError(f"ranks must be 1-based (>= 1), got a minimum of {ranks.min()}")
     previous_high = 0
@@ -431,7 +347,7 @@ def rank_histogram(
     for low, high in bins:
         if low <= previous_high or (high is not None and high < low):
             raise ValueError(f"bins must be ascending, non-overlapping intervals of ranks >= 1, got {bins}")
-        inside = ranks >= low if high is None else (ranks >= low) & (ranks <= high)
+        inside = ranks >= low if high is None else (ranks >= low) & (ranks < high + 1)
         counts[_bin_label(low, high)] = int(np.count_nonzero(inside))
         previous_high = np.inf if high is None else high
     return counts

@@ -16,9 +16,13 @@ Round2Init = Literal["scratch", "finetune"]
 #: GOAL's triplet weight and pair weight (docs/goal.md)
 GoalTriplet = Literal["con", "nca", "cir"]
 GoalPair = Literal["con", "lin", "sig", "lin_ms", "sig_ms"]
+#: which (image, caption) pairs count as matches in evaluation: each caption's own image (the
+#: published protocol), or also every image with a caption of the same text (docs/evaluation.md)
+PositiveRule = Literal["pair", "text"]
 ROUND1_LOSSES: tuple[str, ...] = get_args(Round1Loss)
 ROUND2_LOSSES: tuple[str, ...] = get_args(Round2Loss)
 ROUND2_VARIANTS: tuple[str, ...] = get_args(Round2Variant)
 ROUND2_INITS: tuple[str, ...] = get_args(Round2Init)
 GOAL_TRIPLETS: tuple[str, ...] = get_args(GoalTriplet)
 GOAL_PAIRS: tuple[str, ...] = get_args(GoalPair)
+POSITIVE_RULES: tuple[str, ...] = get_args(PositiveRule)

@@ -103,7 +103,8 @@ class SearchTextOut(BaseModel):
     query: str
     caption_id: int | None = Field(description="set when the query is exactly a gallery caption")
     ground_truth_ids: list[int]
-    ground_truth_rank: int | None = Field(description="1-based rank of the ground truth in the full gallery")
+    ground_truth_rank: float | None = Field(description="1-based rank of the ground truth in the full gallery "
+                                                        "(expected rank when scores tie; docs/evaluation.md)")
     results: list[ImageHit]
     latency_ms: float
 
@@ -121,7 +122,7 @@ class SearchImageOut(BaseModel):
     model: str
     image_id: int | None
     ground_truth_ids: list[int]
-    ground_truth_rank: int | None
+    ground_truth_rank: float | None
     results: list[CaptionHit]
     latency_ms: float
 
@@ -159,8 +160,8 @@ class FailureItem(BaseModel):
     query_text: str | None = None
     image_url: str | None = None
     image_id: int | None = Field(None, description="t2i: the ground-truth image; i2t: the query image")
-    left_rank: int
-    right_rank: int
+    left_rank: float
+    right_rank: float
 
 
 class FailuresOut(BaseModel):

@@ -44,15 +44,16 @@ class Urls:
 def _ground_truth_rank(
     served: ServingModel, modality: str, query: np.ndarray, scores: np.ndarray, ids: np.ndarray,
     truth_ids: np.ndarray, truth_positions: np.ndarray,
-) -> int:
-    """1-based full-gallery rank of the best ground-truth item (ties against it, as in aoq.metrics)."""
+) -> float:
+    """1-based full-gallery rank of the best ground-truth item (expected rank over tie orders, as
+    in aoq.metrics)."""
     found = np.isin(ids, truth_ids)
     if found.any() and served.index.config["index_type"] == "flat":
         best = scores[found].max()
         # Exact top-k: everything scoring at or above the best ground truth is in the list too,
         # unless a tie runs past the cut (the last score equals it): then rank the full gallery.
         if scores[-1] < best:
-            return int(np.count_nonzero(scores[~found] >= best)) + 1
+            return faiss_index.tied_rank(scores[~found], scores[found])
     return faiss_index.full_rank(served.index.embeddings[modality], query, truth_positions)
 
 

@@ -4,8 +4,9 @@ Measured in one run on one random float32 score matrix (default 5,000 images x 2
 captions, the COCO 5K size):
 
 (a) ``aoq.metrics.evaluate_sims``: i2t and t2i ranks, recalls, medr, meanr, rsum;
-(b) a per-query loop with the same tie rule (for each query, count the negatives scoring at
-    or above its positive: ties count against it); its ranks must equal (a)'s exactly;
+(b) a per-query loop with the same tie rule (for each query, the negatives scoring above its
+    best positive, plus the tied ones over the tied positives + 1: the expected rank under a random
+    order of tied items); its ranks must equal (a)'s exactly;
 (c) the VSE++/SCAN/VSRN evaluation loop: one ``argsort`` per query, rank = position of the
     positive. It agrees with (a) except where a score ties the positive (see the tie rule in
     ``aoq/metrics.py``); the share of equal ranks is printed.
@@ -30,14 +31,17 @@ from aoq.metrics import evaluate_sims, i2t_ranks, t2i_ranks  # noqa: E402
 
 
 def loop_ranks(sims: np.ndarray, cpi: int) -> tuple[np.ndarray, np.ndarray]:
-    """(b): one query at a time, negatives at or above the positive (pessimistic ties)."""
+    """(b): one query at a time, expected ranks under a random order of tied items."""
     n_images, n_captions = sims.shape
-    forward = np.empty(n_images, dtype=np.int64)
+    forward = np.empty(n_images, dtype=np.float64)
     for k in range(n_images):
         own = sims[k, cpi * k : cpi * k + cpi]
-        forward[k] = (sims[k] >= own.max()).sum() - (own >= own.max()).sum()
+        best = own.max()
+        peers = (own == best).sum()
+        forward[k] = (sims[k] > best).sum() + ((sims[k] == best).sum() - peers) / (peers + 1)
     by_caption = np.ascontiguousarray(sims.T)  # a fair loop reads contiguous columns
-    backward = np.array([(by_caption[c] >= by_caption[c, c // cpi]).sum() - 1 for c in range(n_captions)])
+    backward = np.array([(by_caption[c] > by_caption[c, c // cpi]).sum()
+                         + ((by_caption[c] == by_caption[c, c // cpi]).sum() - 1) / 2 for c in range(n_captions)])
     return forward, backward
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 from aoq.metrics import PROTOCOLS
+from aoq.names import POSITIVE_RULES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "5k: the first 5,000 images (COCO 5K); labels: full plus mAP@R and NDCG@k "
                              "with relevance = shared labels (the split must carry labels)")
     parser.add_argument("--ndcg-k", type=int, default=10, help="NDCG cut-off of --protocol labels (default 10)")
+    parser.add_argument("--positives", choices=POSITIVE_RULES, default=None,
+                        help="pair: each caption matches its own image (the published protocol); text: identical "
+                             "caption texts are one answer (default: the checkpoint config's eval.positives)")
     parser.add_argument("--data", help="read the split from this dataset path instead of the checkpoint's")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda ...")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -27,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = evaluate_checkpoint(args.checkpoint, args.split, args.protocol, args.data, device=args.device,
-                                     ndcg_k=args.ndcg_k)
+                                     ndcg_k=args.ndcg_k, positives=args.positives)
     except ValueError as exc:  # e.g. 1k5fold on a split of fewer than 5,000 images
         print(f"aoq evaluate: error: {exc}", file=sys.stderr)
         return 2

@@ -113,16 +113,16 @@ def test_search_threads_apply_in_every_worker_thread():
     assert seen == [1]
 
 
-def test_full_rank_counts_ties_against_the_truth():
+def test_full_rank_takes_the_expected_rank_over_tie_orders():
     emb = np.array([[1, 0], [0.6, 0.8], [0, 1], [0.6, 0.8]], dtype=np.float32)
     query = np.array([0.6, 0.8], dtype=np.float32)
-    # scores 0.6, 1.0, 0.8, 1.0: items 1 and 3 tie at the top, so the tie pushes the truth down
-    assert faiss_index.full_rank(emb, query, np.array([3])) == 2
+    # scores 0.6, 1.0, 0.8, 1.0: items 1 and 3 tie at the top, the truth first half the time
+    assert faiss_index.full_rank(emb, query, np.array([3])) == 1.5
     assert faiss_index.full_rank(emb, query, np.array([1, 3])) == 1  # tied truths do not count
-    assert faiss_index.full_rank(emb, query, np.array([0])) == 4  # 0.6 < 0.8 (x2) and < 0.8 for item 2
+    assert faiss_index.full_rank(emb, query, np.array([0])) == 4  # 0.6 < 1.0 (x2) and < 0.8
     assert faiss_index.full_rank(emb, query, np.array([0, 2])) == 3  # best of the two
-    # a collapsed gallery: every other item ties, the truth ranks last
-    assert faiss_index.full_rank(np.ones((5, 2), dtype=np.float32), query, np.array([2])) == 5
+    # a collapsed gallery: the truth and the 4 other items tie, expected in the middle (rank 3)
+    assert faiss_index.full_rank(np.ones((5, 2), dtype=np.float32), query, np.array([2])) == 3
 
 
 def _write(tmp_path: Path, spec=faiss_index.IndexSpec()) -> Path:

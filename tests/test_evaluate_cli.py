@@ -84,8 +84,11 @@ def test_reloaded_checkpoint_evaluates_to_the_numbers_it_was_selected_on(trained
 def test_table_names_the_protocol(trained, capsys):
     assert main(["evaluate", "--checkpoint", str(trained["ckpt"]), "--split", "dev"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "split dev (8 images), protocol full"
+    assert out.splitlines()[0] == "split dev (8 images), protocol full, positives pair"
     assert "image->text (i2t)" in out and "text->image (t2i)" in out and "rsum" in out
+    # the text rule, asked for on the command line, says how many pairs it merged
+    assert main(["evaluate", "--checkpoint", str(trained["ckpt"]), "--split", "dev", "--positives", "text"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("split dev (8 images), protocol full, positives text, ")
 
 
 def test_evaluate_other_data_path(trained, tmp_path, capsys):

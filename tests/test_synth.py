@@ -353,23 +353,26 @@ def test_contrast_captions_state_the_change_and_are_false_for_the_sibling():
     assert contrasted > 0.9 * (plain + contrasted)
 
 
-def test_within_family_recall_ranks_only_family_members_ties_against():
+def test_within_family_recall_ranks_only_family_members_ties_by_expected_rank():
     sims = np.full((5, 10), 9.0)  # out-of-family scores are high: they must be ignored
     sims[0, :6] = [0.9, 0.1, 0.5, 0.2, 0.3, 0.3]  # base: hit (0.9 > 0.5)
-    sims[1, :6] = [0.7, 0.0, 0.7, 0.1, 0.0, 0.0]  # colour: tie 0.7 = 0.7, a miss
+    sims[1, :6] = [0.7, 0.0, 0.7, 0.1, 0.0, 0.0]  # colour: tie 0.7 = 0.7, half a hit
     sims[2, :6] = [0.1, 0.1, 0.1, 0.1, 0.2, 0.8]  # count: hit
     family, change = [7, 7, 7, 8, 9], ["base", "colour", "count", "single", "single"]
     got = within_family(sims, family, change, captions_per_image=2)
-    # caption queries: c0 hit (0.9 > 0.7), c1 tie with image 2 (miss), c2 hit, c3 miss (0.1 < 0.2),
+    # caption queries: c0 hit (0.9 > 0.7), c1 tie with image 2 (half), c2 hit, c3 miss (0.1 < 0.2),
     # c4 miss (0.2 < 0.3), c5 hit
     assert got == {
-        "all": {"i2t_r1": pytest.approx(200 / 3), "t2i_r1": 50.0, "images": 3.0, "mean_family_size": 3.0},
-        "base": {"i2t_r1": 100.0, "t2i_r1": 50.0, "images": 1.0, "mean_family_size": 3.0},
-        "colour": {"i2t_r1": 0.0, "t2i_r1": 50.0, "images": 1.0, "mean_family_size": 3.0},
+        "all": {"i2t_r1": pytest.approx(250 / 3), "t2i_r1": pytest.approx(350 / 6), "images": 3.0,
+                "mean_family_size": 3.0},
+        "base": {"i2t_r1": 100.0, "t2i_r1": 75.0, "images": 1.0, "mean_family_size": 3.0},
+        "colour": {"i2t_r1": 50.0, "t2i_r1": 50.0, "images": 1.0, "mean_family_size": 3.0},
         "count": {"i2t_r1": 100.0, "t2i_r1": 50.0, "images": 1.0, "mean_family_size": 3.0},
     }
+    # constant scores: chance within a family of 3 (image: 2 own of 6 captions first, 1/3;
+    # caption: its image first of 3, 1/3)
     constant = within_family(np.zeros((5, 10)), family, change, captions_per_image=2)
-    assert constant["all"]["i2t_r1"] == constant["all"]["t2i_r1"] == 0.0
+    assert constant["all"]["i2t_r1"] == pytest.approx(100 / 3) and constant["all"]["t2i_r1"] == pytest.approx(100 / 3)
     with pytest.raises(ValueError, match="need sims"):
         within_family(np.zeros((5, 9)), family, change, captions_per_image=2)
 

@@ -4,7 +4,9 @@ Protocols (``aoq.metrics``): ``full`` (every image of the split at once), ``1k5f
 (COCO "1K": the mean over 5 consecutive folds of 1,000 images) and ``5k`` (the first 5,000
 images). Every result names its protocol, so 1K and 5K numbers cannot be confused.
 ``labels`` is the ``full`` protocol plus the label-wise metrics (mAP@R, NDCG@k, relevance = shared
-labels) of a split that carries labels.
+labels) of a split that carries labels. ``positives`` (``eval.positives``) is ``pair`` (each
+caption matches its own image, the published protocol) or ``text`` (identical caption texts are
+one answer; the result's ``merged`` counts the pairs that rule added).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aoq.embed import encode_split
 from aoq.label_metrics import label_metrics, label_metrics_folds
 from aoq.metrics import PROTOCOLS, chance_rsum, evaluate_embeddings
 from aoq.models.joint import JointModel
+from aoq.names import PositiveRule
 
 
 def evaluate_model(
@@ -35,6 +38,7 @@ def evaluate_model(
     batch_size: int = 256,
     device: str | torch.device | None = None,
     ndcg_k: int = 10,
+    positives: PositiveRule = "pair",
 ) -> dict:
     """Embed ``split`` with ``model`` and compute R@1/5/10, medr, meanr both ways and rsum.
 
@@ -42,14 +46,15 @@ def evaluate_model(
     ``"labels"``: :func:`aoq.label_metrics.label_metrics` with NDCG cut-off ``ndcg_k``.
 
     Returns:
-        ``{"i2t": {...}, "t2i": {...}, "rsum": float, "protocol": str}`` (+ ``"labels"``).
+        ``{"i2t": {...}, "t2i": {...}, "rsum": float, "protocol": str, "positives": str,
+        "merged": int}`` (+ ``"labels"``).
 
     Raises:
         DataError: ``protocol="labels"`` on a split without labels.
     """
     _check_labels(split, protocol == "labels")
     img, cap = encode_split(model, vocab, split, batch_size=batch_size, device=device, image_size=image_size)
-    return _evaluate_encoded(img, cap, split, protocol, ndcg_k)
+    return _evaluate_encoded(img, cap, split, protocol, ndcg_k, positives)
 
 
 def _check_labels(split: SplitData, wanted: bool) -> None:
@@ -64,20 +69,29 @@ def _label_scores(img: np.ndarray, cap: np.ndarray, split: SplitData, ndcg_k: in
     return {**scores, "n_labels": int(targets.shape[1])}
 
 
-def _evaluate_encoded(img: np.ndarray, cap: np.ndarray, split: SplitData, protocol: str, ndcg_k: int) -> dict:
+def _recalls(img: np.ndarray, cap: np.ndarray, split: SplitData, protocol: str, positives: PositiveRule) -> dict:
+    texts = split.captions if positives == "text" else None
+    result = evaluate_embeddings(img, cap, split.captions_per_image, protocol=protocol, texts=texts)
+    return {**result, "positives": positives}
+
+
+def _evaluate_encoded(img: np.ndarray, cap: np.ndarray, split: SplitData, protocol: str, ndcg_k: int,
+                      positives: PositiveRule) -> dict:
     if protocol != "labels":
-        return evaluate_embeddings(img, cap, split.captions_per_image, protocol=protocol)
-    result = evaluate_embeddings(img, cap, split.captions_per_image, protocol="full")
+        return _recalls(img, cap, split, protocol, positives)
+    result = _recalls(img, cap, split, "full", positives)
     return {**result, "labels": _label_scores(img, cap, split, ndcg_k, folds=False), "protocol": "labels"}
 
 
-def dev_validator(split: SplitData, vocab: Vocabulary, image_size: int = 64, batch_size: int = 256):
+def dev_validator(split: SplitData, vocab: Vocabulary, image_size: int = 64, batch_size: int = 256,
+                  positives: PositiveRule = "pair"):
     """The trainer's ``validate`` function: full-protocol metrics of a model on the dev split, plus
     ``chance_rsum`` (the expected rsum of random scores on it, read by the collapse guard)."""
     chance = chance_rsum(split.n_images, split.captions_per_image)
 
     def validate(model: JointModel) -> dict:
-        result = evaluate_model(model, vocab, split, "full", image_size=image_size, batch_size=batch_size)
+        result = evaluate_model(model, vocab, split, "full", image_size=image_size, batch_size=batch_size,
+                                positives=positives)
         return {**result, "chance_rsum": chance}
 
     return validate
@@ -92,6 +106,7 @@ def evaluate_checkpoint(
     device: str | torch.device = "auto",
     batch_size: int = 256,
     ndcg_k: int = 10,
+    positives: PositiveRule | None = None,
 ) -> dict:
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
 
@@ -101,6 +116,7 @@ def evaluate_checkpoint(
             file-level split name such as ``testall``.
         protocol: ``full``, ``1k5fold``, ``5k`` or ``labels`` (full + label-wise metrics).
         data_path: read the split from here instead of the checkpoint's ``data.path`` (same format).
+        positives: ``pair`` or ``text``; None takes the checkpoint config's ``eval.positives``.
 
     Returns:
         ``evaluate_model``'s dict (``n_images`` = images evaluated) plus ``split``,
@@ -112,15 +128,18 @@ def evaluate_checkpoint(
     Raises:
         CheckpointError / DataError: a broken checkpoint or dataset.
     """
-    split, img, cap, common = _load_encoded(ckpt_dir, split_name, data_path, device, batch_size, protocol == "labels")
-    return {"n_images": split.n_images, **_evaluate_encoded(img, cap, split, protocol, ndcg_k), **common}
+    split, img, cap, common, configured = _load_encoded(ckpt_dir, split_name, data_path, device, batch_size,
+                                                        protocol == "labels")
+    rule = positives or configured
+    return {"n_images": split.n_images, **_evaluate_encoded(img, cap, split, protocol, ndcg_k, rule), **common}
 
 
 def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path | None,
                   device: str | torch.device, batch_size: int, labels: bool) -> tuple:
     """One split of a checkpoint's data (or of ``data_path``), its embeddings by the checkpoint's
-    model and the fields every result of it carries (split, checkpoint hash, vocabulary coverage);
-    ``labels``: the split must have labels (checked before encoding)."""
+    model, the fields every result of it carries (split, checkpoint hash, vocabulary coverage) and
+    the checkpoint config's ``eval.positives``; ``labels``: the split must have labels (checked
+    before encoding)."""
     ckpt = load_checkpoint(ckpt_dir, resolve_device(device))
     data_cfg = ckpt.config.data
     if data_path is not None:
@@ -132,7 +151,7 @@ def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path |
     # Unknown words exist only for a word vocabulary; a WordPiece tokenizer (minilm) covers every word.
     if isinstance(ckpt.vocab, Vocabulary):
         common["vocabulary"] = coverage(ckpt.vocab, split.captions)
-    return split, img, cap, common
+    return split, img, cap, common, ckpt.config.eval.positives
 
 
 def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels: bool = False,
@@ -148,9 +167,9 @@ def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels
     Returns:
         ``{protocol: result}``, each result as :func:`evaluate_checkpoint`'s for that protocol.
     """
-    split, img, cap, common = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
+    split, img, cap, common, positives = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
     protocols = PROTOCOLS if split.n_images >= 5000 else ("full",)
-    results = {p: {**evaluate_embeddings(img, cap, split.captions_per_image, protocol=p), **common} for p in protocols}
+    results = {p: {**_recalls(img, cap, split, p, positives), **common} for p in protocols}
     if labels:
         where = "1k5fold" if "1k5fold" in results else "full"
         results[where]["labels"] = _label_scores(img, cap, split, ndcg_k, folds=where == "1k5fold")
@@ -159,8 +178,10 @@ def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels
 
 def format_table(result: dict) -> str:
     """A readable table of an evaluation result; the first line names split and protocol."""
+    merged = f", {result['merged']} pairs merged" if result.get("positives") == "text" else ""
     lines = [
-        f"split {result.get('split', '?')} ({result.get('n_images', '?')} images), protocol {result['protocol']}",
+        f"split {result.get('split', '?')} ({result.get('n_images', '?')} images), protocol {result['protocol']}, "
+        f"positives {result.get('positives', 'pair')}{merged}",
         f"{'direction':<22}{'R@1':>8}{'R@5':>8}{'R@10':>8}{'medr':>8}{'meanr':>9}",
     ]
     for key, label in (("i2t", "image->text (i2t)"), ("t2i", "text->image (t2i)")):

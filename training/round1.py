@@ -130,7 +130,7 @@ def train_round1(cfg: ExperimentConfig, run_dir: str | Path | None = None, *, pr
         vocab,
         make_loader,
         round1_step(cfg.train, cfg.goal, targets),
-        dev_validator(dev, vocab, image_size=cfg.data.image_size),
+        dev_validator(dev, vocab, image_size=cfg.data.image_size, positives=cfg.eval.positives),
         role="round1",
         extra={"loss": cfg.train.loss, **({"labels": labels} if labels else {})},
         progress_bar=progress_bar,

@@ -135,12 +135,18 @@ def _score(value: float) -> str:
     return f"{value:.3f}"
 
 
-def _gt_line(public_url: str, rank: int | None, gt_ids: Sequence[int], results_gt: bool, what: str) -> str:
+def format_rank(rank: float) -> str:
+    """A 1-based rank as the page shows it: whole ranks as integers, an expected rank of tied
+    scores with one decimal (docs/evaluation.md, Ties)."""
+    return f"{rank:.0f}" if float(rank).is_integer() else f"{rank:.1f}"
+
+
+def _gt_line(public_url: str, rank: float | None, gt_ids: Sequence[int], results_gt: bool, what: str) -> str:
     if rank is None:
         if not gt_ids:
             return "no ground truth (free query)"
         return f"ground-truth {what} not ranked"
-    line = f"ground-truth {what} at rank <b>{rank}</b>"
+    line = f"ground-truth {what} at rank <b>{format_rank(rank)}</b>"
     if what == "image" and not results_gt:
         # The ground truth fell outside the top k: show it so the miss can be judged by eye.
         thumbs = "".join(
@@ -213,8 +219,8 @@ def failure_choices(failures: FailuresOut) -> list[tuple[str, int]]:
         what = item.query_text if failures.direction == "t2i" else f"image {item.query_id}"
         what = what or f"query {item.query_id}"
         short = what if len(what) <= 70 else what[:67] + "..."
-        choices.append((f"{short}  [{failures.left}: rank {item.left_rank}, "
-                        f"{failures.right}: rank {item.right_rank}]", item.query_id))
+        choices.append((f"{short}  [{failures.left}: rank {format_rank(item.left_rank)}, "
+                        f"{failures.right}: rank {format_rank(item.right_rank)}]", item.query_id))
     return choices
 
 

@@ -195,9 +195,10 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
     manifest = write_model_index(job.out / name, {"images": img_emb, "captions": cap_emb},
                                  {"images": ids.image_ids, "captions": ids.caption_ids}, job.spec, meta)
     cpi = split.captions_per_image
-    ranks = gallery_ranks(img_emb, cap_emb, cpi)
+    texts = split.captions if cfg.eval.positives == "text" else None
+    ranks = gallery_ranks(img_emb, cap_emb, cpi, texts)
     labels = None if split.labels is None else multi_hot(split.labels, label_vocabulary(split.labels))
-    report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels)
+    report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels, texts)
     loss = ckpt.extra.get("loss") or (cfg.round2.loss if role == "aoq" else cfg.train.loss)
     with sessions() as session, session.begin():
         record_model(session, name, role, str(loss), ckpt, ids, manifest, ranks, report, mined_dir)

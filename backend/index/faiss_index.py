@@ -317,18 +317,24 @@ def search(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarray, n
     return scores[0][keep], ids[0][keep]
 
 
-def full_rank(embeddings: np.ndarray, query: np.ndarray, positions: np.ndarray) -> int:
+def full_rank(embeddings: np.ndarray, query: np.ndarray, positions: np.ndarray) -> float:
     """1-based rank, over the whole gallery, of the best of the items at ``positions``.
 
-    Ties count against the ground truth: every other item scoring at least as high pushes it
-    down, the pessimistic rule of ``aoq.metrics`` (docs/evaluation.md, Ties), so the service
-    and ``aoq evaluate`` agree and a collapsed model cannot show rank 1.
+    Ties follow ``aoq.metrics`` (docs/evaluation.md, Ties): the expected rank when the tied items
+    are put in a random order, so the service and ``aoq evaluate`` agree and a collapsed model
+    shows the middle of the gallery, not rank 1.
     """
     scores = np.asarray(embeddings @ query.astype(np.float32), dtype=np.float32)
     truth = np.zeros(scores.shape[0], dtype=bool)
     truth[positions] = True
-    best = scores[truth].max()
-    return int(np.count_nonzero(scores[~truth] >= best)) + 1
+    return tied_rank(scores[~truth], scores[truth])
+
+
+def tied_rank(negatives: np.ndarray, positives: np.ndarray) -> float:
+    """1-based expected rank of the best of ``positives`` among ``negatives`` (ties in random order)."""
+    best = positives.max()
+    tied, peers = np.count_nonzero(negatives == best), np.count_nonzero(positives == best)
+    return float(np.count_nonzero(negatives > best) + tied / (peers + 1) + 1)
 
 
 def read_generation(index_dir: Path) -> dict[str, Any] | None:

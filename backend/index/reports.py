@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,15 @@ log = logging.getLogger(__name__)
 LARGE_GALLERY = 5000
 
 
-def gallery_ranks(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int) -> dict[str, np.ndarray]:
-    """1-based full-gallery ranks: ``t2i`` per caption (its image), ``i2t`` per image (its best caption)."""
+def gallery_ranks(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int,
+                  texts: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """1-based expected full-gallery ranks (``aoq.metrics``' tie rule): ``t2i`` per caption (its
+    best positive image), ``i2t`` per image (its best positive caption); ``texts`` selects the
+    text rule (identical caption texts are one answer)."""
     sims = np.asarray(img_emb, dtype=np.float32) @ np.asarray(cap_emb, dtype=np.float32).T
     return {
-        "t2i": t2i_ranks(sims, captions_per_image) + 1,
-        "i2t": i2t_ranks(sims, captions_per_image) + 1,
+        "t2i": t2i_ranks(sims, captions_per_image, texts) + 1,
+        "i2t": i2t_ranks(sims, captions_per_image, texts) + 1,
     }
 
 
@@ -45,10 +49,11 @@ def _table(result: dict) -> dict[str, Any]:
     }
 
 
-def evaluation_tables(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int) -> dict[str, dict]:
+def evaluation_tables(img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int,
+                      texts: Sequence[str] | None = None) -> dict[str, dict]:
     """``{"full": table}``, plus ``1k5fold`` and ``5k`` when the gallery has 5,000 images or more."""
     protocols = ["full"] + (["1k5fold", "5k"] if len(img_emb) >= LARGE_GALLERY else [])
-    return {p: _table(evaluate_embeddings(img_emb, cap_emb, captions_per_image, p)) for p in protocols}
+    return {p: _table(evaluate_embeddings(img_emb, cap_emb, captions_per_image, p, texts=texts)) for p in protocols}
 
 
 def curves(log_path: Path, round_number: int) -> list[dict[str, Any]]:
@@ -98,9 +103,11 @@ def model_report(
     captions_per_image: int,
     logs: list[tuple[Path, int]],
     image_labels: np.ndarray | None = None,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Tables, curves (from the readable logs among ``(path, round)``), the rank histogram and,
-    with ``image_labels`` ((n_images, L) multi-hot), ``"labels"``: :func:`label_table`."""
+    with ``image_labels`` ((n_images, L) multi-hot), ``"labels"``: :func:`label_table`. The tables
+    follow the text rule when ``texts`` (the gallery's captions) are given."""
     points: list[dict[str, Any]] = []
     for path, round_number in logs:
         try:
@@ -108,7 +115,7 @@ def model_report(
         except (OSError, ValueError, KeyError) as exc:
             log.warning("%s: metrics log not used (%s)", path, exc)
     report = {
-        "tables": evaluation_tables(img_emb, cap_emb, captions_per_image),
+        "tables": evaluation_tables(img_emb, cap_emb, captions_per_image, texts),
         "curves": points,
         "rank_histogram": cross_histogram(img_emb, cap_emb, captions_per_image),
     }

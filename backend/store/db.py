@@ -139,7 +139,8 @@ class QueryRank(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), primary_key=True)
     direction: Mapped[str] = mapped_column(String(8), primary_key=True)
     query_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    rank: Mapped[int] = mapped_column(Integer)
+    #: expected 1-based rank under a random order of tied items (docs/evaluation.md, Ties)
+    rank: Mapped[float] = mapped_column(Float)
 
 
 class QueryLog(Base):

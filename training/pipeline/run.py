@@ -245,12 +245,17 @@ def run_pipeline(
 
 
 def _round1_inputs(cfg: ExperimentConfig, data_id: dict[str, Any]) -> dict[str, Any]:
-    """What a round-1 model depends on (the ``goal`` section only when the loss is GOAL, so that
-    other runs keep their hashes)."""
-    inputs = {"data": data_id, "model": _section(cfg.model), "train": _section(cfg.train)}
+    """What a round-1 model depends on (the ``goal`` section only when the loss is GOAL, ``eval``
+    only when it is not the default, so that other runs keep their hashes)."""
+    inputs = {"data": data_id, "model": _section(cfg.model), "train": _section(cfg.train), **_eval_inputs(cfg)}
     if cfg.train.loss == "goal":
         inputs["goal"] = _section(cfg.goal)
     return inputs
+
+
+def _eval_inputs(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The ``eval`` section where it changes training (the dev score picks the best epoch)."""
+    return {} if cfg.eval == type(cfg.eval)() else {"eval": _section(cfg.eval)}
 
 
 def _round1_stages(name, cfg, train_dir, models_dir, data_id, ledger, train_round1, progress_bar) -> list[Stage]:
@@ -283,7 +288,7 @@ def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, dat
     def inputs() -> dict[str, Any]:
         init = _checkpoint_hash(round1_dir / "best") if arm_cfg.round2.init == "finetune" else None
         return {"data": data_id, "model": _section(arm_cfg.model), "round2": _section(arm_cfg.round2),
-                "mined": _checkpoint_hash(mined_dir), "init": init}
+                "mined": _checkpoint_hash(mined_dir), "init": init, **_eval_inputs(arm_cfg)}
 
     def run() -> None:
         _fresh(arm_dir, ledger, f"round2:{arm}", inputs())

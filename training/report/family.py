@@ -5,8 +5,9 @@ On the synthetic benchmark a family is a base scene and its one-change variants
 offline hard negatives are about: can the model tell near-duplicates apart? The figure is
 reported per change kind (``colour``, ``shape``, ..., ``base``), next to the 1K / 5K recalls.
 
-Ties count against the positive: a query scores a hit only when its best positive is strictly
-above every other member, so constant scores give R@1 = 0 rather than 100.
+Ties follow :mod:`aoq.ranks`: a hit is the probability that the best positive comes first under a
+random order of the tied items, so constant scores give the chance level (1 / family size for a
+caption query), never 100.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import defaultdict
 import numpy as np
 
 from aoq.data.dataset import SplitData
+from aoq.ranks import Positives, array_fn, i2t_stats, t2i_stats
 
 
 def within_family(
@@ -53,17 +55,14 @@ def within_family(
         if m < 2:
             continue
         captions = (members[:, None] * cpi + np.arange(cpi)).reshape(-1)
-        sub = sims[np.ix_(members, captions)].astype(np.float64)  # (m, m * cpi)
-        own = np.repeat(np.eye(m, dtype=bool), cpi, axis=1)
-        best_own = np.where(own, sub, -np.inf).max(axis=1)
-        best_other = np.where(own, -np.inf, sub).max(axis=1)
-        i2t = best_own > best_other
-        positive = sub[own.argmax(axis=0), np.arange(m * cpi)]  # each caption's own image
-        t2i = positive > np.where(own, -np.inf, sub).max(axis=0)
+        sub = sims[np.ix_(members, captions)]  # (m, m * cpi)
+        positives = Positives.pairs(m, cpi)
+        i2t = i2t_stats(array_fn(sub), positives).hit_probability(1)
+        t2i = t2i_stats(array_fn(sub), positives).hit_probability(1)
         for k, image in enumerate(members):
             for key in (str(change[image]), "all"):
                 hits[key]["i2t"].append(float(i2t[k]))
-                hits[key]["t2i"].extend(t2i[k * cpi:(k + 1) * cpi].astype(float))
+                hits[key]["t2i"].extend(t2i[k * cpi:(k + 1) * cpi].tolist())
                 hits[key]["size"].append(float(m))
     return {
         kind: {

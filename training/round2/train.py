@@ -327,5 +327,6 @@ def train_round2(
         "teacher_model": mined.manifest.get("teacher_model"),
     }
     return fit(run_dir, cfg, r2, model, vocab, make_loader, round2_step(r2),
-               dev_validator(dev, vocab, image_size=cfg.data.image_size), role="round2", extra=extra,
+               dev_validator(dev, vocab, image_size=cfg.data.image_size, positives=cfg.eval.positives),
+               role="round2", extra=extra,
                progress_bar=progress_bar)
