@@ -75,13 +75,20 @@ class ModelConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    """Optimisation settings shared by both rounds (Adam, step decay, gradient clipping)."""
+    """Optimisation settings shared by both rounds (Adam, learning-rate schedule, gradient
+    clipping); the budget rules are in docs/training.md, Budgets."""
 
+    #: the cap: no run trains more epochs than this.
     epochs: int = Field(30, ge=1)
     lr: float = Field(2e-4, gt=0)
-    #: the learning rate is multiplied by ``lr_decay_factor`` every ``lr_decay_epochs`` epochs.
+    #: ``step``: the learning rate is multiplied by ``lr_decay_factor`` every ``lr_decay_epochs``
+    #: epochs (the paper's schedule); ``plateau``: it is multiplied when dev rsum has not improved
+    #: for ``patience`` epochs, and training stops at the ``plateaus``-th such plateau, so each
+    #: run trains to its own dev plateau (``epochs`` stays the cap).
+    schedule: Literal["step", "plateau"] = "step"
     lr_decay_epochs: int = Field(15, ge=1)
     lr_decay_factor: float = Field(0.1, gt=0, le=1)
+    plateaus: int = Field(2, ge=1)
     batch_size: int = Field(128, ge=2)
     grad_clip: float = Field(2.0, gt=0)
     seed: int = 0
@@ -94,13 +101,19 @@ class OptimConfig(_Strict):
     save_every_steps: int = Field(200, ge=1)
     #: stop an epoch after this many batches (smoke tests, quick demos); None = full epoch.
     max_steps_per_epoch: int | None = Field(None, ge=1)
-    #: early stopping: stop once dev rsum has not improved for this many epochs (``epochs`` is
-    #: then the cap); None = train every epoch (docs/training.md, Budgets).
+    #: ``step``: stop once dev rsum has not improved for this many epochs (None = train every
+    #: epoch); ``plateau``: the epochs without improvement that make a plateau (required).
     patience: int | None = Field(None, ge=1)
     #: collapse guard: stop with TrainingCollapsed after this many consecutive epochs whose dev
     #: rsum is at chance, or (small dev sets) whose positive and hardest-negative scores are
     #: equal; 0 = off (training/loop/guards.py, docs/training.md Collapse guard).
     collapse_epochs: int = Field(3, ge=0)
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> "OptimConfig":
+        if self.schedule == "plateau" and self.patience is None:
+            raise ValueError("schedule=plateau needs patience (the epochs without improvement that make a plateau)")
+        return self
 
 
 class TrainConfig(OptimConfig):
@@ -174,12 +187,16 @@ class Round2Config(OptimConfig):
     #: depth="relative": the depth as a share of the split per batch (COCO's 300 / (566K / 128)
     #: is about 0.07).
     h_rel: float | None = Field(None, gt=0)
+    #: depth="relative": the smallest h_t and h_i a relative depth may give (with h_i = 1 a
+    #: caption's offline image would be its top-1 mined image on every draw); a warning says
+    #: when the floor binds.
+    min_depth: int = Field(3, ge=1)
     sampling: Literal["uniform", "normal"] = "uniform"
-    #: sampling="normal": rank n = floor(|x|), x ~ Normal(normal_center * h_t, normal_scale * h_t),
-    #: redrawn until n < h_t; the defaults are a half-normal, hardest ranks most likely
-    #: (training/mining/sampling.py; normal_center=0.5 makes the top ranks rarer, as the paper tried).
-    normal_center: float = Field(0.0, ge=0, le=1)
-    normal_scale: float = Field(0.5, gt=0)
+    #: sampling="normal": rank n = floor(|x|), x ~ Normal(normal_center * h_t, normal_scale * h_t)
+    #: conditioned on |x| < h_t; the defaults make the top ranks rarer than uniform, as the paper
+    #: tried (a wide scale or centre 0 makes them more likely: docs/method.md, Sampling).
+    normal_center: float = Field(0.5, ge=0, le=1)
+    normal_scale: float = Field(0.25, gt=0)
     #: not in the paper: redraw offline negatives that the dataset's structured facts show to be
     #: true of the anchor (false negatives); needs ``{split}_facts.jsonl`` (aoq synth writes it).
     false_negative_filter: bool = False

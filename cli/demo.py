@@ -60,8 +60,10 @@ EMOJI_FULL = DemoVariant("demo-emoji", "emoji", "emoji.yaml")
 EMOJI_QUICK = DemoVariant(
     "demo-emoji-quick", "emoji", "emoji.yaml", limit=120,
     overrides=(
-        "model.embed_dim=64", "train.epochs=3", "train.lr_decay_epochs=2", "train.batch_size=32",
-        "round2.epochs=3", "round2.lr_decay_epochs=2", "round2.batch_size=32",
+        # a fixed, tiny budget instead of training to the plateau
+        "model.embed_dim=64", "train.schedule=step", "train.epochs=3", "train.lr_decay_epochs=2",
+        "train.batch_size=32", "round2.schedule=step", "round2.epochs=3", "round2.lr_decay_epochs=2",
+        "round2.batch_size=32",
         "mining.top_captions=25", "mining.top_images=5", "round2.h_t=25", "round2.h_i=5",
         # a few epochs on 120 emoji stay near chance on their small dev split by design: no guard
         "train.collapse_epochs=0", "round2.collapse_epochs=0",
@@ -73,8 +75,9 @@ SYNTH_FULL = DemoVariant("demo", "synth", "synthetic.yaml", sizes=(4000, 500, 10
 SYNTH_QUICK = DemoVariant(
     "demo-quick", "synth", "synthetic.yaml", sizes=(160, 40, 100),
     overrides=(
-        "model.embed_dim=64", "train.epochs=2", "train.lr_decay_epochs=1", "train.batch_size=32",
-        "round2.epochs=2", "round2.lr_decay_epochs=1", "round2.batch_size=32",
+        "model.embed_dim=64", "train.schedule=step", "train.epochs=2", "train.lr_decay_epochs=1",
+        "train.batch_size=32", "round2.schedule=step", "round2.epochs=2", "round2.lr_decay_epochs=1",
+        "round2.batch_size=32",
         "mining.top_captions=100", "mining.top_images=20", "round2.depth=absolute", "round2.h_t=50",
         "round2.h_i=10", "train.collapse_epochs=0", "round2.collapse_epochs=0",
     ),

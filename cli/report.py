@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"arms compared with the baseline, from: {ARM_CHOICES} "
                              "(default: %(default)s)")
-    parser.add_argument("--patience", type=int, default=3,
-                        help="early stopping patience in epochs for both rounds (epochs = the cap); 0 = off")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="patience in epochs for both rounds (the plateau of schedule: plateau, the early "
+                             "stop of schedule: step; docs/training.md, Budgets); default: the config's")
     parser.add_argument("--runs", type=Path, default=Path("runs/report"), help="one run folder per seed")
     parser.add_argument("--synth", action="store_true",
                         help="generate a synthetic set (--data, --train/--dev/--test) and run on it")
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(f"--sweep {sweep.name}: {exc}") from None
     setup = ReportSetup(args.config, seeds, arms, args.runs, args.synth, args.data, args.train, args.dev,
-                        args.test, tuple(args.overrides), args.patience or None, sweeps, sweep_seeds)
+                        args.test, tuple(args.overrides), args.patience, sweeps, sweep_seeds)
     if args.run and args.sweeps_only:
         run_experiments(setup, main=False)
         print(f"ran {len(sweeps)} sweep point(s); write the page with a call without --sweeps-only")

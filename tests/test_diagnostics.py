@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from aoq.config import ConfigError, Round2Config
-from aoq_train.mining.depth import checked_depths
+from aoq_train.mining.depth import checked_depths, round2_depths
 from aoq_train.mining.diagnostics import (
     diagnostics_settings,
     hardness_diagnostics,
@@ -93,11 +93,22 @@ def test_relative_depth_scales_with_the_split():
 
 def test_relative_depth_is_checked_against_the_mined_lists():
     lists = np.zeros((40, 10), dtype=np.int32), np.zeros((200, 2), dtype=np.int32)
-    ok = Round2Config(depth="relative", h_rel=0.5, batch_size=10)  # 200 / 10 * .5 = 10, 40 / 10 * .5 = 2
+    ok = Round2Config(depth="relative", h_rel=0.5, batch_size=10, min_depth=1)  # 200 / 10 * .5 = 10, 40 / 10 * .5 = 2
     assert checked_depths(*lists, ok, "mined") == (10, 2)
     deep = Round2Config(depth="relative", h_rel=0.6, batch_size=10)  # 12 > 10
     with pytest.raises(ConfigError, match=r"mined: h_t=12 exceeds the mined top_captions=10.*h_rel=0.6"):
         checked_depths(*lists, deep, "mined")
+
+
+def test_relative_depth_has_a_floor_and_says_when_it_binds(caplog):
+    r2 = Round2Config(depth="relative", h_rel=0.5, batch_size=10)  # h_i = 2 < the default floor 3
+    with caplog.at_level("WARNING"):
+        assert round2_depths(r2, 40, 200) == (10, 3)
+    assert "raised to the floor round2.min_depth=3 (h_t=10, h_i=3)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert round2_depths(r2.model_copy(update={"h_rel": 1.5}), 40, 200) == (30, 6)
+    assert caplog.text == ""  # above the floor: nothing to say
 
 
 def test_relative_depth_needs_h_rel():

@@ -1,4 +1,5 @@
-"""Collapse guard and early stopping (training/loop/guards.py, wired into training/loop/trainer.py)."""
+"""Collapse guard and the training budget: early stopping, the plateau schedule, the cap
+(training/loop/guards.py, wired into training/loop/trainer.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,7 @@ import pytest
 from aoq_cli.main import main as aoq
 from aoq.config import TrainConfig, config_from_dict
 from tests.fixtures import write_karpathy_fixture
-from aoq_train.loop.guards import (
-    TrainingCollapsed,
-    check_collapse,
-    collapse_reason,
-    plateaued,
-)
+from aoq_train.loop.guards import BudgetState, TrainingCollapsed, budget_state, check_collapse, collapse_reason
 
 
 def _record(epoch, rsum, chance, pos=0.3, neg=0.1, loss=10.0):
@@ -46,10 +42,35 @@ def test_check_collapse_needs_consecutive_epochs_and_says_what_to_try():
     check_collapse(history, 0, "round1", optim)  # 0 = off
 
 
-def test_plateaued():
-    assert not plateaued(best_epoch=3, epochs_done=5, patience=None)
-    assert not plateaued(best_epoch=3, epochs_done=5, patience=3)
-    assert plateaued(best_epoch=3, epochs_done=6, patience=3)
+def test_step_schedule_drops_every_lr_decay_epochs_and_stops_on_patience_or_cap():
+    step = TrainConfig(epochs=6, lr_decay_epochs=2, patience=3)
+    assert budget_state([], step) == BudgetState(0, None)
+    assert budget_state([1, 2, 3], step) == BudgetState(1, None)
+    assert budget_state([1, 5, 4, 4], step) == BudgetState(2, None)  # 2 epochs since the best
+    assert budget_state([1, 5, 4, 4, 3], step) == BudgetState(2, "patience")
+    assert budget_state([1, 2, 3, 4, 5, 6], step) == BudgetState(3, "cap")
+    assert budget_state([1, 2, 3, 4, 5, 6], TrainConfig(epochs=6, patience=None)) == BudgetState(0, "cap")
+
+
+def test_plateau_schedule_drops_at_the_first_plateau_and_stops_at_the_second():
+    plateau = TrainConfig(epochs=20, schedule="plateau", patience=2, plateaus=2)
+    # best at epoch 2; epochs 3-4 no better: the first plateau, one drop, the count restarts
+    assert budget_state([1, 5, 4, 5], plateau) == BudgetState(1, None)
+    # after the drop a new best (6) restarts the count; two more epochs without: the second plateau
+    assert budget_state([1, 5, 4, 5, 6, 6, 5.5], plateau) == BudgetState(1, "plateau")
+    # equal is not better
+    assert budget_state([1, 5, 5, 5, 5, 5], plateau) == BudgetState(1, "plateau")
+    # still improving at the cap: stopped by the cap, not converged
+    assert budget_state(list(range(20)), plateau) == BudgetState(0, "cap")
+    # the first plateau on the last epoch the cap allows only drops the lr: the cap stops the run
+    assert budget_state([float(r) for r in range(18)] + [0, 0], plateau) == BudgetState(1, "cap")
+    # a final plateau reached on the last epoch the cap allows is a plateau
+    once = TrainConfig(epochs=5, schedule="plateau", patience=2, plateaus=1)
+    assert budget_state([1, 2, 3, 3, 3], once) == BudgetState(0, "plateau")
+    three = TrainConfig(epochs=20, schedule="plateau", patience=1, plateaus=3)
+    assert budget_state([3, 2, 1, 0], three) == BudgetState(2, "plateau")
+    with pytest.raises(ValueError, match="schedule=plateau needs patience"):
+        TrainConfig(schedule="plateau")
 
 
 def _cnn_tree(tmp_path, lr, **train):
@@ -112,8 +133,27 @@ def test_early_stopping_ends_on_the_plateau_and_resumes_the_same(tmp_path):
     history = result.history
     rsums = [h["dev_rsum"] for h in history]
     best = max(range(len(rsums)), key=lambda k: (rsums[k], -k)) + 1  # first epoch of the maximum
-    assert result.best_epoch == best and result.epochs_done == best + 1 < 8 and result.stopped_early
+    assert result.best_epoch == best and result.epochs_done == best + 1 < 8 and result.stopped_by == "patience"
     assert all(r <= rsums[best - 1] for r in rsums[best:])
     again = train_round1(config_from_dict(tree), progress_bar=False)  # resumed: nothing left to train
     assert again.already_finished and again.epochs_done == result.epochs_done
-    assert json.loads((tmp_path / "run" / "round1" / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == best + 1
+    last = json.loads((tmp_path / "run" / "round1" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["epoch"] == best + 1 and last["stop"] == "patience"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_plateau_schedule_lowers_the_lr_then_stops_and_records_why(tmp_path):
+    from aoq_train.round1 import train_round1
+
+    tree = _cnn_tree(tmp_path, 2e-4, schedule="plateau", patience=1, plateaus=2, lr_decay_factor=0.1,
+                     collapse_epochs=0)
+    result = train_round1(config_from_dict(tree), progress_bar=False)
+    history = result.history
+    expected = budget_state([h["dev_rsum"] for h in history], config_from_dict(tree).train)
+    assert result.stopped_by == expected.stop and expected.stop in ("plateau", "cap")
+    # the lr of every epoch follows the drops the schedule had made before it
+    drops = [budget_state([h["dev_rsum"] for h in history[:e]], config_from_dict(tree).train).lr_drops
+             for e in range(len(history))]
+    assert [h["lr"] for h in history] == pytest.approx([2e-4 * 0.1 ** d for d in drops])
+    assert history[-1]["stop"] == result.stopped_by and all("stop" not in h for h in history[:-1])

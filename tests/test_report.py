@@ -9,7 +9,7 @@ import yaml
 
 from aoq_cli.main import main as aoq
 from aoq_train.report.runs import parse_seeds
-from aoq_train.report.tables import paired_bootstrap
+from aoq_train.report.tables import format_difference, paired_interval
 
 TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "train.epochs=2", "train.batch_size=16", "train.lr_decay_epochs=1",
@@ -37,16 +37,24 @@ def test_parse_sweep():
             parse_sweep(bad)
 
 
-def test_paired_bootstrap_interval():
+def test_paired_interval_is_student_t_below_20_seeds():
     d = [1.0, 2.0, 3.0, 4.0, 10.0]
-    mean, low, high = paired_bootstrap(d, samples=20_000)
-    assert mean == 4.0
-    # the exact bootstrap distribution of the mean of 5 draws; its 2.5/97.5 percentiles by enumeration
-    grid = np.array(np.meshgrid(*[d] * 5)).reshape(5, -1).mean(axis=0)
-    assert low == pytest.approx(np.percentile(grid, 2.5), abs=0.15)
-    assert high == pytest.approx(np.percentile(grid, 97.5), abs=0.15)
-    assert paired_bootstrap([2.5]) == (2.5, 2.5, 2.5)
-    assert paired_bootstrap(d) == paired_bootstrap(d)  # fixed generator: a reproducible page
+    # by hand: mean 4, sample sd sqrt(50 / 4) = 3.5355, t(0.975, 4) = 2.7764 -> half width 4.3899
+    mean, low, high = paired_interval(d)
+    assert (mean, low, high) == pytest.approx((4.0, 4.0 - 2.7764451 * 3.5355339 / 5 ** 0.5,
+                                               4.0 + 2.7764451 * 3.5355339 / 5 ** 0.5))
+    assert format_difference(d) == "+4.0 [-0.4, +8.4] (n=5)"
+    # one seed: a direction, no interval
+    assert format_difference([2.5]) == "+2.5 (n=1)"
+
+
+def test_paired_interval_is_the_bootstrap_from_20_seeds():
+    d = [float(x) for x in np.random.default_rng(1).normal(3.0, 2.0, 40)]
+    mean, low, high = paired_interval(d, samples=20_000)
+    # the bootstrap of a mean is about mean ± 1.96 sd / sqrt(n) (sd with ddof=0)
+    half = 1.96 * np.std(d) / np.sqrt(len(d))
+    assert (low, high) == pytest.approx((mean - half, mean + half), abs=0.1)
+    assert paired_interval(d) == paired_interval(d)  # fixed generator: a reproducible page
 
 
 @pytest.mark.slow
@@ -108,8 +116,10 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
                        .read_text())
     gap = point["offtri"]["full"]["rsum"] - point["baseline"]["full"]["rsum"]
     row = next(line for line in text.splitlines() if line.startswith("| shallow |"))
-    assert row.startswith(f"| shallow | `round2.h_t=2 round2.h_i=1` | OffTri (Eq. 3) | {point['baseline']['full']['rsum']:.1f} |")
-    assert f"| {gap:+.1f} [{gap:+.1f}, {gap:+.1f}] | — / — | 2 / 1 |" in row  # no labels: no NDCG
+    # two epochs and no patience: the cap stopped every run, and the row says so for both sides
+    assert row.startswith(f"| shallow | `round2.h_t=2 round2.h_i=1` | OffTri (Eq. 3) † (baseline †) | "
+                          f"{point['baseline']['full']['rsum']:.1f} |")
+    assert f"| {gap:+.1f} (n=1) | — / — | 2 / 1 |" in row  # one seed: no interval; no labels: no NDCG
     assert not (tmp_path / "runs" / "sweeps" / "shallow" / "seed0").exists()
     assert text.startswith(f"# Results on `fixture-{fmt}`")
     diag = [json.loads((tmp_path / "runs" / f"seed{s}" / "mined" / "diagnostics.json").read_text()) for s in (0, 1)]
@@ -119,15 +129,14 @@ def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
     # the interval of the paired differences
     res = [json.loads((tmp_path / "runs" / f"seed{s}" / "comparison" / "comparison.json").read_text()) for s in (0, 1)]
     diffs = [r["aoq"]["full"]["rsum"] - r["baseline"]["full"]["rsum"] for r in res]
-    mean, low, high = paired_bootstrap(diffs)
-    assert f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]" in text
+    mean, low, high = paired_interval(diffs)
+    assert f"{mean:+.1f} [{low:+.1f}, {high:+.1f}] (n=2)" in text
     assert "Mining diagnostics from the scene records" not in text
     # the GOAL round-1 arm: its own row and interval; the mined lists' diagnostics do not apply to it
     goal = [r["goal-con-lin"]["full"]["rsum"] - r["baseline"]["full"]["rsum"] for r in res]
-    mean, low, high = paired_bootstrap(goal)
-    goal_rows = [line for line in text.splitlines() if line.startswith("| GOAL (con x lin) |")]
-    assert f"| {mean:+.1f} [{low:+.1f}, {high:+.1f}] |" in goal_rows[0]
-    assert goal_rows[1].startswith("| GOAL (con x lin) | — | — | — | — | — |")
+    goal_rows = [line for line in text.splitlines() if line.startswith("| GOAL (con x lin)")]
+    assert f"| {format_difference(goal)} |" in goal_rows[0]
+    assert goal_rows[1].split(" | ")[1:6] == ["—"] * 5
     assert "Round-1 arms (GOAL (con x lin))" in text and "Label-wise retrieval" not in text
     assert "the round-1 arms' curves are round 1 too" in text
 
@@ -143,8 +152,8 @@ def test_within_family_table_gives_means_and_the_paired_interval():
     table = within_family_table(scores, {"baseline": "baseline", "aoq": "AdapOffQuin"}).splitlines()
     assert table[0] == "| method | all | colour | Δ all vs baseline [95% CI] |"
     assert table[2] == "| baseline | 95.0 ± 7.1 | 20.0 ± 14.1 | — |"  # sample std over seeds
-    # paired differences +10 and +6: mean +8, and the bootstrap interval lies within [6, 10]
-    assert table[3] == "| AdapOffQuin | 103.0 ± 4.2 | 30.0 ± 14.1 | +8.0 [+6.0, +10.0] |"
+    # paired differences +10 and +6: mean +8, sd 2.83, t(0.975, 1) = 12.71 -> half width 25.4
+    assert table[3] == "| AdapOffQuin | 103.0 ± 4.2 | 30.0 ± 14.1 | +8.0 [-17.4, +33.4] (n=2) |"
 
 
 def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
@@ -177,14 +186,15 @@ def test_label_table_gives_percent_means_and_the_paired_ndcg_interval():
         return {"full": {"labels": {"k": 10, "i2t": {"map_at_r": 0.5, "ndcg_at_10": i2t_ndcg},
                                     "t2i": {"map_at_r": 0.25, "ndcg_at_10": t2i_ndcg}}}}
 
+    history = {"baseline": [{"dev_rsum": 1.0, "epoch": 1, "stop": "plateau"}], "aoq": []}
     collected = {"methods": {"baseline": "Baseline", "aoq": "AOQ"}, "seeds": [
-        {"results": {"baseline": result(0.5, 0.3), "aoq": result(0.6, 0.4)}},
-        {"results": {"baseline": result(0.7, 0.5), "aoq": result(0.7, 0.6)}},
+        {"results": {"baseline": result(0.5, 0.3), "aoq": result(0.6, 0.4)}, "history": history},
+        {"results": {"baseline": result(0.7, 0.5), "aoq": result(0.7, 0.6)}, "history": history},
     ]}
     table = label_table(collected)
     assert "| Baseline | 50.00 ± 0.00 | 60.00 ± 14.14 | 25.00 ± 0.00 | 40.00 ± 14.14 | — |" in table
-    # mean NDCG differences per seed: +10 and +5 -> mean +7.5, bootstrap interval within [5, 10]
+    # mean NDCG differences per seed: +10 and +5 -> mean +7.5, sd 3.54, half width 12.71 x 2.5 = 31.77
     aoq_row = table.splitlines()[-1]
-    assert aoq_row.startswith("| AOQ | 50.00 ± 0.00 | 65.00 ± 7.07 |") and "+7.50 [+5.00, +10.00]" in aoq_row
+    assert aoq_row.startswith("| AOQ | 50.00 ± 0.00 | 65.00 ± 7.07 |") and "+7.50 [-24.27, +39.27] (n=2)" in aoq_row
     collected["seeds"][0]["results"]["aoq"]["full"].pop("labels")
     assert label_table(collected) is None

@@ -251,19 +251,6 @@ def test_batch_statistics_of_a_group_do_not_mix_with_the_others(data: Path) -> N
     assert abs(float(loss.detach()) - float(mixed_loss)) > 1e-3
 
 
-def test_which_encoders_are_encoded_per_group() -> None:
-    from torch import nn
-
-    from aoq.models.image import ConvImageEncoder, VSEImageEncoder, VSRNImageEncoder
-    from aoq_train.round2.encode import uses_batch_statistics
-
-    vsrn, cnn, vse = VSRNImageEncoder(12, 16, 1), ConvImageEncoder(16, 4), VSEImageEncoder(12, 16)
-    assert uses_batch_statistics(vsrn.train()) and uses_batch_statistics(cnn.train())
-    assert not uses_batch_statistics(vsrn.eval()) and not uses_batch_statistics(cnn.eval())
-    assert not uses_batch_statistics(vse.train())
-    assert uses_batch_statistics(nn.BatchNorm1d(4, track_running_stats=False).eval())
-
-
 COMBINATIONS = [
     ("offline_triplet", "none"),
     ("offline_quintuplet", "none"),

@@ -6,10 +6,12 @@ embeddings can be indexed with FAISS inner-product indexes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from aoq.config import ModelConfig
 from aoq.data.vocab import Vocabulary
@@ -104,8 +106,34 @@ class JointModel(nn.Module):
         """(B, T) padded token ids and (B,) lengths -> (B, d), unit L2 norm."""
         return self.text_encoder(tokens, lengths)
 
-    def forward(self, images: Tensor, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        return self.encode_images(images), self.encode_texts(tokens, lengths)
+    def forward(self, images: Tensor, tokens: Tensor, lengths: Tensor, groups: int = 1) -> tuple[Tensor, Tensor]:
+        """Both modalities' embeddings. The rows may stack ``groups`` equal groups (round 2: the
+        positives, the offline negatives, the derived items): an encoder that normalises with
+        the statistics of its input batch then sees each group on its own, so positives are never
+        normalised with negatives (under torchrun too, where DDP syncs gradients only through
+        this one call); any other encoder gets one call over all rows, which is exact."""
+        batch = images.shape[0] // groups
+        return (encode_groups(self.image_encoder, lambda rows: self.encode_images(images[rows]), batch, groups),
+                encode_groups(self.text_encoder, lambda rows: self.encode_texts(tokens[rows], lengths[rows]),
+                              batch, groups))
+
+
+def uses_batch_statistics(module: nn.Module) -> bool:
+    """Whether a BatchNorm layer of ``module`` normalises with the statistics of its input batch
+    in the current mode (train mode, or a layer without running statistics), as torch decides."""
+    return any(
+        isinstance(m, _BatchNorm) and (m.training or (m.running_mean is None and m.running_var is None))
+        for m in module.modules()
+    )
+
+
+def encode_groups(module: nn.Module, encode: Callable[[slice], Tensor], batch: int, groups: int) -> Tensor:
+    """The (groups x batch, d) embeddings of stacked groups: one ``encode(rows)`` call per group
+    when ``module`` (the encoder behind ``encode``) uses batch statistics in its current mode, one
+    call over all the rows otherwise. Each call updates the running statistics once."""
+    if groups > 1 and uses_batch_statistics(module):
+        return torch.cat([encode(slice(g * batch, (g + 1) * batch)) for g in range(groups)])
+    return encode(slice(0, groups * batch))
 
 
 def _text_encoder(model_cfg: ModelConfig, vocab_size: int) -> nn.Module:

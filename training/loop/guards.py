@@ -1,4 +1,4 @@
-"""Checks the trainer runs after every epoch: the collapse guard and early stopping.
+"""Checks the trainer runs after every epoch: the collapse guard and the training budget.
 
 Collapse guard (``collapse_epochs``): an epoch *looks collapsed* when
 
@@ -14,13 +14,24 @@ Collapse guard (``collapse_epochs``): an epoch *looks collapsed* when
 After ``collapse_epochs`` such epochs in a row, :class:`TrainingCollapsed` stops the run, before
 anything downstream (mining, round 2) reads its checkpoints.
 
-Early stopping (``patience``): stop once dev rsum has not improved for ``patience`` epochs;
-``epochs`` is then the cap. Both read only the metrics log, so a resumed run decides the same.
+The budget (:func:`budget_state`), from the dev rsum of the epochs so far:
+
+* ``schedule: step``: the learning rate drops every ``lr_decay_epochs`` epochs; with ``patience``
+  training stops once dev rsum has not improved for that many epochs (stop ``"patience"``);
+* ``schedule: plateau``: a *plateau* is ``patience`` epochs without a new best dev rsum, counted
+  from the later of the best epoch and the last drop; each of the first ``plateaus - 1`` plateaus
+  drops the learning rate, the next one ends training (stop ``"plateau"``), so every run trains
+  to its own plateau however fast it learns;
+* either way ``epochs`` is the cap (stop ``"cap"``): a run stopped there may not have converged,
+  and the report flags it.
+
+Both read only the metrics log, so a resumed run decides the same.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 #: |mean positive - mean hardest negative| below this counts as "equal" (scores lie in [-1, 1]).
 EQUAL_SCORES = 0.01
@@ -76,6 +87,36 @@ def check_collapse(history: list[dict[str, Any]], epochs: int, role: str, optim:
     )
 
 
-def plateaued(best_epoch: int, epochs_done: int, patience: int | None) -> bool:
-    """True when early stopping applies: ``patience`` epochs since the best dev rsum."""
-    return patience is not None and epochs_done > 0 and epochs_done - best_epoch >= patience
+Stop = Literal["patience", "plateau", "cap"]
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """Where a run stands in its budget after the epochs of a metrics log: the learning-rate drops
+    so far (the next epoch trains at ``lr * lr_decay_factor ** lr_drops``) and why training stops
+    now, or None to go on."""
+
+    lr_drops: int
+    stop: Stop | None
+
+
+def budget_state(dev_rsums: list[float], optim: Any) -> BudgetState:
+    """The budget after epochs with these dev rsums (module docstring); ``optim`` is the round's
+    config section (``schedule``, ``patience``, ``plateaus``, ``lr_decay_epochs``, ``epochs``)."""
+    epochs = len(dev_rsums)
+    if optim.schedule == "step":
+        best = max(range(epochs), key=lambda e: dev_rsums[e], default=-1) + 1  # first best, 1-based
+        if optim.patience is not None and epochs > 0 and epochs - best >= optim.patience:
+            return BudgetState(epochs // optim.lr_decay_epochs, "patience")
+        return BudgetState(epochs // optim.lr_decay_epochs, "cap" if epochs >= optim.epochs else None)
+    best, since, drops = float("-inf"), 0, 0
+    for rsum in dev_rsums:
+        if rsum > best:
+            best, since = rsum, 0
+        else:
+            since += 1
+        if since >= optim.patience:
+            if drops + 1 == optim.plateaus:
+                return BudgetState(drops, "plateau")
+            drops, since = drops + 1, 0
+    return BudgetState(drops, "cap" if epochs >= optim.epochs else None)

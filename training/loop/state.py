@@ -1,4 +1,4 @@
-"""The trainer's resumable state: weights, optimiser, scheduler, RNGs and counters, saved in one
+"""The trainer's resumable state: weights, optimiser, RNGs and counters, saved in one
 atomic file, and the configuration fingerprint that guards a resume against a changed config."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class Progress:
     pairs: int = 0
 
 
-def save_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler, progress: Progress) -> None:
+def save_state(state_dir: Path, fingerprint: dict, model, optimizer, progress: Progress) -> None:
     """Write ``state/state.pt`` in one atomic rename (a directory swap would leave a moment with
     no state at all), then the human- and test-readable ``state/progress.json``."""
     with atomic_open(state_dir / STATE_FILE) as fh:
@@ -94,7 +94,6 @@ def save_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler, 
                 "config": fingerprint,
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
                 "rng": _rng_state(),
                 "progress": progress.__dict__,
             },
@@ -105,7 +104,7 @@ def save_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler, 
     })
 
 
-def load_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler) -> Progress:
+def load_state(state_dir: Path, fingerprint: dict, model, optimizer) -> Progress:
     path = state_dir / STATE_FILE
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
@@ -121,6 +120,5 @@ def load_state(state_dir: Path, fingerprint: dict, model, optimizer, scheduler) 
         )
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
     _set_rng_state(saved["rng"])
     return Progress(**saved["progress"])

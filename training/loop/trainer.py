@@ -1,8 +1,8 @@
 """The generic, resumable training loop shared by round 1 and round 2.
 
-A round plugs in three functions and :func:`fit` does the rest (Adam, step learning-rate decay,
-gradient clipping, validation and best-model selection every epoch, checkpoints, a metrics log,
-crash-safe resumption)::
+A round plugs in three functions and :func:`fit` does the rest (Adam, the learning-rate schedule
+and budget of :mod:`aoq_train.loop.guards`, gradient clipping, validation and best-model
+selection every epoch, checkpoints, a metrics log, crash-safe resumption)::
 
     result = fit(
         run_dir, cfg, cfg.train, model, vocab,
@@ -32,12 +32,13 @@ initial weights are reproducible; :func:`fit` never re-seeds the global RNGs.
 
 Files under ``run_dir``::
 
-    state/state.pt  resumable state (model, optimiser, scheduler, RNGs incl. the epoch's data
+    state/state.pt  resumable state (model, optimiser, RNGs incl. the epoch's data
                     generator, epoch, step in epoch, config fingerprint), replaced atomically
                     every ``save_every_steps`` steps and at every epoch end
     state/progress.json  epoch / step_in_epoch / global_step of the saved state
     best/  last/    checkpoints (aoq.checkpoint) of the best-dev-rsum and the latest epoch
-    metrics.jsonl   one JSON line per finished epoch (rewritten whole from the saved state)
+    metrics.jsonl   one JSON line per finished epoch (rewritten whole from the saved state); the
+                    last one says why training stopped (``stop``: patience, plateau or cap)
     tensorboard/    scalar events, when torch.utils.tensorboard imports
 
 Running :func:`fit` again on the same ``run_dir`` continues from ``state/`` (after ``kill -9``
@@ -67,7 +68,7 @@ from aoq.io import atomic_write_text
 from aoq.models.joint import JointModel
 from aoq_train.loop import distributed
 from aoq_train.loop.batches import epoch_seed
-from aoq_train.loop.guards import check_collapse, plateaued
+from aoq_train.loop.guards import BudgetState, Stop, budget_state, check_collapse
 from aoq_train.loop.state import (
     STATE_FILE,
     Progress,
@@ -94,7 +95,8 @@ class TrainResult:
         history: the metrics.jsonl records, one per epoch.
         resumed: this call continued from saved state.
         already_finished: nothing was left to train (the call was a no-op).
-        stopped_early: training ended on the dev plateau (``patience``) before ``epochs``.
+        stopped_by: why training ended: ``patience`` or ``plateau`` (the run reached its dev
+            plateau), ``cap`` (the epoch cap stopped it: it may not have converged).
     """
 
     run_dir: Path
@@ -106,7 +108,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     resumed: bool = False
     already_finished: bool = False
-    stopped_early: bool = False
+    stopped_by: Stop | None = None
 
 
 # --------------------------------------------------------------------------- data order
@@ -154,10 +156,9 @@ def fit(
     extra: dict | None = None,
     progress_bar: bool = True,
 ) -> TrainResult:
-    """Train ``model`` for ``optim.epochs`` epochs, resuming from ``run_dir/state`` if present.
-
-    With ``optim.patience`` training stops earlier, once dev rsum has not improved for that many
-    epochs; with ``optim.collapse_epochs`` a collapsed run stops (:mod:`aoq_train.loop.guards`).
+    """Train ``model`` until its budget ends (``optim.schedule``: the dev plateau or the early stop,
+    at most ``optim.epochs`` epochs), resuming from ``run_dir/state`` if present; with
+    ``optim.collapse_epochs`` a collapsed run stops (:mod:`aoq_train.loop.guards`).
 
     Args:
         run_dir: the round's folder (e.g. ``runs/<name>/round1``).
@@ -183,27 +184,25 @@ def fit(
     config_fingerprint = fingerprint(cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=optim.lr)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, optim.lr_decay_epochs, optim.lr_decay_factor)
     loop = _Loop(run_dir=run_dir, cfg=cfg, optim=optim, model=model, vocab=vocab, make_loader=make_loader,
                  step=step, validate=validate, role=role, extra=extra or {}, progress_bar=progress_bar and shard.is_main,
-                 fingerprint=config_fingerprint, params=params, optimizer=optimizer, scheduler=scheduler,
+                 fingerprint=config_fingerprint, params=params, optimizer=optimizer,
                  shard=shard, net=_distributed_model(model, shard))
 
     resumed = (run_dir / "state" / STATE_FILE).exists()
-    prog = load_state(run_dir / "state", config_fingerprint, model, optimizer, scheduler) if resumed else Progress()
+    prog = load_state(run_dir / "state", config_fingerprint, model, optimizer) if resumed else Progress()
     if resumed and shard.is_main:
         _write_metrics_log(run_dir, prog.history)  # a crash may have hit between state and log
 
-    def done() -> bool:
-        return prog.epoch >= optim.epochs or plateaued(prog.best_epoch, prog.epoch, optim.patience)
+    def budget() -> BudgetState:
+        return budget_state([float(r["dev_rsum"]) for r in prog.history], optim)
 
     def result(already_finished: bool) -> TrainResult:
         return TrainResult(run_dir, run_dir / "best", run_dir / "last", prog.best_epoch, prog.best_rsum,
-                           prog.epoch, list(prog.history), resumed, already_finished,
-                           stopped_early=prog.epoch < optim.epochs)
+                           prog.epoch, list(prog.history), resumed, already_finished, stopped_by=budget().stop)
 
     check_collapse(prog.history, optim.collapse_epochs, role, optim)  # a resumed collapsed run stops at once
-    if done():
+    if budget().stop is not None:
         log.info("%s: already finished (%d epochs, best dev rsum %.2f at epoch %d)",
                  run_dir, prog.epoch, prog.best_rsum, prog.best_epoch)
         return result(already_finished=True)
@@ -212,15 +211,17 @@ def fit(
 
     loop.writer = _tensorboard(run_dir) if shard.is_main else None
     try:
-        while not done():
+        while (state := budget()).stop is None:
+            for group in optimizer.param_groups:
+                group["lr"] = optim.lr * optim.lr_decay_factor ** state.lr_drops
             loop.train_epoch(prog)
             check_collapse(prog.history, optim.collapse_epochs, role, optim)
     finally:
         if loop.writer is not None:
             loop.writer.close()
-    if prog.epoch < optim.epochs:
-        log.info("%s: early stop after epoch %d: dev rsum has not improved for %d epochs (best %.2f at epoch %d)",
-                 role, prog.epoch, optim.patience, prog.best_rsum, prog.best_epoch)
+    log.info("%s: stopped after epoch %d (%s; best dev rsum %.2f at epoch %d)", role, prog.epoch,
+             {"patience": f"no improvement for {optim.patience} epochs", "plateau": f"plateau {optim.plateaus}",
+              "cap": f"the cap of {optim.epochs} epochs"}[state.stop], prog.best_rsum, prog.best_epoch)
     distributed.barrier()  # every rank returns after rank 0 has written the last files
     return result(already_finished=False)
 
@@ -277,7 +278,6 @@ class _Loop:
     fingerprint: dict
     params: list[Tensor]
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     shard: distributed.Shard
     net: torch.nn.Module  # what the step runs: the model, or its DDP wrapper
     writer: Any = None
@@ -285,7 +285,7 @@ class _Loop:
     def save(self, prog: Progress) -> None:
         if not self.shard.is_main:
             return
-        save_state(self.run_dir / "state", self.fingerprint, self.model, self.optimizer, self.scheduler, prog)
+        save_state(self.run_dir / "state", self.fingerprint, self.model, self.optimizer, prog)
 
     def _loader(self, prog: Progress) -> tuple[Iterable[Any], int | None]:
         """The rest of epoch ``prog.epoch`` and its total number of steps (None if unknown)."""
@@ -340,7 +340,7 @@ class _Loop:
         self._finish_epoch(prog, lr, time.perf_counter() - epoch_start)
 
     def _finish_epoch(self, prog: Progress, lr: float, train_time: float) -> None:
-        """Validate, select, checkpoint, advance the schedule, save the state, log.
+        """Validate, select, checkpoint, record why training stops (if it does), save the state, log.
 
         Under torchrun every rank validates (the same dev set, on its own device, so the ranks
         keep identical progress and pick the same best epoch) and rank 0 alone writes."""
@@ -371,6 +371,9 @@ class _Loop:
             "pairs_per_s": prog.pairs / prog.batch_time_sum if prog.batch_time_sum > 0 else None,
         }
         prog.history.append(record)
+        stop = budget_state([float(r["dev_rsum"]) for r in prog.history], self.optim).stop
+        if stop is not None:
+            record["stop"] = stop
         ckpt_extra = {"role": self.role, "epoch": prog.epoch + 1, "selected_on": "dev rsum", **self.extra}
         if is_best:
             prog.best_rsum, prog.best_epoch = rsum, prog.epoch + 1
@@ -379,7 +382,6 @@ class _Loop:
         if self.shard.is_main:
             save_checkpoint(self.run_dir / "last", self.model, self.cfg, self.vocab, dev, ckpt_extra)
 
-        self.scheduler.step()
         prog.epoch += 1
         prog.step_in_epoch = 0
         prog.epoch_generator_state = None

@@ -3,6 +3,7 @@ mined lists (docs/method.md, Sampling; the rule itself is :func:`aoq_train.minin
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,20 @@ import numpy as np
 from aoq.config import ConfigError, Round2Config
 from aoq_train.mining.sampling import check_lists, sampling_depths
 
+log = logging.getLogger(__name__)
+
 
 def round2_depths(r2: Round2Config, n_images: int, n_captions: int) -> tuple[int, int]:
-    """``(h_t, h_i)`` of ``round2`` for a training split of this size."""
-    return sampling_depths(r2.depth, r2.h_t, r2.h_i, r2.h_rel, n_images, n_captions, r2.batch_size)
+    """``(h_t, h_i)`` of ``round2`` for a training split of this size; a warning when a relative
+    depth rounds below ``round2.min_depth`` and the floor is used instead."""
+    raw = sampling_depths(r2.depth, r2.h_t, r2.h_i, r2.h_rel, n_images, n_captions, r2.batch_size)
+    depths = sampling_depths(r2.depth, r2.h_t, r2.h_i, r2.h_rel, n_images, n_captions, r2.batch_size,
+                             r2.min_depth)
+    if depths != raw:
+        log.warning("round2.depth=relative, h_rel=%g gives h_t=%d, h_i=%d on %d captions / %d images per batch "
+                    "of %d: raised to the floor round2.min_depth=%d (h_t=%d, h_i=%d)", r2.h_rel, *raw, n_captions,
+                    n_images, r2.batch_size, r2.min_depth, *depths)
+    return depths
 
 
 def checked_depths(

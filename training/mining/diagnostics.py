@@ -35,7 +35,7 @@ import torch
 from aoq.config import Round2Config
 from aoq_train.mining.depth import round2_depths
 from aoq_train.objectives.losses import adaptive_weights
-from aoq_train.mining.sampling import sample_offline_negatives
+from aoq_train.mining.sampling import DrawKey, sample_offline_negatives
 
 KIND = "hardness_diagnostics"
 #: batches sampled by default: enough anchors for stable medians, a small fraction of mining's cost.
@@ -72,7 +72,7 @@ def _global_rank(scores: np.ndarray, own: np.ndarray, picked: np.ndarray) -> tup
 
 
 def _batch_rows(img: np.ndarray, cap: np.ndarray, cpi: int, captions: np.ndarray, lists: tuple,
-                s: dict[str, Any], rng: np.random.Generator) -> dict[str, np.ndarray]:
+                s: dict[str, Any], draws: DrawKey) -> dict[str, np.ndarray]:
     """Per-anchor scores and ranks of one batch of caption ids."""
     images = captions // cpi
     rows = img[images] @ cap.T  # image anchors against every caption
@@ -81,7 +81,7 @@ def _batch_rows(img: np.ndarray, cap: np.ndarray, cpi: int, captions: np.ndarray
     same = images[:, None] == images[None, :]
     masked = np.where(same, -np.inf, in_batch)
     t_on, i_on = captions[masked.argmax(axis=1)], images[masked.argmax(axis=0)]
-    neg = sample_offline_negatives(captions, *lists, s["h_t"], s["h_i"], rng, s["sampling"],
+    neg = sample_offline_negatives(captions, *lists, s["h_t"], s["h_i"], draws, s["sampling"],
                                    center=s["normal_center"], scale=s["normal_scale"])
     own_caps = (np.arange(cap.shape[0])[None, :] // cpi) == images[:, None]
     own_imgs = np.arange(img.shape[0])[None, :] == images[:, None]
@@ -176,7 +176,9 @@ def hardness_diagnostics(
     if batches is None:
         batches = sample_batches(cap.shape[0], settings["batch_size"], settings["max_batches"], rng)
     lists = (img_top_caps, cap_top_imgs)
-    parts = [_batch_rows(img, cap, captions_per_image, np.asarray(b, dtype=np.int64), lists, settings, rng)
+    # the offline items round 2 draws for these captions in its first epoch (the same keys)
+    draws = DrawKey(settings["seed"], 0)
+    parts = [_batch_rows(img, cap, captions_per_image, np.asarray(b, dtype=np.int64), lists, settings, draws)
              for b in batches]
     rows = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
     result: dict[str, Any] = {

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 #: keys that change where or how fast a stage runs, not what it computes.
 RUNTIME_KEYS = {"device", "num_workers", "save_every_steps", "block_size", "collapse_epochs"}
 #: round-2 keys the mined artefact's hardness diagnostics depend on (training/mining/diagnostics.py).
-DIAGNOSTIC_KEYS = ("batch_size", "seed", "depth", "h_t", "h_i", "h_rel", "sampling", "normal_center",
+DIAGNOSTIC_KEYS = ("batch_size", "seed", "depth", "h_t", "h_i", "h_rel", "min_depth", "sampling", "normal_center",
                    "normal_scale", "margin_online", "margin_offline", "alpha", "beta")
 COMPARISON_KIND = "comparison"
 

@@ -37,8 +37,12 @@ from aoq_train.report.tables import (
     label_protocol,
     label_scores,
     label_table,
+    CAPPED,
+    capped_runs,
+    format_difference,
+    interval_method,
     mean_std,
-    paired_bootstrap,
+    method_label,
     per_seed_rsum,
     results_table,
     rsum_differences,
@@ -57,7 +61,7 @@ def _family_section(collected: dict[str, Any], run_dirs: list[Path]) -> list[str
     return [
         "## Within-family R@1 (test split)", "",
         "R@1 of each query among the members of its own one-change family only (i2t + t2i, so 200 is "
-        "perfect), per change kind of the query's image; ties count against the positive "
+        "perfect), per change kind of the query's image; ties by expected rank "
         f"([synthetic.md](synthetic.md)). Images in families: {int(sizes['all']['images'])}, mean family "
         f"size {sizes['all']['mean_family_size']:.2f}.", "",
         within_family_table(scores, collected["methods"]), "",
@@ -111,8 +115,9 @@ DEFAULT_OUT, DEFAULT_FIGURES = Path("docs/results.md"), Path("docs/figures")
 def _command(setup: ReportSetup, out: Path, figures: Path) -> str:
     """The ``aoq report --run`` command line that regenerates this page (and its figures)."""
     parts = ["aoq report --run", f"--config {setup.config}", f"--seeds {','.join(map(str, setup.seeds))}",
-             f"--arms {','.join(setup.arms)}", f"--runs {setup.runs_root}",
-             f"--patience {setup.patience if setup.patience is not None else 0}"]
+             f"--arms {','.join(setup.arms)}", f"--runs {setup.runs_root}"]
+    if setup.patience is not None:
+        parts.append(f"--patience {setup.patience}")
     if setup.synth:
         parts.append(f"--synth --data {setup.data_dir} --train {setup.train} --dev {setup.dev} --test {setup.test}")
     parts += [f"--set {o}" for o in setup.overrides]
@@ -136,8 +141,7 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
             "(the demo's generator and seed)" if setup.synth
             else f"`{cfg.data.name}` ({cfg.data.format}, `{cfg.data.path}`)")
     round1_arms = [a for a in collected["methods"] if a != "baseline" and is_round1(a)]
-    stop = (f"early stopping on dev rsum with patience {r1.patience} (round 1) / {r2.patience} (round 2), "
-            "`epochs` as the cap" if r1.patience or r2.patience else "every epoch of the schedule")
+    stop = "; ".join(f"{name}: {_schedule(optim)}" for name, optim in (("round 1", r1), ("round 2", r2)))
     return [
         "## Setup", "",
         f"- Data: {data}; seeds {', '.join(map(str, setup.seeds))}, paired (every arm of a seed shares its "
@@ -145,23 +149,39 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
         f"- Model: `{cfg.model.image_encoder}` image encoder, `{cfg.model.text_encoder}` text encoder, joint "
         f"space {cfg.model.embed_dim}; config `{setup.config}`"
         + (f" with `{' '.join(setup.overrides)}`" if setup.overrides else "") + ".",
-        f"- Round 1 (the baseline): `{r1.loss}`, at most {r1.epochs} epochs, lr {r1.lr:g} x{r1.lr_decay_factor:g} "
-        f"every {r1.lr_decay_epochs} epochs, batch {r1.batch_size}.",
+        f"- Round 1 (the baseline): `{r1.loss}`, lr {r1.lr:g}, batch {r1.batch_size}.",
         *([f"- Round-1 arms ({', '.join(collected['methods'][a] for a in round1_arms)}): trained like the baseline, "
            f"from scratch and without mined negatives, with their own objective; GOAL with tau = {cfg.goal.tau:g}, "
            f"margin = {cfg.goal.margin}, multi-similarity a = {cfg.goal.ms_a:g}, b = {cfg.goal.ms_b:g}, "
            f"lambda = {cfg.goal.ms_lambda:g} ([goal.md](goal.md))."] if round1_arms else []),
         f"- Mining: top {cfg.mining.top_captions} captions per image, top {cfg.mining.top_images} images per "
         "caption, by the seed's own round-1 model.",
-        f"- Round 2 (from scratch): at most {r2.epochs} epochs, lr {r2.lr:g} x{r2.lr_decay_factor:g} every "
-        f"{r2.lr_decay_epochs} epochs, batch {r2.batch_size}, {depth}, {r2.sampling} sampling, "
+        f"- Round 2 (from scratch): lr {r2.lr:g}, batch {r2.batch_size}, {depth}, {r2.sampling} sampling, "
         f"g1 = {r2.margin_online:g}, g2 = {r2.margin_offline:g}, alpha = {r2.alpha:g}, beta = {r2.beta:g}.",
-        f"- Budget: {stop}. Model selection: best dev rsum per run (never the test split). Single models.",
-        "- Intervals: paired bootstrap over seeds (10,000 resamples) of the mean rsum difference to the "
-        "baseline, 95% percentile interval. Ties in the scores count against the positive "
-        "([evaluation.md](evaluation.md#ties)).",
+        f"- Budget ({stop}). Model selection: best dev rsum per run (never the test split). Single models. "
+        f"{CAPPED} marks a method with runs the epoch cap stopped (they may not have converged; the budget "
+        "table counts them).",
+        f"- Evaluation: {cfg.eval.positives} positives ([evaluation.md](evaluation.md#positives-pair-or-text)); "
+        "ties by expected rank under a random order of tied items ([evaluation.md](evaluation.md#ties)).",
+        f"- Intervals: {interval_method(len(collected['seeds']))}.",
+        f"- Compute: {_wall_minutes(collected):.0f} minutes of training and validation wall time over all seeds and "
+        "methods (metrics logs; mining and evaluation not included).",
         "",
     ]
+
+
+def _schedule(optim: Any) -> str:
+    """One round's learning-rate schedule and stopping rule, in words."""
+    if optim.schedule == "plateau":
+        return (f"lr x{optim.lr_decay_factor:g} when dev rsum has not improved for {optim.patience} epochs, stop at "
+                f"plateau {optim.plateaus}, at most {optim.epochs} epochs")
+    stop = f", early stop after {optim.patience} epochs without improvement" if optim.patience else ""
+    return f"lr x{optim.lr_decay_factor:g} every {optim.lr_decay_epochs} epochs{stop}, at most {optim.epochs} epochs"
+
+
+def _wall_minutes(collected: dict[str, Any]) -> float:
+    return sum(h["train_time_s"] + h["val_time_s"] for s in collected["seeds"] for runs in s["history"].values()
+               for h in runs) / 60
 
 
 def _results_section(collected: dict[str, Any]) -> list[str]:
@@ -182,7 +202,8 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
               "Diagnostics of the mined lists at the round-1 model (`mined/diagnostics.json`, "
               "[mining.md](mining.md#hardness-diagnostics)), means over seeds; a negative S_on − S_off means "
               "the offline negatives are the harder ones (the paper's premise). Budget: epochs run, the epoch "
-              "of the best dev rsum (epochs to plateau) and wall time of training plus validation.", "",
+              "of the best dev rsum, wall time of training plus validation (means over seeds), and how many "
+              "runs the epoch cap stopped.", "",
               diagnostics_table(collected), ""]
     certain = [s["diagnostics"]["certain_false_negatives"] for s in collected["seeds"]
                if s["diagnostics"] and "certain_false_negatives" in s["diagnostics"]]
@@ -209,7 +230,7 @@ def _collapsed(run_dirs: list[Path]) -> str | None:
 
 def sweeps_table(setup: ReportSetup) -> str:
     """One row per sweep point and arm: rsum of the point's baseline and arm, the paired
-    difference (bootstrap interval over the sweep seeds) and the mined lists' diagnostics."""
+    difference (interval over the sweep seeds, n shown) and the mined lists' diagnostics."""
     lines = ["| sweep | overrides | method | baseline rsum | method rsum | Δ rsum [95% CI] | NDCG@10 baseline / "
              "method | h_t / h_i | S_on − S_off (img / cap) | premise held |",
              "|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
@@ -228,10 +249,10 @@ def sweeps_table(setup: ReportSetup) -> str:
         base = mean_std([s["results"]["baseline"][protocol]["rsum"] for s in collected["seeds"]])[0]
         for arm in sweep.arms:
             value = mean_std([s["results"][arm][protocol]["rsum"] for s in collected["seeds"]])[0]
-            mean, low, high = paired_bootstrap(rsum_differences(collected, arm, protocol))
             mined = ["—"] * 3 if is_round1(arm) else [depth, gap, held]
-            lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | {point.methods[arm]} | "
-                         f"{base:.1f} | {value:.1f} | {mean:+.1f} [{low:+.1f}, {high:+.1f}] | "
+            lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | {method_label(collected, arm)}"
+                         f"{f' (baseline {CAPPED})' if capped_runs(collected, 'baseline') else ''} | "
+                         f"{base:.1f} | {value:.1f} | {format_difference(rsum_differences(collected, arm, protocol))} | "
                          f"{_mean_ndcg(collected, 'baseline')} / {_mean_ndcg(collected, arm)} | " + " | ".join(mined) + " |")
     return "\n".join(lines)
 
@@ -251,7 +272,7 @@ def _sweeps_section(setup: ReportSetup) -> list[str]:
     return ["## Sweeps", "",
             f"One seed group each (seeds {', '.join(map(str, setup.sweep_seeds))}): every point retrains its "
             "own baseline, mines with it and trains the listed arms; rsum on the first protocol of the main "
-            "table. A single seed's interval is the point itself: read these as directions, not results.", "",
+            "table. A single seed has no interval: read these points as directions, not results.", "",
             sweeps_table(setup), ""]
 
 

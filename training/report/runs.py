@@ -77,8 +77,8 @@ class ReportSetup:
     dev: int = 500
     test: int = 5000
     overrides: tuple[str, ...] = ()
-    #: early stopping on dev rsum for both rounds (``epochs`` caps it); None keeps the config's.
-    patience: int | None = 3
+    #: the patience of both rounds' schedules (docs/training.md, Budgets); None keeps the config's.
+    patience: int | None = None
     sweeps: tuple[Sweep, ...] = ()
     sweep_seeds: tuple[int, ...] = (0,)
 

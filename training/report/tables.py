@@ -1,6 +1,6 @@
-"""The tables and statistics of ``aoq report``: means over seeds, paired bootstrap intervals of
-the difference to the baseline, per-seed rsum, hardness diagnostics and budgets, batch-time ratios,
-within-family recall."""
+"""The tables and statistics of ``aoq report``: means over seeds, paired intervals of the
+difference to the baseline (Student-t over seeds, n shown), per-seed rsum, hardness diagnostics
+and budgets (a run the epoch cap stopped is flagged), batch-time ratios, within-family recall."""
 
 from __future__ import annotations
 
@@ -9,10 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from aoq_train.pipeline.arms import resolve_arm
 
 BOOTSTRAP_SAMPLES = 10_000
+#: below this many paired seeds a percentile bootstrap is too narrow (about 1.6x at 5 seeds): the
+#: interval is Student's t on the differences; from this many on, the bootstrap.
+BOOTSTRAP_MIN_SEEDS = 20
+#: the mark of a method with runs the epoch cap stopped (they may not have converged)
+CAPPED = "†"
 
 KEYS = (("i2t", "r1"), ("i2t", "r5"), ("i2t", "r10"), ("t2i", "r1"), ("t2i", "r5"), ("t2i", "r10"))
 
@@ -21,21 +27,46 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def paired_bootstrap(differences: list[float], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
-                     ) -> tuple[float, float, float]:
-    """Mean of paired per-seed differences and its percentile bootstrap 95% interval.
+def paired_interval(differences: list[float], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
+                    ) -> tuple[float, float, float]:
+    """Mean of paired per-seed differences and its 95% interval.
 
-    The seeds are resampled with replacement (``samples`` times, a fixed generator, so the report
-    is reproducible); the interval is the 2.5th and 97.5th percentile of the resampled means.
-    With one seed the interval is that one value.
+    With fewer than ``BOOTSTRAP_MIN_SEEDS`` seeds, Student's t: ``mean ± t(0.975, n-1) sd / sqrt(n)``;
+    with more, the percentile bootstrap of the mean (``samples`` resamples of the seeds with
+    replacement, a fixed generator so the page is reproducible). With one seed there is no
+    interval: (value, nan, nan).
     """
     d = np.asarray(differences, dtype=np.float64)
     if d.size == 0:
-        raise ValueError("paired_bootstrap needs at least one difference")
+        raise ValueError("paired_interval needs at least one difference")
+    mean = float(d.mean())
+    if d.size == 1:
+        return mean, float("nan"), float("nan")
+    if d.size < BOOTSTRAP_MIN_SEEDS:
+        half = float(stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / np.sqrt(d.size))
+        return mean, mean - half, mean + half
     picks = np.random.default_rng(seed).integers(0, d.size, size=(samples, d.size))
-    means = d[picks].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return float(d.mean()), float(low), float(high)
+    low, high = np.percentile(d[picks].mean(axis=1), [2.5, 97.5])
+    return mean, float(low), float(high)
+
+
+def format_difference(differences: list[float], digits: int = 1) -> str:
+    """``+4.6 [-1.9, +11.1] (n=5)``: the mean paired difference, its 95% interval (Student-t
+    below 20 seeds, bootstrap from 20), and how many seeds; one seed shows only its value."""
+    mean, low, high = paired_interval(differences)
+    n = len(differences)
+    if n == 1:
+        return f"{mean:+.{digits}f} (n=1)"
+    return f"{mean:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}] (n={n})"
+
+
+def interval_method(n: int) -> str:
+    """How the page's intervals over ``n`` paired seeds are computed, in words."""
+    if n >= BOOTSTRAP_MIN_SEEDS:
+        return (f"percentile bootstrap over the {n} paired seeds ({BOOTSTRAP_SAMPLES:,} resamples) of the mean "
+                "difference to the baseline, 95%")
+    return (f"paired Student-t interval over the {n} seeds of the mean difference to the baseline, 95% "
+            f"(t with {n - 1} degrees of freedom; n is shown with every interval)")
 
 
 def rsum_differences(collected: dict[str, Any], arm: str, protocol: str) -> list[float]:
@@ -51,19 +82,27 @@ def budget(history: list[dict[str, Any]]) -> dict[str, float]:
             "minutes": sum(h["train_time_s"] + h["val_time_s"] for h in history) / 60}
 
 
+def capped_runs(collected: dict[str, Any], arm: str) -> int:
+    """How many of an arm's runs the epoch cap stopped (their metrics log's last ``stop``)."""
+    return sum(bool(h) and h[-1].get("stop") == "cap" for h in (s["history"][arm] for s in collected["seeds"]))
+
+
+def method_label(collected: dict[str, Any], arm: str) -> str:
+    """The method's name, marked when the epoch cap stopped any of its runs."""
+    return collected["methods"][arm] + (f" {CAPPED}" if capped_runs(collected, arm) else "")
+
+
 def results_table(collected: dict[str, Any], protocol: str) -> str:
     """Mean ± std over seeds of R@K and rsum per method, and rsum minus the baseline's with its
-    paired bootstrap 95% interval."""
+    paired 95% interval and n."""
     header = "| method | i2t R@1 | i2t R@5 | i2t R@10 | t2i R@1 | t2i R@5 | t2i R@10 | rsum | Δ rsum vs baseline [95% CI] |"
     lines = [header, "|---|" + "---:|" * 8]
     for arm, label in collected["methods"].items():
         runs = [s["results"][arm][protocol] for s in collected["seeds"]]
         cells = [mean_std([r[d][k] for r in runs]) for d, k in KEYS] + [mean_std([r["rsum"] for r in runs])]
-        delta = "—"
-        if arm != "baseline":
-            mean, low, high = paired_bootstrap(rsum_differences(collected, arm, protocol))
-            delta = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
-        lines.append(f"| {label} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells) + f" | {delta} |")
+        delta = "—" if arm == "baseline" else format_difference(rsum_differences(collected, arm, protocol))
+        lines.append(f"| {method_label(collected, arm)} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells)
+                     + f" | {delta} |")
     return "\n".join(lines)
 
 
@@ -103,13 +142,14 @@ def diagnostics_table(collected: dict[str, Any]) -> str:
     """Per method: the mined lists' hardness diagnostics (round-2 arms) and the training budget."""
     lines = ["| method | h_t / h_i | in-batch hardest rank, median (img / cap) | offline rank, median "
              "(img / cap) | S_on − S_off (img / cap) | premise held (seeds) | epochs run | best epoch "
-             "| wall time (min) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for arm, label in collected["methods"].items():
+             "| wall time (min) | stopped by the cap |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm in collected["methods"]:
         diag = ["—"] * 5 if is_round1(arm) else diagnostic_cells(collected["seeds"])
         runs = [budget(s["history"][arm]) for s in collected["seeds"]]
         spend = [f"{statistics.fmean(r[k] for r in runs):.{d}f}" for k, d in
                  (("epochs", 1), ("best_epoch", 1), ("minutes", 1))]
-        lines.append(f"| {label} | " + " | ".join(diag + spend) + " |")
+        spend.append(f"{capped_runs(collected, arm)} of {len(runs)}")
+        lines.append(f"| {method_label(collected, arm)} | " + " | ".join(diag + spend) + " |")
     return "\n".join(lines)
 
 
@@ -135,7 +175,7 @@ def batch_time_ratios(collected: dict[str, Any]) -> dict[str, tuple[float, float
 
 def within_family_table(scores: dict[str, list[dict[str, dict[str, float]]]], names: dict[str, str]) -> str:
     """Markdown: per method, the within-family R@1 (i2t + t2i, mean ± std over seeds) per change
-    kind, and the paired bootstrap interval of the ``all`` figure minus the baseline's."""
+    kind, and the paired interval of the ``all`` figure minus the baseline's."""
     kinds = sorted(next(iter(scores.values()))[0])
     head = "| method | " + " | ".join(kinds) + " | Δ all vs baseline [95% CI] |"
     lines = [head, "|---|" + "---:|" * (len(kinds) + 1)]
@@ -149,9 +189,7 @@ def within_family_table(scores: dict[str, list[dict[str, dict[str, float]]]], na
         if method == "baseline":
             delta = "—"
         else:
-            diffs = [r["all"]["i2t_r1"] + r["all"]["t2i_r1"] - b for r, b in zip(per_seed, base)]
-            mean, low, high = paired_bootstrap(diffs)
-            delta = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
+            delta = format_difference([r["all"]["i2t_r1"] + r["all"]["t2i_r1"] - b for r, b in zip(per_seed, base)])
         lines.append(f"| {names[method]} | " + " | ".join(cells) + f" | {delta} |")
     return "\n".join(lines)
 
@@ -177,7 +215,7 @@ def label_protocol(results: dict[str, Any]) -> str | None:
 
 def label_table(collected: dict[str, Any]) -> str | None:
     """Mean ± std over seeds of mAP@R and NDCG@k per direction and method (percent), and the
-    mean-NDCG difference to the baseline with its paired bootstrap 95% interval; None when the
+    mean-NDCG difference to the baseline with its paired 95% interval; None when the
     results carry no label-wise metrics."""
     protocol = label_protocol(collected["seeds"][0]["results"]["baseline"])
     if protocol is None:
@@ -193,9 +231,6 @@ def label_table(collected: dict[str, Any]) -> str | None:
     for arm, label in collected["methods"].items():
         runs = per_arm[arm]
         cells = [mean_std([r[key] for r in runs]) for key in ("i2t_map", "i2t_ndcg", "t2i_map", "t2i_ndcg")]
-        delta = "—"
-        if arm != "baseline":
-            mean, low, high = paired_bootstrap([r["ndcg"] - b for r, b in zip(runs, base)])
-            delta = f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]"
-        lines.append(f"| {label} | " + " | ".join(f"{m:.2f} ± {sd:.2f}" for m, sd in cells) + f" | {delta} |")
+        delta = "—" if arm == "baseline" else format_difference([r["ndcg"] - b for r, b in zip(runs, base)], 2)
+        lines.append(f"| {method_label(collected, arm)} | " + " | ".join(f"{m:.2f} ± {sd:.2f}" for m, sd in cells) + f" | {delta} |")
     return "\n".join(lines)

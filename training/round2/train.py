@@ -8,8 +8,8 @@ a resumed epoch sees the same negatives. A batch of B pairs is collated as
     images   = [i_1..i_B | i_off_1..i_off_B | i~_off_1..i~_off_B]      (3B items)
     captions = [t_1..t_B | t_off_1..t_off_B | t~_off_1..t~_off_B]      (3B items)
 
-and the step encodes the groups as :mod:`aoq_train.round2.encode` says (one call per group for an
-encoder with batch statistics, one call otherwise), then reads every score from these
+and the step encodes them in one forward call of the model, which keeps the groups apart for an
+encoder with batch statistics (:func:`aoq.models.joint.encode_groups`), then reads every score from these
 embeddings: the (B, B) in-batch matrix ``S(i_a, t_b)`` plus the row-wise dot products
 ``i2t_off = S(i, t_off)``, ``t2i_off = S(i_off, t)``, ``off_pair = S(i_off, t_off)`` and
 ``off_pair_tilde = S(i~_off, t~_off)``. The loss is :func:`aoq_train.objectives.losses.round2_loss` with
@@ -58,8 +58,7 @@ from aoq_train.loop.batches import epoch_loader
 from aoq_train.mining.depth import checked_depths, round2_depths
 from aoq_train.evaluate import dev_validator
 from aoq_train.objectives.losses import round2_loss
-from aoq_train.round2.encode import encode_groups
-from aoq_train.mining.sampling import CaptionTrueOf, OfflineNegatives, sample_offline_negatives
+from aoq_train.mining.sampling import CaptionTrueOf, DrawKey, OfflineNegatives, sample_offline_negatives
 from aoq_train.loop.trainer import StepFn, TrainResult, fit
 
 log = logging.getLogger(__name__)
@@ -75,11 +74,11 @@ def epoch_negatives(
 ) -> OfflineNegatives:
     """The offline items of every training caption for ``epoch``: a pure function of the seed
     (and of the facts, when ``caption_true_of`` filters false negatives)."""
-    rng = np.random.default_rng([r2.seed, epoch, 2])  # 2: round 2, apart from any other stream
     h_t, h_i = round2_depths(r2, mined.img_top_caps.shape[0], mined.cap_top_imgs.shape[0])
     return sample_offline_negatives(
         np.arange(mined.cap_top_imgs.shape[0]), mined.img_top_caps, mined.cap_top_imgs, h_t, h_i,
-        rng, r2.sampling, center=r2.normal_center, scale=r2.normal_scale, caption_true_of=caption_true_of,
+        DrawKey(r2.seed, epoch), r2.sampling, center=r2.normal_center, scale=r2.normal_scale,
+        caption_true_of=caption_true_of,
     )
 
 
@@ -171,7 +170,8 @@ def round2_scores(img_emb: Tensor, cap_emb: Tensor, batch: int) -> dict[str, Ten
 
 
 def round2_step(r2: Round2Config) -> StepFn:
-    """The trainer's ``step``: the groups encoded as :mod:`aoq_train.round2.encode` says, the
+    """The trainer's ``step``: the groups encoded by the model's forward (apart where an encoder
+    uses batch statistics, :func:`aoq.models.joint.encode_groups`), the
     scores, ``round2.loss``.
 
     Stats: ``pos`` (mean positive score), ``hardest_neg`` (mean hardest in-batch negative image
@@ -186,23 +186,15 @@ def round2_step(r2: Round2Config) -> StepFn:
         groups = batch["images"].shape[0] // b
         images = batch["images"].to(device, non_blocking=True)
         tokens, lengths = batch["tokens"].to(device, non_blocking=True), batch["lengths"].to(device)
-        if isinstance(model, DistributedDataParallel):
-            # Under torchrun: one forward call, since DDP syncs gradients only through forward; the
-            # groups then share batch statistics (docs/gpu.md). Global batch gathered group by group.
-            with autocast(device, r2.precision):
-                img, cap = model(images, tokens, lengths)
-            img, cap = (distributed.gather_groups(full_precision(img), groups),
-                        distributed.gather_groups(full_precision(cap), groups))
+        # One forward call (under torchrun DDP syncs gradients only through forward); the model keeps
+        # the groups apart where an encoder uses batch statistics. Scores in full precision whatever
+        # the autocast.
+        with autocast(device, r2.precision):
+            img, cap = model(images, tokens, lengths, groups)
+        img, cap = full_precision(img), full_precision(cap)
+        if isinstance(model, DistributedDataParallel):  # the global batch, gathered group by group
+            img, cap = distributed.gather_groups(img, groups), distributed.gather_groups(cap, groups)
             b = img.shape[0] // groups
-        else:
-            def encoded(encode, *inputs: Tensor) -> Tensor:  # scores in full precision whatever the autocast
-                with autocast(device, r2.precision):
-                    return full_precision(encode(*inputs))
-
-            img = encode_groups(model.image_encoder, lambda rows: encoded(model.encode_images, images[rows]),
-                                b, groups)
-            cap = encode_groups(model.text_encoder,
-                                lambda rows: encoded(model.encode_texts, tokens[rows], lengths[rows]), b, groups)
         s = round2_scores(img, cap, b)
         derived = (s["off_pair"], s["off_pair_tilde"]) if "off_pair_tilde" in s else (None, None)
         loss = round2_loss(
