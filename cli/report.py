@@ -84,9 +84,10 @@ def run(args: argparse.Namespace) -> int:
         run_dirs = run_experiments(setup)
     else:
         run_dirs = [seed_config(setup, s).run_dir for s in seeds]
-        missing = [str(d) for d in run_dirs if not (d / "comparison" / "comparison.json").is_file()]
+        missing = [f"{d}/evaluation/{arm}" for d in run_dirs for arm in setup.methods
+                   if not (d / "evaluation" / arm / "result.json").is_file()]
         if missing:
-            raise ConfigError(f"no finished runs in {', '.join(missing)}; add --run to run them")
+            raise ConfigError(f"no finished runs in {', '.join(missing[:4])}; add --run to run them")
     write_report(setup, run_dirs, args.out, args.figures)
     print(f"wrote {args.out} and figures under {args.figures}")
     return 0

@@ -15,7 +15,8 @@ from aoq.checkpoint import load_checkpoint
 from aoq_cli.main import main as aoq
 from aoq.config import load_config
 from tests.fixtures import write_precomp_fixture
-from aoq_train.pipeline.run import run_pipeline
+from aoq_train.pipeline.arms import resolve_arm
+from aoq_train.pipeline.run import read_evaluation, run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +55,8 @@ def test_end_to_end_then_skips_then_reruns_only_round2(tmp_path, synth, capsys):
     cfg_path = _config(tmp_path, synth)
     result = run_pipeline(load_config(cfg_path), progress_bar=False)
     assert set(result.status.values()) == {"ran"}
-    assert list(result.status) == ["round1", "mine", "publish:baseline", "round2:aoq", "publish:aoq", "compare"]
+    assert list(result.status) == ["round1", "mine", "publish:baseline", "round2:aoq", "publish:aoq",
+                                   "evaluate:baseline", "evaluate:aoq", "compare"]
     base, aoq_model = load_checkpoint(result.models["baseline"]), load_checkpoint(result.models["aoq"])
     assert (base.extra["role"], aoq_model.extra["role"]) == ("baseline", "aoq")
     assert aoq_model.extra["loss"] == "adaptive_offline_quintuplet"
@@ -70,7 +72,8 @@ def test_end_to_end_then_skips_then_reruns_only_round2(tmp_path, synth, capsys):
     changed = run_pipeline(load_config(cfg_path, ["round2.margin_online=0.1"]), progress_bar=False)
     # the margin enters the hardness diagnostics: they are recomputed, the lists are not re-mined
     assert changed.status == {"round1": "skipped", "mine": "ran", "publish:baseline": "skipped",
-                              "round2:aoq": "ran", "publish:aoq": "ran", "compare": "ran"}
+                              "round2:aoq": "ran", "publish:aoq": "ran", "evaluate:baseline": "skipped",
+                              "evaluate:aoq": "ran", "compare": "ran"}
     assert (result.run_dir / "mined" / "img_top_caps.npy").read_bytes() == lists
     diag = json.loads((result.run_dir / "mined" / "diagnostics.json").read_text())
     assert diag["settings"]["margin_online"] == 0.1
@@ -78,6 +81,14 @@ def test_end_to_end_then_skips_then_reruns_only_round2(tmp_path, synth, capsys):
     # a round-2 key the diagnostics do not read leaves the mined lists alone
     longer = run_pipeline(load_config(cfg_path, ["round2.margin_online=0.1", "round2.epochs=3"]), progress_bar=False)
     assert longer.status["mine"] == "skipped" and longer.status["round2:aoq"] == "ran"
+    # another arm in the same folder: the baseline and aoq stay as they are, the evaluations of all
+    # three are kept per model, and the comparison shows the arms of this call
+    more = run_pipeline(load_config(cfg_path, ["round2.margin_online=0.1", "round2.epochs=3"]),
+                        [resolve_arm("offtri")], progress_bar=False)
+    assert more.status["round1"] == "skipped" and more.status["evaluate:baseline"] == "skipped"
+    assert more.status["round2:offtri"] == "ran" and "round2:aoq" not in more.status
+    assert set(more.comparison) == {"baseline", "offtri"}
+    assert read_evaluation(result.run_dir, "aoq") == longer.comparison["aoq"]
 
 
 def test_changed_config_moves_an_interrupted_stage_aside(tmp_path, synth, caplog):

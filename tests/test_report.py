@@ -157,13 +157,7 @@ def test_within_family_table_gives_means_and_the_paired_interval():
 
 
 def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
-    from aoq_train.report.runs import (
-        COLLAPSED_FILE,
-        ReportSetup,
-        Sweep,
-        seed_config,
-        sweep_setup,
-    )
+    from aoq_train.report.runs import ReportSetup, Sweep, collapsed_file, seed_config, sweep_setup
     from aoq_train.report.page import sweeps_table
 
     config = tmp_path / "cfg.yaml"
@@ -172,7 +166,7 @@ def test_a_collapsed_sweep_point_is_reported_not_raised(tmp_path):
     setup = ReportSetup(config, (0,), ("aoq",), tmp_path / "runs", sweeps=(sweep,), sweep_seeds=(0,))
     run_dir = seed_config(sweep_setup(setup, sweep), 0).run_dir
     run_dir.mkdir(parents=True)
-    (run_dir / COLLAPSED_FILE).write_text(json.dumps(
+    collapsed_file(run_dir, "shallow").write_text(json.dumps(
         {"message": "round2 collapsed: dev rsum 9.76 at chance (chance 6.38) for 3 epoch(s). Try a lower lr"}))
     row = sweeps_table(setup).splitlines()[2]
     assert row == ("| shallow | `round2.h_t=2` | OnlyOffline (ablation) | — | collapsed | dev rsum 9.76 at chance "

@@ -6,7 +6,9 @@ Stages, each an artefact directory under the run folder::
     mined            offline hard negatives mined with round1/best (or ``mining.teacher``)
     round2/best      the AOQ model: round 2 from scratch with ``round2.loss`` (one folder per arm)
     models/<name>    published checkpoints with their role, for ``aoq index`` / ``aoq serve``
-    comparison       test-split evaluation of every published model, and its table
+    evaluation/<name> test-split evaluation of one published model (kept per model, so a run folder
+                     gathers arms over several calls and a report reads any set of them)
+    comparison       the table of the models of the last call
 
 Budget (paper section 4.2): the baseline is the round-1 model trained for its full schedule;
 AOQ is a fresh model trained in round 2 for its own schedule with negatives mined by that
@@ -44,6 +46,9 @@ RUNTIME_KEYS = {"device", "num_workers", "save_every_steps", "block_size", "coll
 DIAGNOSTIC_KEYS = ("batch_size", "seed", "depth", "h_t", "h_i", "h_rel", "min_depth", "sampling", "normal_center",
                    "normal_scale", "margin_online", "margin_offline", "alpha", "beta")
 COMPARISON_KIND = "comparison"
+EVALUATION_KIND = "evaluation"
+#: the file of an evaluation artefact that holds the results
+EVALUATION_FILE = "result.json"
 
 
 @dataclass
@@ -92,7 +97,7 @@ def seeded_config(cfg: ExperimentConfig, seed: int) -> ExperimentConfig:
     })
 
 
-def _checkpoint_hash(path: Path) -> str:
+def _content_hash(path: Path) -> str:
     return read_manifest(path, kind=None, verify=False)["content_hash"]
 
 
@@ -132,7 +137,7 @@ def publish(source: Path, target: Path, role: str, extra: dict[str, Any]) -> Non
             if f.is_file() and f.name != "manifest.json":
                 shutil.copy2(f, tmp / f.name)
         ckpt_extra = json.loads((tmp / "extra.json").read_text()) if (tmp / "extra.json").is_file() else {}
-        ckpt_extra.update(role=role, source_checkpoint=_checkpoint_hash(source), **extra)
+        ckpt_extra.update(role=role, source_checkpoint=_content_hash(source), **extra)
         atomic_write_json(tmp / "extra.json", ckpt_extra)
         source_manifest = read_manifest(source, verify=False)
         write_manifest(tmp, source_manifest["kind"], source_manifest.get("config"),
@@ -156,22 +161,34 @@ def comparison_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def compare_models(models: dict[str, Path], split: str, out: Path, *, labels: bool = False) -> dict[str, Any]:
-    """Evaluate every model on ``split`` (full protocol; 1K 5-fold and 5K when there are 5,000
-    images or more; one encoding per model) and write ``comparison.json`` and ``comparison.md``
-    atomically.
+def evaluate_model_stage(model: Path, split: str, out: Path, *, labels: bool = False) -> dict[str, Any]:
+    """Evaluate one published model on ``split`` (full protocol; 1K 5-fold and 5K when there are
+    5,000 images or more; one encoding) into the artefact ``out`` (``result.json``).
 
     ``labels``: the split carries labels, so one protocol's results (1K 5-fold where it applies,
     else full) also hold the label-wise metrics (``"labels"``: mAP@R, NDCG@10, both directions).
     """
     from aoq_train.evaluate import compare_checkpoint
 
-    results = {name: compare_checkpoint(path, split, labels=labels) for name, path in models.items()}
-    table = comparison_table(results)
+    result = compare_checkpoint(model, split, labels=labels)
+    with atomic_dir(out) as tmp:
+        atomic_write_json(tmp / EVALUATION_FILE, result)
+        write_manifest(tmp, EVALUATION_KIND, {"split": split, "model": str(model), "labels": labels})
+    return result
+
+
+def read_evaluation(run_dir: Path, name: str) -> dict[str, Any]:
+    """The test-split results of the published model ``name`` of a run folder."""
+    return json.loads((run_dir / "evaluation" / name / EVALUATION_FILE).read_text())
+
+
+def write_comparison(run_dir: Path, names: list[str], split: str, out: Path) -> dict[str, Any]:
+    """``comparison.json`` and ``comparison.md`` of these models' evaluations, atomically."""
+    results = {name: read_evaluation(run_dir, name) for name in names}
     with atomic_dir(out) as tmp:
         atomic_write_json(tmp / "comparison.json", results)
-        atomic_write_text(tmp / "comparison.md", f"Split: {split}\n\n{table}\n")
-        write_manifest(tmp, COMPARISON_KIND, {"split": split, "models": {k: str(v) for k, v in models.items()}})
+        atomic_write_text(tmp / "comparison.md", f"Split: {split}\n\n{comparison_table(results)}\n")
+        write_manifest(tmp, COMPARISON_KIND, {"split": split, "models": names})
     return results
 
 
@@ -209,7 +226,7 @@ def run_pipeline(
     teacher = Path(cfg.mining.teacher) if cfg.mining.teacher else round1_dir / "best"
 
     def mine_inputs() -> dict[str, Any]:
-        return {"checkpoint": _checkpoint_hash(teacher), "data": data_id, "mining": _section(cfg.mining),
+        return {"checkpoint": _content_hash(teacher), "data": data_id, "mining": _section(cfg.mining),
                 "diagnostics": {k: getattr(cfg.round2, k) for k in DIAGNOSTIC_KEYS}}
 
     train_baseline, publish_baseline = _round1_stages("baseline", cfg, round1_dir, models_dir, data_id, ledger,
@@ -231,13 +248,19 @@ def run_pipeline(
                                      data_id, ledger, train_round2, progress_bar)
         models[arm.name] = models_dir / arm.name
 
-    comparison_dir = run_dir / "comparison"
     labelled = load_split(cfg.data, "test").labels is not None
+    for name, path in models.items():
+        out = run_dir / "evaluation" / name
+        stages.append(Stage(
+            f"evaluate:{name}", out,
+            lambda path=path: {"model": _content_hash(path), "split": cfg.data.test_split, "labels": labelled},
+            lambda path=path, out=out: evaluate_model_stage(path, "test", out, labels=labelled),
+        ))
+    comparison_dir = run_dir / "comparison"
     stages.append(Stage(
         "compare", comparison_dir,
-        lambda: {"models": {k: _checkpoint_hash(v) for k, v in models.items()}, "split": cfg.data.test_split,
-                 "labels": labelled},
-        lambda: compare_models(models, "test", comparison_dir, labels=labelled),
+        lambda: {"evaluations": {k: _content_hash(run_dir / "evaluation" / k) for k in models}},
+        lambda: write_comparison(run_dir, list(models), cfg.data.test_split, comparison_dir),
     ))
     status = run_stages(stages, ledger)
     comparison = json.loads((comparison_dir / "comparison.json").read_text())
@@ -273,7 +296,7 @@ def _round1_stages(name, cfg, train_dir, models_dir, data_id, ledger, train_roun
     return [
         Stage(stage, train_dir / "best", lambda: _round1_inputs(cfg, data_id), run),
         Stage(f"publish:{name}", models_dir / name,
-              lambda: {"source": _checkpoint_hash(train_dir / "best"), "role": name},
+              lambda: {"source": _content_hash(train_dir / "best"), "role": name},
               lambda: publish(train_dir / "best", models_dir / name, name, extra)),
     ]
 
@@ -286,9 +309,9 @@ def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, dat
         arm_cfg = arm_cfg.model_copy(update={"round2": r2.model_copy(update={"init_from": str(round1_dir / "best")})})
 
     def inputs() -> dict[str, Any]:
-        init = _checkpoint_hash(round1_dir / "best") if arm_cfg.round2.init == "finetune" else None
+        init = _content_hash(round1_dir / "best") if arm_cfg.round2.init == "finetune" else None
         return {"data": data_id, "model": _section(arm_cfg.model), "round2": _section(arm_cfg.round2),
-                "mined": _checkpoint_hash(mined_dir), "init": init, **_eval_inputs(arm_cfg)}
+                "mined": _content_hash(mined_dir), "init": init, **_eval_inputs(arm_cfg)}
 
     def run() -> None:
         _fresh(arm_dir, ledger, f"round2:{arm}", inputs())
@@ -298,7 +321,7 @@ def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, dat
     return [
         Stage(f"round2:{arm}", arm_dir / "best", inputs, run),
         Stage(f"publish:{arm}", models_dir / arm,
-              lambda: {"source": _checkpoint_hash(arm_dir / "best"), "role": arm},
+              lambda: {"source": _content_hash(arm_dir / "best"), "role": arm},
               lambda: publish(arm_dir / "best", models_dir / arm, arm,
                               {"metrics_log": f"{rel}/metrics.jsonl", "mined_dir": "mined"})),
     ]

@@ -16,7 +16,7 @@ import numpy as np
 from aoq.config import ExperimentConfig
 from aoq.io import atomic_write_text
 from aoq_train.report.runs import (
-    COLLAPSED_FILE,
+    collapsed_file,
     PROTOCOLS,
     ReportSetup,
     collect,
@@ -220,11 +220,11 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _collapsed(run_dirs: list[Path]) -> str | None:
+def _collapsed(run_dirs: list[Path], sweep: str) -> str | None:
     """The collapse message of the first run of a sweep point that the collapse guard stopped."""
     for run_dir in run_dirs:
-        if (run_dir / COLLAPSED_FILE).is_file():
-            return json.loads((run_dir / COLLAPSED_FILE).read_text())["message"]
+        if collapsed_file(run_dir, sweep).is_file():
+            return json.loads(collapsed_file(run_dir, sweep).read_text())["message"]
     return None
 
 
@@ -237,7 +237,7 @@ def sweeps_table(setup: ReportSetup) -> str:
     for sweep in setup.sweeps:
         point = sweep_setup(setup, sweep)
         run_dirs = [seed_config(point, s).run_dir for s in point.seeds]
-        stopped = _collapsed(run_dirs)
+        stopped = _collapsed(run_dirs, sweep.name)
         if stopped is not None:
             reason = stopped.split(":", 1)[-1].split(". ")[0].strip()
             lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | "

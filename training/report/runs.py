@@ -7,7 +7,9 @@ own dataset, or with ``--synth`` a synthetic set generated for the report (by de
 5,000-image test split, so that the full 5K and the COCO-style 5-fold 1K protocols both apply).
 Seeds are paired: every arm of a seed shares that seed's data, round-1 model and mined lists.
 Without ``--run`` it only reads finished runs. Every figure in the report is computed here from
-``comparison/comparison.json``, ``metrics.jsonl``, ``mined/diagnostics.json`` and the checkpoints.
+``evaluation/<model>/result.json``, ``metrics.jsonl``, ``mined/diagnostics.json`` and the
+checkpoints; a seed's folder may hold more arms than one report shows (they are evaluated and
+kept per model), so several reports can share the same runs.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ PROTOCOLS = {
     "1k5fold": "1K protocol (mean of 5 folds of 1,000 test images)",
     "full": "full test split",
 }
-#: written into a sweep run that the collapse guard stopped (the point is reported as collapsed)
-COLLAPSED_FILE = "collapsed.json"
+def collapsed_file(run_dir: Path, sweep: str) -> Path:
+    """Written into a run folder when the collapse guard stopped a sweep point there (the point is
+    reported as collapsed); named by the point, since points without overrides share folders."""
+    return run_dir / f"collapsed-{sweep}.json"
 
 
 @dataclass(frozen=True)
@@ -116,9 +120,12 @@ def seed_config(setup: ReportSetup, seed: int) -> ExperimentConfig:
 
 
 def sweep_setup(setup: ReportSetup, sweep: Sweep) -> ReportSetup:
-    """The report setup of one sweep point: its overrides added, its arms, the sweep seeds."""
+    """The report setup of one sweep point: its overrides added, its arms, the sweep seeds. A point
+    without overrides changes nothing the baseline depends on, so it runs its arms in the main
+    seeds' folders, beside the main arms, against the same baseline."""
+    root = setup.runs_root / "sweeps" / sweep.name if sweep.overrides else setup.runs_root
     return replace(setup, seeds=setup.sweep_seeds, arms=sweep.arms, overrides=(*setup.overrides, *sweep.overrides),
-                   runs_root=setup.runs_root / "sweeps" / sweep.name, sweeps=())
+                   runs_root=root, sweeps=())
 
 
 def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
@@ -132,20 +139,20 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
 
         ensure_dataset(setup.data_dir, {"train": setup.train, "dev": setup.dev, "test": setup.test})
     main_dirs = []
-    jobs = [(setup, seed, False) for seed in setup.seeds] if main else []
-    jobs += [(sweep_setup(setup, sw), seed, True) for sw in setup.sweeps for seed in setup.sweep_seeds]
-    for job, seed, is_sweep in jobs:
+    jobs = [(setup, seed, None) for seed in setup.seeds] if main else []
+    jobs += [(sweep_setup(setup, sw), seed, sw.name) for sw in setup.sweeps for seed in setup.sweep_seeds]
+    for job, seed, sweep in jobs:
         cfg = seed_config(job, seed)
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
         try:
             run_pipeline(cfg, resolve_arms(job.arms))
         except TrainingCollapsed as exc:
-            if not is_sweep:
+            if sweep is None:
                 raise  # a main seed must finish: the tables compare every arm on every seed
             # A sweep point that collapses is a result: recorded, shown in the table, not retried.
             log.warning("report: sweep run %s collapsed: %s", cfg.run_dir, exc)
-            atomic_write_json(cfg.run_dir / COLLAPSED_FILE, {"message": str(exc)})
-        if not is_sweep:
+            atomic_write_json(collapsed_file(cfg.run_dir, sweep), {"message": str(exc)})
+        if sweep is None:
             main_dirs.append(cfg.run_dir)
     return main_dirs
 
@@ -168,12 +175,13 @@ def _diagnostics(run_dir: Path) -> dict[str, Any] | None:
 
 def collect(run_dirs: list[Path], methods: dict[str, str]) -> dict[str, Any]:
     """Read every finished seed: results per protocol, training curves, mining diagnostics."""
+    from aoq_train.pipeline.run import read_evaluation
+
     seeds = []
     for run_dir in run_dirs:
-        comparison = json.loads((run_dir / "comparison" / "comparison.json").read_text())
         seeds.append({
             "run_dir": str(run_dir),
-            "results": comparison,
+            "results": {arm: read_evaluation(run_dir, arm) for arm in methods},
             "history": {arm: _history(_round_dir(run_dir, arm) / "metrics.jsonl") for arm in methods},
             "diagnostics": _diagnostics(run_dir),
         })

@@ -1,0 +1,97 @@
+"""The false-negative filters of the mined lists (training/mining/filters.py) on a fixture whose
+false negatives are planted by hand: each filter flags exactly its planted candidates, in the
+fixed order, and the compacted lists keep the first unflagged candidates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aoq_train.mining.filters import (
+    FilterInputs,
+    compact,
+    flag_caption_lists,
+    flag_image_lists,
+    short_rows,
+    text_ids,
+)
+
+# 4 images x 2 captions: caption c belongs to image c // 2. Image 1 is the twin of image 0 (an
+# identical caption text, c2 = c0), c3 paraphrases c0, c4 is a near neighbour the model scores high.
+TEXTS = ["a red heart", "love", "A red  heart", "red heart symbol", "a blue heart", "sadness", "flag of japan",
+         "japan"]
+
+
+def _unit(*rows: list[float]) -> np.ndarray:
+    m = np.array(rows, dtype=np.float64)
+    return m / np.linalg.norm(m, axis=1, keepdims=True)
+
+
+SENTENCES = _unit([1, 0, 0], [0, 1, 0], [1, 0, 0], [0.95, 0.31, 0], [0.6, 0.8, 0], [0, 0, 1], [0, 0.6, 0.8],
+                  [0, 0.6, 0.8])
+# the mining model's scores S(image, caption), as embeddings: caption c = the c-th unit vector
+SCORES = np.array([
+    [0.8, 0.6, 0.9, 0.85, 0.75, 0.2, 0.1, 0.3],
+    [0.85, 0.1, 0.9, 0.7, 0.3, 0.05, 0.0, 0.02],
+    [0.5, 0.4, 0.2, 0.1, 0.7, 0.6, 0.0, 0.1],
+    [0.1, 0.2, 0.05, 0.0, 0.1, 0.3, 0.9, 0.8],
+])
+INPUTS = FilterInputs(2, text_ids(TEXTS), SENTENCES, SCORES, np.eye(8))
+IMAGE_LISTS = np.array([[2, 3, 4, 6], [0, 4, 5, 7], [0, 1, 6, 7], [0, 1, 2, 4]])
+CAPTION_LISTS = np.array([[1, 2], [2, 3], [0, 2], [0, 3], [0, 1], [3, 0], [1, 2], [2, 0]])
+TAU, RHO = 0.9, 0.95
+
+
+def test_text_ids_fold_case_and_white_space() -> None:
+    assert text_ids(TEXTS).tolist() == [0, 1, 0, 2, 3, 4, 5, 6]
+
+
+def test_all_filters_flag_the_planted_false_negatives_in_order() -> None:
+    images = flag_image_lists(IMAGE_LISTS, INPUTS, ["identity", "semantic", "teacher"], TAU, RHO)
+    # image 0: c2 has its own text (identity, 1), c3 paraphrases it (cosine 0.95: semantic, 2), the
+    # model scores c4 0.75 > 0.95 x 0.7, the mean of its own captions (teacher, 3); image 1: c0 is its twin's text
+    assert images.tolist() == [[1, 2, 3, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    captions = flag_caption_lists(CAPTION_LISTS, INPUTS, ["identity", "semantic", "teacher"], TAU, RHO)
+    # c0 and c2: the other twin holds their text; c3: image 0's captions say it (0.95); c4: image 0
+    # scores it 0.75 > 0.95 x 0.7, its own image's score
+    assert captions.tolist() == [[1, 0], [0, 0], [1, 0], [2, 0], [3, 0], [0, 0], [0, 0], [0, 0]]
+
+
+@pytest.mark.parametrize("name, code, images, captions", [
+    ("identity", 1, [[1, 0, 0, 0], [1, 0, 0, 0]], [[1, 0], [0, 0], [1, 0], [0, 0], [0, 0]]),
+    # identical texts are also semantically identical: the twins' texts too
+    ("semantic", 2, [[2, 2, 0, 0], [2, 0, 0, 0]], [[2, 0], [0, 0], [2, 0], [2, 0], [0, 0]]),
+    # c2 scores 0.9 > 0.95 x 0.9 for image 0: the teacher flags it too
+    ("teacher", 3, [[3, 3, 3, 0], [3, 0, 0, 0]], [[3, 0], [0, 0], [3, 0], [3, 0], [3, 0]]),
+])
+def test_each_filter_alone_flags_exactly_its_planted_candidates(name, code, images, captions) -> None:
+    got_images = flag_image_lists(IMAGE_LISTS, INPUTS, [name], TAU, RHO)
+    got_captions = flag_caption_lists(CAPTION_LISTS, INPUTS, [name], TAU, RHO)
+    assert got_images[:2].tolist() == images and not got_images[2:].any()
+    assert got_captions[:5].tolist() == captions and not got_captions[5:].any()
+    assert set(np.unique(np.concatenate([got_images.ravel(), got_captions.ravel()]))) <= {0, code}
+
+
+def test_thresholds_move_what_the_model_based_filters_flag() -> None:
+    # tau above 0.95: only identical texts remain semantic duplicates; rho 1.0: only candidates the
+    # model scores above the positive itself (c2, c3, c4 above 0.7 for image 0; c0 0.85 > 0.8 for
+    # image 1); rho 1.2: above 0.84 and 0.96
+    assert flag_image_lists(IMAGE_LISTS, INPUTS, ["semantic"], 0.96, RHO)[:2].tolist() == [[2, 0, 0, 0],
+                                                                                          [2, 0, 0, 0]]
+    assert flag_image_lists(IMAGE_LISTS, INPUTS, ["teacher"], TAU, 1.0)[:2].tolist() == [[3, 3, 3, 0], [3, 0, 0, 0]]
+    assert flag_image_lists(IMAGE_LISTS, INPUTS, ["teacher"], TAU, 1.2)[:2].tolist() == [[3, 3, 0, 0], [0, 0, 0, 0]]
+
+
+def test_no_filter_flags_nothing_and_unknown_names_are_refused() -> None:
+    assert not flag_image_lists(IMAGE_LISTS, INPUTS, [], TAU, RHO).any()
+    with pytest.raises(ValueError, match="unknown false-negative filters"):
+        flag_image_lists(IMAGE_LISTS, INPUTS, ["duplicates"], TAU, RHO)
+    with pytest.raises(ValueError, match="sentence vectors"):
+        flag_image_lists(IMAGE_LISTS, FilterInputs(2, text_ids(TEXTS)), ["semantic"], TAU, RHO)
+
+
+def test_compact_keeps_the_first_unflagged_candidates_in_order() -> None:
+    codes = flag_image_lists(IMAGE_LISTS, INPUTS, ["identity", "semantic", "teacher"], TAU, RHO)
+    assert compact(IMAGE_LISTS, codes, 1).tolist() == [[6], [4], [0], [0]]
+    assert compact(IMAGE_LISTS[1:], codes[1:], 3).tolist() == [[4, 5, 7], [0, 1, 6], [0, 1, 2]]
+    assert compact(IMAGE_LISTS, codes, 2) is None and short_rows(codes, 2) == 1  # image 0 keeps one

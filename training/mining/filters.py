@@ -1,0 +1,155 @@
+"""False-negative filters of the mined lists (docs/method.md, False negatives): which mined
+candidates are probably true of their anchor, and the lists that remain without them.
+
+A mined list is ordered by the round-1 model's score, so its top is where captions that also
+describe the anchor collect (a second caption of the same emoji, a paraphrase, a caption of a
+twin picture). Round 2 would push them below the positive. Each filter flags such candidates;
+they apply in a fixed order and a candidate keeps the first filter that flagged it:
+
+1. ``identity``: the candidate's text equals one of the anchor's own texts (case and white space
+   folded). For an image anchor: the mined caption's text is one of the image's captions; for a
+   caption anchor: the caption's text is one of the mined image's captions. Always a false
+   negative.
+2. ``semantic``: a frozen sentence encoder (the packaged all-MiniLM-L6-v2, mean pooled and L2
+   normalised) finds the texts near-identical: the largest cosine between the candidate caption
+   and the image's own captions (image anchor), or between the anchor caption and the mined
+   image's captions (caption anchor), is at least ``tau``.
+3. ``teacher``: the mining model itself scores the candidate above ``rho`` times the anchor's
+   positive score (NV-Retriever's "TopK-PercPos"): for an image anchor the mean score of its own
+   captions, for a caption anchor the score of its own image.
+
+The lists round 2 samples from keep the first ``h`` unflagged candidates of each row
+(:func:`compact`), so a list still offers ``h`` candidates after filtering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from aoq.data.facts import normalised_text
+
+FilterName = Literal["identity", "semantic", "teacher"]
+#: the order the filters apply in; a candidate's code is the 1-based position of the first that flags it
+ORDER: tuple[FilterName, ...] = ("identity", "semantic", "teacher")
+#: the code of a candidate no filter flagged
+KEPT = 0
+#: rows handled at once (bounds the (rows, depth, captions per image, d) temporaries)
+ROWS = 256
+
+
+@dataclass(frozen=True)
+class FilterInputs:
+    """What the filters read, for a training split of ``len(text_ids)`` captions.
+
+    Attributes:
+        captions_per_image: captions per image; caption ``c`` belongs to image ``c // cpi``.
+        text_ids: (N_c,) the same id for captions of the same normalised text.
+        sentences: (N_c, d) unit sentence vectors of the captions (``semantic``), or None.
+        img_emb / cap_emb: the mining model's embeddings (``teacher``), or None.
+    """
+
+    captions_per_image: int
+    text_ids: np.ndarray
+    sentences: np.ndarray | None = None
+    img_emb: np.ndarray | None = None
+    cap_emb: np.ndarray | None = None
+
+
+def text_ids(captions: Sequence[str]) -> np.ndarray:
+    """One int64 id per caption, equal for captions of the same normalised text."""
+    keys: dict[str, int] = {}
+    return np.fromiter((keys.setdefault(normalised_text(c), len(keys)) for c in captions), dtype=np.int64,
+                       count=len(captions))
+
+
+def flag_image_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[FilterName], tau: float,
+                     rho: float) -> np.ndarray:
+    """Filter codes (uint8, ``KEPT`` or a filter's 1-based position in ``ORDER``) of every mined
+    caption of every image's list ``lists`` (N_i, D)."""
+    return _flag(lists, inputs, filters, tau, rho, image_anchors=True)
+
+
+def flag_caption_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[FilterName], tau: float,
+                       rho: float) -> np.ndarray:
+    """Filter codes of every mined image of every caption's list ``lists`` (N_c, D)."""
+    return _flag(lists, inputs, filters, tau, rho, image_anchors=False)
+
+
+def _flag(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[FilterName], tau: float, rho: float,
+          image_anchors: bool) -> np.ndarray:
+    unknown = sorted(set(filters) - set(ORDER))
+    if unknown:
+        raise ValueError(f"unknown false-negative filters {unknown}; expected some of {list(ORDER)}")
+    lists = np.asarray(lists, dtype=np.int64)
+    codes = np.zeros(lists.shape, dtype=np.uint8)
+    for start in range(0, lists.shape[0], ROWS):
+        rows = np.arange(start, min(start + ROWS, lists.shape[0]))
+        block = codes[rows]
+        for code, name in enumerate(ORDER, start=1):
+            if name in filters:
+                hit = _TESTS[name](rows, lists[rows], inputs, tau, rho, image_anchors)
+                block[(block == KEPT) & hit] = code
+        codes[rows] = block
+    return codes
+
+
+def _own_captions(images: np.ndarray, cpi: int) -> np.ndarray:
+    """(..., cpi) caption ids of the images."""
+    return images[..., None] * cpi + np.arange(cpi)
+
+
+def _identity(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, tau: float, rho: float,
+              image_anchors: bool) -> np.ndarray:
+    cpi, ids = inputs.captions_per_image, inputs.text_ids
+    if image_anchors:  # the mined caption's text among the image's own
+        return (ids[cands][:, :, None] == ids[_own_captions(rows, cpi)][:, None, :]).any(axis=2)
+    return (ids[rows][:, None, None] == ids[_own_captions(cands, cpi)]).any(axis=2)
+
+
+def _semantic(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, tau: float, rho: float,
+              image_anchors: bool) -> np.ndarray:
+    if inputs.sentences is None:
+        raise ValueError("the semantic filter needs sentence vectors of the captions")
+    e, cpi = inputs.sentences, inputs.captions_per_image
+    if image_anchors:  # (rows, D, d) candidates against (rows, cpi, d) own captions
+        cosines = np.einsum("rkd,rjd->rkj", e[cands], e[_own_captions(rows, cpi)])
+    else:  # (rows, d) anchor captions against (rows, D, cpi, d) captions of the mined images
+        cosines = np.einsum("rd,rkjd->rkj", e[rows], e[_own_captions(cands, cpi)])
+    return cosines.max(axis=2) >= tau
+
+
+def _teacher(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, tau: float, rho: float,
+             image_anchors: bool) -> np.ndarray:
+    img, cap, cpi = inputs.img_emb, inputs.cap_emb, inputs.captions_per_image
+    if img is None or cap is None:
+        raise ValueError("the teacher filter needs the mining model's embeddings")
+    if image_anchors:
+        scores = np.einsum("rd,rkd->rk", img[rows], cap[cands])
+        positive = np.einsum("rd,rjd->rj", img[rows], cap[_own_captions(rows, cpi)]).mean(axis=1)
+    else:
+        scores = np.einsum("rd,rkd->rk", cap[rows], img[cands])
+        positive = np.einsum("rd,rd->r", cap[rows], img[rows // cpi])
+    return scores > rho * positive[:, None]
+
+
+_TESTS = {"identity": _identity, "semantic": _semantic, "teacher": _teacher}
+
+
+def compact(lists: np.ndarray, codes: np.ndarray, depth: int) -> np.ndarray | None:
+    """The first ``depth`` unflagged ids of every row, in list order; None when a row has fewer
+    (mine deeper and filter again)."""
+    kept = codes == KEPT
+    if (kept.sum(axis=1) < depth).any():
+        return None
+    # a stable sort of "flagged" moves every row's kept ids to its front, in their order
+    order = np.argsort(~kept, axis=1, kind="stable")[:, :depth]
+    return np.take_along_axis(np.asarray(lists), order, axis=1).astype(np.int32)
+
+
+def short_rows(codes: np.ndarray, depth: int) -> int:
+    """How many rows keep fewer than ``depth`` candidates."""
+    return int(((codes == KEPT).sum(axis=1) < depth).sum())
