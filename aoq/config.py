@@ -14,7 +14,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from aoq.names import GoalPair, GoalTriplet, PositiveRule, Round1Loss, Round2Init, Round2Loss, Round2Variant
+from aoq.names import (
+    FalseNegativeFilter,
+    GoalPair,
+    GoalTriplet,
+    PositiveRule,
+    Round1Loss,
+    Round2Init,
+    Round2Loss,
+    Round2Variant,
+)
 
 
 class ConfigError(ValueError):
@@ -166,6 +175,22 @@ class MiningConfig(_Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
     teacher: str | None = None
+    #: false-negative filters of the lists (docs/method.md, False negatives), applied in the order
+    #: identity, semantic, teacher; the lists then still hold top_captions / top_images candidates
+    #: that no enabled filter flags (mined deeper as needed).
+    filters: list[FalseNegativeFilter] = Field(default_factory=list)
+    #: ``semantic``: a candidate whose text is at least this close to one of the anchor's texts
+    #: (cosine of the packaged all-MiniLM-L6-v2 sentence vectors) is a false negative.
+    semantic_tau: float = Field(0.9, gt=0, le=1)
+    #: ``teacher``: a candidate the mining model scores above this share of the anchor's positive
+    #: score (its own captions' mean for an image, its own image's for a caption) is a false negative.
+    teacher_rho: float = Field(0.95, gt=0)
+
+    @model_validator(mode="after")
+    def _check_filters(self) -> "MiningConfig":
+        if len(set(self.filters)) != len(self.filters):
+            raise ValueError(f"mining.filters names a filter twice: {self.filters}")
+        return self
 
 
 class Round2Config(OptimConfig):
@@ -197,8 +222,9 @@ class Round2Config(OptimConfig):
     #: tried (a wide scale or centre 0 makes them more likely: docs/method.md, Sampling).
     normal_center: float = Field(0.5, ge=0, le=1)
     normal_scale: float = Field(0.25, gt=0)
-    #: not in the paper: redraw offline negatives that the dataset's structured facts show to be
-    #: true of the anchor (false negatives); needs ``{split}_facts.jsonl`` (aoq synth writes it).
+    #: not in the paper: an oracle that redraws offline negatives the dataset's structured facts
+    #: show to be true of the anchor (false negatives); needs ``{split}_facts.jsonl`` (aoq synth
+    #: writes it). The filters that need no ground truth are ``mining.filters``.
     false_negative_filter: bool = False
     margin_online: float = 0.2
     margin_offline: float = 0.0

@@ -16,6 +16,8 @@ Round2Init = Literal["scratch", "finetune"]
 #: GOAL's triplet weight and pair weight (docs/goal.md)
 GoalTriplet = Literal["con", "nca", "cir"]
 GoalPair = Literal["con", "lin", "sig", "lin_ms", "sig_ms"]
+#: the false-negative filters of the mined lists, in the order they apply (docs/method.md, False negatives)
+FalseNegativeFilter = Literal["identity", "semantic", "teacher"]
 #: which (image, caption) pairs count as matches in evaluation: each caption's own image (the
 #: published protocol), or also every image with a caption of the same text (docs/evaluation.md)
 PositiveRule = Literal["pair", "text"]
@@ -26,3 +28,4 @@ ROUND2_INITS: tuple[str, ...] = get_args(Round2Init)
 GOAL_TRIPLETS: tuple[str, ...] = get_args(GoalTriplet)
 GOAL_PAIRS: tuple[str, ...] = get_args(GoalPair)
 POSITIVE_RULES: tuple[str, ...] = get_args(PositiveRule)
+FALSE_NEGATIVE_FILTERS: tuple[str, ...] = get_args(FalseNegativeFilter)

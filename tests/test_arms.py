@@ -46,3 +46,32 @@ def test_arm_config_applies_only_its_section():
     assert goal.round2 == cfg.round2 and goal.train.lr == cfg.train.lr
     offquin = resolve_arm("offquin").config(cfg)
     assert offquin.round2.loss == "offline_quintuplet" and offquin.train == cfg.train
+
+
+def test_filtered_and_teacher_arms_mine_their_own_lists():
+    fn = resolve_arm("aoq-fn-semantic0.85+identity")
+    assert (fn.round, fn.folder) == (2, "round2-aoq-fn-semantic0.85+identity")
+    assert fn.mining == {"filters": ["identity", "semantic"], "semantic_tau": 0.85}  # the fixed order
+    assert fn.mined_folder == "mined-fn-identity+semantic0.85"
+    assert resolve_arm("aoq-fn-identity+semantic0.85").mined_folder == fn.mined_folder  # the same lists
+    assert fn.label == "AdapOffQuin, filters identity + semantic tau=0.85"
+    cfg = load_config("configs/synthetic.yaml")
+    arm_cfg = fn.config(cfg)
+    assert arm_cfg.mining.filters == ["identity", "semantic"] and arm_cfg.mining.semantic_tau == 0.85
+    assert arm_cfg.round2 == cfg.round2 and arm_cfg.mining.top_captions == cfg.mining.top_captions
+    by = resolve_arm("aoq-fn-teacher0.9-by-goal-cir-con")
+    assert (by.teacher, by.mining, by.mined_folder) == ("goal-cir-con", {"filters": ["teacher"], "teacher_rho": 0.9},
+                                                        "mined-fn-teacher0.9-by-goal-cir-con")
+    assert by.label == "AdapOffQuin, filters teacher rho=0.9, mined by GOAL (cir x con)"
+    plain_by = resolve_arm("aoq-by-goal-nca-con")
+    assert (plain_by.mining, plain_by.mined_folder) == ({}, "mined-by-goal-nca-con")
+    assert resolve_arm("aoq").mined_folder == "mined"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("aoq-fn-foo", "unknown filter 'foo'"), ("aoq-fn-identity+identity", "named twice"),
+    ("aoq-by-offtri", "names a round-1 arm"), ("aoq-by-baseline", "names a round-1 arm"),
+])
+def test_bad_filtered_arms_are_refused(name, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_arm(name)

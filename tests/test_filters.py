@@ -95,3 +95,66 @@ def test_compact_keeps_the_first_unflagged_candidates_in_order() -> None:
     assert compact(IMAGE_LISTS, codes, 1).tolist() == [[6], [4], [0], [0]]
     assert compact(IMAGE_LISTS[1:], codes[1:], 3).tolist() == [[4, 5, 7], [0, 1, 6], [0, 1, 2]]
     assert compact(IMAGE_LISTS, codes, 2) is None and short_rows(codes, 2) == 1  # image 0 keeps one
+
+
+def test_first_flag_and_removed_by_follow_the_fixed_order() -> None:
+    from aoq.mined import removed_by
+    from aoq_train.mining.filters import first_flag
+
+    bits = np.array([[0b000, 0b001, 0b110, 0b101]], dtype=np.uint8)  # none; identity; semantic+teacher; identity+teacher
+    assert first_flag(bits, ["identity", "semantic", "teacher"]).tolist() == [[0, 1, 2, 1]]
+    assert first_flag(bits, ["teacher"]).tolist() == [[0, 0, 3, 3]]
+    assert removed_by(bits, ["semantic", "teacher"]) == [None, None, "semantic", "teacher"]
+    assert removed_by(bits, []) == [None] * 4
+
+
+@pytest.mark.slow
+def test_aoq_mine_with_filters_keeps_the_depth_and_records_what_each_removed(tmp_path, monkeypatch, capsys) -> None:
+    import torch
+
+    from aoq.checkpoint import save_checkpoint
+    from aoq.config import config_from_dict
+    from aoq.data.load import load_split
+    from aoq.data.vocab import Vocabulary
+    from aoq.mined import load_mined
+    from aoq.models.joint import build_model
+    from aoq_cli.main import main as cli_main
+    from tests.fixtures import write_precomp_fixture
+
+    monkeypatch.setenv("AOQ_FEATURE_CACHE", str(tmp_path / "cache"))  # the sentence vectors' cache
+    data = write_precomp_fixture(tmp_path / "data", {"train": 12, "dev": 3, "test": 3}, regions=2, dim=6)
+    captions = (data / "train_caps.txt").read_text().splitlines()
+    captions[5] = captions[10] = captions[0]  # images 1 and 2 repeat image 0's first caption
+    (data / "train_caps.txt").write_text("\n".join(captions) + "\n")
+    cfg = config_from_dict({
+        "name": "m", "out_dir": str(tmp_path / "run"), "data": {"path": str(data), "vocab_threshold": 1},
+        "model": {"embed_dim": 8, "word_dim": 8}, "mining": {"top_captions": 20, "top_images": 5},
+        "round2": {"h_t": 10, "h_i": 2},
+    })
+    split = load_split(cfg.data, "train")
+    vocab = Vocabulary.build(split.captions, 1)
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ckpt", build_model(cfg.model, len(vocab), 6), cfg, vocab, {"rsum": 0.0})
+    mine = ["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress"]
+
+    assert cli_main([*mine, "--set", "mining.filters=[identity]"]) == 0
+    mined = load_mined(tmp_path / "run" / "mined")
+    assert mined.filters == ["identity"] and mined.img_top_caps.shape == (12, 20) and mined.cap_top_imgs.shape == (60, 5)
+    ids = text_ids(captions)
+    own = [set(ids[i * 5:(i + 1) * 5].tolist()) for i in range(12)]
+    raw, flags = np.asarray(mined.filtered["img_raw"]), np.asarray(mined.filtered["img_flags"])
+    assert raw.shape == (12, 40)  # mined twice as deep, then filtered
+    # the identity bit is exactly "the mined caption has one of the image's own texts"
+    assert ((flags & 1).astype(bool) == np.array([[ids[c] in own[i] for c in row] for i, row in enumerate(raw)])).all()
+    for i in range(12):
+        assert mined.img_top_caps[i].tolist() == [c for c, f in zip(raw[i], flags[i]) if not f & 1][:20]
+    assert (flags & 1).sum() >= 2  # images 0, 1 and 2 each had a planted duplicate to remove
+    assert not {1, 2} & set(mined.cap_top_imgs[0].tolist())  # caption 0's text is also theirs
+    stats = mined.diagnostics["filters"]
+    assert stats["filters"] == ["identity"] and stats["image_lists"]["enabled"]["lists"] > 0
+    assert "before_filters" in mined.diagnostics
+    # a changed filter is another artefact: mined again, here without filters
+    assert cli_main(mine) == 0 and "mined in" in capsys.readouterr().out
+    plain = load_mined(tmp_path / "run" / "mined")
+    assert plain.filters == [] and plain.filtered is None
+    np.testing.assert_array_equal(plain.img_top_caps, raw[:, :20])  # the unfiltered top of the same ranking

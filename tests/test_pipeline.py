@@ -15,7 +15,8 @@ from aoq.checkpoint import load_checkpoint
 from aoq_cli.main import main as aoq
 from aoq.config import load_config
 from tests.fixtures import write_precomp_fixture
-from aoq_train.pipeline.arms import resolve_arm
+from aoq.mined import load_mined
+from aoq_train.pipeline.arms import resolve_arm, resolve_arms
 from aoq_train.pipeline.run import read_evaluation, run_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,6 +130,30 @@ def test_cli_arms_and_table(tmp_path, synth, capsys):
     assert set(comparison["goal-nca-sig"]["full"]["labels"]) >= {"i2t", "t2i", "k"}
     assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "nope"]) == 2
     assert "unknown arm 'nope'" in capsys.readouterr().err
+
+
+def test_filtered_and_teacher_arms_train_on_their_own_mined_lists(tmp_path, synth, monkeypatch):
+    monkeypatch.setenv("AOQ_FEATURE_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(_config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1, "h_t": 5},
+                              mining={"top_captions": 10}))
+    arms = resolve_arms(["aoq", "aoq-fn-identity+teacher1.5", "aoq-by-goal-con-sig"])
+    result = run_pipeline(cfg, arms, progress_bar=False)
+    # the teacher trains first (round 1, not compared), each arm mines its own lists once
+    assert list(result.status)[:5] == ["round1", "mine", "publish:baseline", "round1:goal-con-sig",
+                                       "publish:goal-con-sig"]
+    assert result.status["mine:mined-fn-identity+teacher1.5"] == "ran"
+    assert result.status["mine:mined-by-goal-con-sig"] == "ran"
+    assert set(result.comparison) == {"baseline", "aoq", "aoq-fn-identity+teacher1.5", "aoq-by-goal-con-sig"}
+    run_dir = result.run_dir
+    filtered = load_mined(run_dir / "mined-fn-identity+teacher1.5")
+    assert filtered.filters == ["identity", "teacher"] and filtered.manifest["teacher_rho"] == 1.5
+    assert load_mined(run_dir / "mined").filters == []
+    by_goal = load_mined(run_dir / "mined-by-goal-con-sig")
+    assert by_goal.checkpoint_hash == load_checkpoint(run_dir / "round1-goal-con-sig" / "best").content_hash
+    model = load_checkpoint(result.models["aoq-fn-identity+teacher1.5"])
+    assert model.extra["mined_dir"] == "mined-fn-identity+teacher1.5"
+    assert json.loads((run_dir / "round2-aoq-fn-identity+teacher1.5" / "mined.json").read_text())["content_hash"] \
+        == filtered.manifest["content_hash"]
 
 
 def test_resumes_after_kill_9(tmp_path, synth):

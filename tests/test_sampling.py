@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from aoq.config import Round2Config
+from aoq.config import ConfigError, Round2Config
 from aoq.data.dataset import SplitData
 from aoq.data.facts import SplitFacts, facts_hold, index_facts, parse_fact
 from aoq_train.round2.train import false_negative_check
@@ -262,12 +262,10 @@ def test_false_negative_filter_checks_the_derived_pairs() -> None:
     assert (pair.rank[0], pair.t_off[0], pair.i_off[0], pair.filtered) == (1, 1, 2, 1)
 
 
-def test_filter_without_facts_drops_captions_by_text_identity() -> None:
-    # image 0: "a cat", "red"; image 1: "a dog", "red"
+def test_the_round2_oracle_needs_facts_and_uses_them() -> None:
     train = SplitData("train", ["a cat", "red", "a dog", "red"], 2, ["0", "1"], source="fixture (split train)")
     assert false_negative_check(train, Round2Config()) is None
-    true_of = false_negative_check(train, Round2Config(false_negative_filter=True))
-    # caption 3 ("red") is true of image 0 (its caption 1 says "red"), caption 2 ("a dog") is not
-    np.testing.assert_array_equal(true_of(np.array([3, 2, 0, 1]), np.array([0, 0, 1, 1])), [True, False, False, True])
+    with pytest.raises(ConfigError, match="needs the structured facts.*mining.filters"):
+        false_negative_check(train, Round2Config(false_negative_filter=True))
     train.facts = SplitFacts(images=[["x"], ["y"]], captions=[["x"], ["y"]])
     assert false_negative_check(train, Round2Config(false_negative_filter=True)) == train.facts.caption_true_of

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from aoq.data.facts import normalised_text
+from aoq.names import FALSE_NEGATIVE_FILTERS
 
-FilterName = Literal["identity", "semantic", "teacher"]
-#: the order the filters apply in; a candidate's code is the 1-based position of the first that flags it
-ORDER: tuple[FilterName, ...] = ("identity", "semantic", "teacher")
+#: the order the filters apply in; a candidate's code is the 1-based position of the first that
+#: flags it, and bit ``code - 1`` of its flags says whether that filter alone flags it
+ORDER = FALSE_NEGATIVE_FILTERS
 #: the code of a candidate no filter flagged
 KEPT = 0
 #: rows handled at once (bounds the (rows, depth, captions per image, d) temporaries)
@@ -66,34 +66,44 @@ def text_ids(captions: Sequence[str]) -> np.ndarray:
                        count=len(captions))
 
 
-def flag_image_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[FilterName], tau: float,
+def flag_image_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str], tau: float,
                      rho: float) -> np.ndarray:
     """Filter codes (uint8, ``KEPT`` or a filter's 1-based position in ``ORDER``) of every mined
     caption of every image's list ``lists`` (N_i, D)."""
-    return _flag(lists, inputs, filters, tau, rho, image_anchors=True)
+    return first_flag(flag_bits(lists, inputs, filters, tau, rho, image_anchors=True), filters)
 
 
-def flag_caption_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[FilterName], tau: float,
+def flag_caption_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str], tau: float,
                        rho: float) -> np.ndarray:
     """Filter codes of every mined image of every caption's list ``lists`` (N_c, D)."""
-    return _flag(lists, inputs, filters, tau, rho, image_anchors=False)
+    return first_flag(flag_bits(lists, inputs, filters, tau, rho, image_anchors=False), filters)
 
 
-def _flag(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[FilterName], tau: float, rho: float,
-          image_anchors: bool) -> np.ndarray:
+def flag_bits(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str], tau: float, rho: float,
+              image_anchors: bool) -> np.ndarray:
+    """Per candidate, one bit per filter of ``filters`` that flags it on its own (bit ``k`` for
+    ``ORDER[k]``; uint8), image anchors' lists or caption anchors' lists."""
     unknown = sorted(set(filters) - set(ORDER))
     if unknown:
         raise ValueError(f"unknown false-negative filters {unknown}; expected some of {list(ORDER)}")
     lists = np.asarray(lists, dtype=np.int64)
-    codes = np.zeros(lists.shape, dtype=np.uint8)
+    bits = np.zeros(lists.shape, dtype=np.uint8)
     for start in range(0, lists.shape[0], ROWS):
         rows = np.arange(start, min(start + ROWS, lists.shape[0]))
-        block = codes[rows]
-        for code, name in enumerate(ORDER, start=1):
+        for k, name in enumerate(ORDER):
             if name in filters:
                 hit = _TESTS[name](rows, lists[rows], inputs, tau, rho, image_anchors)
-                block[(block == KEPT) & hit] = code
-        codes[rows] = block
+                bits[rows] |= hit.astype(np.uint8) << k
+    return bits
+
+
+def first_flag(bits: np.ndarray, filters: Sequence[str]) -> np.ndarray:
+    """The code of each candidate under the enabled ``filters``: the first of them (in ``ORDER``)
+    whose bit is set, ``KEPT`` when none."""
+    codes = np.zeros(np.shape(bits), dtype=np.uint8)
+    for k, name in reversed(list(enumerate(ORDER))):
+        if name in filters:
+            codes[(np.asarray(bits) >> k & 1).astype(bool)] = k + 1
     return codes
 
 

@@ -22,6 +22,7 @@ from aoq.mined import MinedNegatives, load_mined, save_mined
 from aoq_train.mining.depth import checked_depths
 from aoq_train.mining.diagnostics import diagnostics_settings, hardness_diagnostics
 from aoq_train.mining.driver import mine_offline_negatives, product_precision
+from aoq_train.mining.false_negatives import filter_inputs, filter_stats, filtered_lists
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ def mine_with_checkpoint(
     """Embed the training split of ``cfg.data`` with ``checkpoint`` and mine it into ``out``.
 
     The checkpoint may be of any model kind (a "teacher"); only its embeddings are used. The
-    mining settings are ``cfg.mining`` (top_captions, top_images, block_size, backend, device).
+    mining settings are ``cfg.mining`` (top_captions, top_images, block_size, backend, device, and
+    the false-negative filters: with ``filters`` the lists are mined deeper and hold the first
+    candidates no enabled filter flags, :mod:`aoq_train.mining.false_negatives`).
     The artefact also holds ``diagnostics.json``, the hardness diagnostics of
     :mod:`aoq_train.mining.diagnostics` at ``cfg.round2``'s batch size and depth (a warning is
     logged when the offline negatives are not harder than the in-batch ones).
@@ -97,8 +100,8 @@ def mine_with_checkpoint(
         ArtefactError: the checkpoint is damaged (``CheckpointError``).
         DataError: the training split cannot be read.
         ValueError: H larger than the split allows.
-        ConfigError: the round-2 depth is deeper than the lists (``aoq_train.mining.depth``), or the
-            mining precision does not run on the mining device.
+        ConfigError: the round-2 depth is deeper than the lists (``aoq_train.mining.depth``), the
+            mining precision does not run on the mining device, or the filters leave a list too short.
     """
     from aoq.checkpoint import load_checkpoint
     from aoq.data.load import load_split
@@ -114,7 +117,10 @@ def mine_with_checkpoint(
     except ValueError as exc:
         raise ConfigError(f"mining.precision: {exc}") from None
     want = {"checkpoint_hash": ckpt.content_hash, "top_captions": m.top_captions,
-            "top_images": m.top_images, "data": identity, "precision": products}  # fp16 lists differ a little
+            "top_images": m.top_images, "data": identity, "precision": products,  # fp16 lists differ a little
+            "filters": list(m.filters)}
+    if m.filters:
+        want.update(semantic_tau=m.semantic_tau, teacher_rho=m.teacher_rho)
     settings = diagnostics_settings(cfg.round2, split.n_images, split.n_captions)
     existing = _up_to_date(out, want)
     if existing is not None and existing.manifest.get("diagnostics_settings") == settings:
@@ -122,17 +128,33 @@ def mine_with_checkpoint(
     work = out.parent / f".{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
     img, cap = _embeddings(ckpt, split, identity, work, device, progress)
+    cpi = split.captions_per_image
+
+    def mine(top_captions: int, top_images: int) -> tuple[np.ndarray, np.ndarray]:
+        return mine_offline_negatives(img, cap, cpi, top_captions, top_images, m.block_size, device,
+                                      backend=m.backend, precision=m.precision, work_dir=work, progress=progress)
+
+    filtered = None
     if existing is not None:  # same lists, other round-2 settings: only the diagnostics change
         log.info("%s: lists up to date, recomputing the hardness diagnostics for the new round-2 settings", out)
         img_top_caps, cap_top_imgs = np.array(existing.img_top_caps), np.array(existing.cap_top_imgs)
+        filtered = None if existing.filtered is None else {k: np.array(v) for k, v in existing.filtered.items()}
+    elif m.filters:
+        try:
+            img_top_caps, cap_top_imgs, filtered = filtered_lists(
+                mine, m.top_captions, m.top_images, split.n_images, cpi, filter_inputs(split, img, cap, progress),
+                m.filters, m.semantic_tau, m.teacher_rho)
+        except ValueError as exc:
+            raise ConfigError(f"{out}: {exc}") from None
     else:
-        img_top_caps, cap_top_imgs = mine_offline_negatives(
-            img, cap, split.captions_per_image, m.top_captions, m.top_images, m.block_size, device,
-            backend=m.backend, precision=m.precision, work_dir=work, progress=progress,
-        )
+        img_top_caps, cap_top_imgs = mine(m.top_captions, m.top_images)
     checked_depths(img_top_caps, cap_top_imgs, cfg.round2, out)
-    diagnostics = hardness_diagnostics(img, cap, split.captions_per_image, img_top_caps, cap_top_imgs, settings,
-                                       captions=split.captions)
+    diagnostics = hardness_diagnostics(img, cap, cpi, img_top_caps, cap_top_imgs, settings, captions=split.captions)
+    if filtered is not None:  # the premise and the filters' catch, before filtering
+        diagnostics["before_filters"] = hardness_diagnostics(
+            img, cap, cpi, filtered["img_raw"][:, :m.top_captions], filtered["cap_raw"][:, :m.top_images], settings,
+            captions=split.captions)
+        diagnostics["filters"] = filter_stats(filtered, m.filters, m.top_captions, m.top_images)
     for warning in diagnostics["warnings"]:
         log.warning("%s: %s", out, warning)
     save_mined(out, img_top_caps, cap_top_imgs, {
@@ -141,6 +163,6 @@ def mine_with_checkpoint(
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
         "diagnostics_settings": settings,
-    }, config=m.model_dump(mode="json"), diagnostics=diagnostics)
+    }, config=m.model_dump(mode="json"), diagnostics=diagnostics, filtered=filtered)
     shutil.rmtree(work, ignore_errors=True)
     return load_mined(out), False

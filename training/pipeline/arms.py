@@ -5,6 +5,11 @@ them in one comparison:
 
 * **round-2 arms** (``aoq``, ``offtri``, ...): trained from scratch (or fine-tuned) with the
   offline negatives mined by the baseline; their overrides apply to the ``round2`` section.
+  ``aoq-fn-<filters>`` trains AOQ on lists mined with false-negative filters, ``<filters>`` being
+  ``+``-joined ``identity``, ``semantic<tau>``, ``teacher<rho>`` (e.g. ``aoq-fn-identity+semantic0.9``);
+  ``-by-<round-1 arm>`` mines with that arm's model instead of the baseline (e.g.
+  ``aoq-by-goal-cir-con``, ``aoq-fn-identity-by-goal-cir-con``). Such an arm has its own mined
+  lists (``mined-<spec>``), shared by the arms that ask for the same ones.
 * **round-1 arms**: trained like the baseline, from scratch and without mined negatives, with
   other ``train``/``goal`` settings: ``goal-<triplet>-<pair>`` (a GOAL objective, docs/goal.md)
   and ``lambda<x>`` (the label-prediction term with weight x, docs/training.md). Their
@@ -17,7 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from aoq.config import ExperimentConfig, GoalConfig, Round2Config, config_from_dict
+from aoq.config import ExperimentConfig, GoalConfig, MiningConfig, Round2Config, config_from_dict
+from aoq.names import FALSE_NEGATIVE_FILTERS
 
 #: round-2 arm name -> overrides of the ``round2`` section; "aoq" is the configured method, the
 #: others are the paper's comparisons (Table 2) and ablations (Table 3).
@@ -46,12 +52,16 @@ LABELS: dict[str, str] = {
 GOAL_TRIPLETS: tuple[str, ...] = get_args(GoalConfig.model_fields["triplet"].annotation)
 GOAL_PAIRS: tuple[str, ...] = get_args(GoalConfig.model_fields["pair"].annotation)
 #: what ``--arms`` accepts, for help texts and error messages.
-ARM_CHOICES = (f"{', '.join(ROUND2_ARMS)} (round 2); goal-<triplet>-<pair> with triplet in "
-               f"{'/'.join(GOAL_TRIPLETS)} and pair in {'/'.join(GOAL_PAIRS)}; lambda<weight>, e.g. "
+ARM_CHOICES = (f"{', '.join(ROUND2_ARMS)}, aoq-fn-<filters>[-by-<round-1 arm>] with filters identity, "
+               "semantic<tau>, teacher<rho> joined by +, aoq-by-<round-1 arm> (round 2); goal-<triplet>-<pair> "
+               f"with triplet in {'/'.join(GOAL_TRIPLETS)} and pair in {'/'.join(GOAL_PAIRS)}; lambda<weight>, e.g. "
                "lambda0.01 (round 1)")
 
+_NUMBER = r"\d+(?:\.\d+)?(?:e-?\d+)?"
 _GOAL = re.compile(r"goal-([a-z]+)-([a-z_]+)")
-_LAMBDA = re.compile(r"lambda(\d+(?:\.\d+)?(?:e-?\d+)?)")
+_LAMBDA = re.compile(rf"lambda({_NUMBER})")
+_MINED = re.compile(r"aoq(?:-fn-([a-z0-9.+]+))?(?:-by-(.+))?")
+_FILTER = re.compile(rf"(identity)|(semantic)({_NUMBER})|(teacher)({_NUMBER})")
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,21 @@ class Arm:
     round: int
     #: round 2: ``round2`` section keys; round 1: dotted config keys (``train.loss``).
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: round 2: ``mining`` section keys of the arm's own mined lists (false-negative filters)
+    mining: dict[str, Any] = field(default_factory=dict)
+    #: round 2: the round-1 arm whose model mines the arm's lists (None: the baseline)
+    teacher: str | None = None
+
+    @property
+    def mined_folder(self) -> str:
+        """The folder of the mined lists the arm trains on: the baseline's ``mined``, or one named
+        by the filters (in their fixed order) and the mining model, shared by arms that ask for
+        the same lists."""
+        if not self.mining and self.teacher is None:
+            return "mined"
+        params = {"semantic": self.mining.get("semantic_tau"), "teacher": self.mining.get("teacher_rho")}
+        spec = "+".join(f"{f}{params.get(f) or ''}" for f in self.mining.get("filters", []))
+        return "mined" + (f"-fn-{spec}" if spec else "") + (f"-by-{self.teacher}" if self.teacher else "")
 
     @property
     def label(self) -> str:
@@ -70,6 +95,10 @@ class Arm:
             return LABELS[self.name]
         if self.name.startswith("goal-"):
             return f"GOAL ({self.overrides['goal.triplet']} x {self.overrides['goal.pair']})"
+        if self.round == 2:
+            parts = [_filter_label(self.mining)] if self.mining else []
+            parts += [f"mined by {arm_label(self.teacher)}"] if self.teacher else []
+            return f"AdapOffQuin, {', '.join(parts)}"
         return f"label term, lambda = {self.overrides['train.label_lambda']:g}"
 
     @property
@@ -83,7 +112,8 @@ class Arm:
         """The run config with this arm's overrides applied (validated)."""
         if self.round == 2:
             r2 = Round2Config.model_validate({**cfg.round2.model_dump(), **self.overrides})
-            return cfg.model_copy(update={"round2": r2})
+            mining = MiningConfig.model_validate({**cfg.mining.model_dump(), **self.mining})
+            return cfg.model_copy(update={"round2": r2, "mining": mining})
         return config_from_dict(cfg.model_dump(mode="json"), [f"{k}={v}" for k, v in self.overrides.items()],
                                 source=f"arm {self.name}")
 
@@ -96,6 +126,12 @@ def resolve_arm(name: str) -> Arm:
     """
     if name in ROUND2_ARMS:
         return Arm(name, 2, dict(ROUND2_ARMS[name]))
+    mined = _MINED.fullmatch(name)
+    if mined and (mined[1] or mined[2]):
+        teacher = mined[2]
+        if teacher is not None and (teacher == "baseline" or resolve_arm(teacher).round != 1):
+            raise ValueError(f"arm {name!r}: -by- names a round-1 arm (e.g. goal-cir-con), not {teacher!r}")
+        return Arm(name, 2, {}, _filters(name, mined[1]) if mined[1] else {}, teacher)
     goal = _GOAL.fullmatch(name)
     if goal and goal[1] in GOAL_TRIPLETS and goal[2] in GOAL_PAIRS:
         return Arm(name, 1, {"train.loss": "goal", "goal.triplet": goal[1], "goal.pair": goal[2]})
@@ -103,6 +139,31 @@ def resolve_arm(name: str) -> Arm:
     if weight:
         return Arm(name, 1, {"train.label_lambda": float(weight[1])})
     raise ValueError(f"unknown arm {name!r}; choose from {ARM_CHOICES}")
+
+
+def _filters(name: str, spec: str) -> dict[str, Any]:
+    """The ``mining`` keys of ``identity+semantic0.9+teacher0.95``, filters in the fixed order."""
+    keys: dict[str, Any] = {"filters": []}
+    for item in spec.split("+"):
+        match = _FILTER.fullmatch(item)
+        if match is None:
+            raise ValueError(f"arm {name!r}: unknown filter {item!r}; use identity, semantic<tau> or teacher<rho>")
+        filter_name = match[1] or match[2] or match[4]
+        if filter_name in keys["filters"]:
+            raise ValueError(f"arm {name!r}: filter {filter_name} named twice")
+        keys["filters"].append(filter_name)
+        if match[2]:
+            keys["semantic_tau"] = float(match[3])
+        if match[4]:
+            keys["teacher_rho"] = float(match[5])
+    keys["filters"] = [f for f in FALSE_NEGATIVE_FILTERS if f in keys["filters"]]
+    return keys
+
+
+def _filter_label(mining: dict[str, Any]) -> str:
+    shown = {"identity": "identity", "semantic": f"semantic tau={mining.get('semantic_tau', '')}",
+             "teacher": f"teacher rho={mining.get('teacher_rho', '')}"}
+    return "filters " + " + ".join(shown[f] for f in mining["filters"])
 
 
 def resolve_arms(names: list[str] | tuple[str, ...]) -> list[Arm]:

@@ -223,29 +223,37 @@ def run_pipeline(
     mined_dir = run_dir / "mined"
     models_dir = run_dir / "models"
 
+    def mine_stage(name: str, mining_cfg: ExperimentConfig, teacher: Path, out: Path) -> Stage:
+        def inputs() -> dict[str, Any]:
+            return {"checkpoint": _content_hash(teacher), "data": data_id, "mining": _section(mining_cfg.mining),
+                    "diagnostics": {k: getattr(mining_cfg.round2, k) for k in DIAGNOSTIC_KEYS}}
+
+        return Stage(name, out, inputs, lambda: mine_with_checkpoint(teacher, mining_cfg, out, progress=progress_bar))
+
     teacher = Path(cfg.mining.teacher) if cfg.mining.teacher else round1_dir / "best"
-
-    def mine_inputs() -> dict[str, Any]:
-        return {"checkpoint": _content_hash(teacher), "data": data_id, "mining": _section(cfg.mining),
-                "diagnostics": {k: getattr(cfg.round2, k) for k in DIAGNOSTIC_KEYS}}
-
     train_baseline, publish_baseline = _round1_stages("baseline", cfg, round1_dir, models_dir, data_id, ledger,
                                                       train_round1, progress_bar)
-    stages = [
-        train_baseline,
-        Stage("mine", mined_dir, mine_inputs,
-              lambda: mine_with_checkpoint(teacher, cfg, mined_dir, progress=progress_bar)),
-        publish_baseline,
-    ]
+    stages = [train_baseline, mine_stage("mine", cfg, teacher, mined_dir), publish_baseline]
     models = {"baseline": models_dir / "baseline"}
+    # a round-1 arm that mines for a round-2 arm trains first, whether or not it is compared itself
+    teachers = [resolve_arm(a.teacher) for a in arms if a.round == 2 and a.teacher]
+    round1_arms = list({a.name: a for a in [*teachers, *(a for a in arms if a.round == 1)]}.values())
+    for arm in round1_arms:
+        stages += _round1_stages(arm.name, arm.config(cfg), run_dir / arm.folder, models_dir, data_id, ledger,
+                                 train_round1, progress_bar)
+    mined_stages: dict[str, Stage] = {}
     for arm in arms:
         arm_cfg = arm.config(cfg)
         if arm.round == 1:
-            stages += _round1_stages(arm.name, arm_cfg, run_dir / arm.folder, models_dir, data_id, ledger,
-                                     train_round1, progress_bar)
-        else:
-            stages += _round2_stages(arm.name, arm_cfg, run_dir / arm.folder, mined_dir, round1_dir, models_dir,
-                                     data_id, ledger, train_round2, progress_bar)
+            models[arm.name] = models_dir / arm.name
+            continue
+        arm_mined = run_dir / arm.mined_folder
+        if arm.mined_folder != "mined" and arm.mined_folder not in mined_stages:
+            arm_teacher = run_dir / resolve_arm(arm.teacher).folder / "best" if arm.teacher else teacher
+            mined_stages[arm.mined_folder] = mine_stage(f"mine:{arm.mined_folder}", arm_cfg, arm_teacher, arm_mined)
+            stages.append(mined_stages[arm.mined_folder])
+        stages += _round2_stages(arm.name, arm_cfg, run_dir / arm.folder, arm_mined, round1_dir, models_dir,
+                                 data_id, ledger, train_round2, progress_bar)
         models[arm.name] = models_dir / arm.name
 
     labelled = load_split(cfg.data, "test").labels is not None
@@ -323,5 +331,5 @@ def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, dat
         Stage(f"publish:{arm}", models_dir / arm,
               lambda: {"source": _content_hash(arm_dir / "best"), "role": arm},
               lambda: publish(arm_dir / "best", models_dir / arm, arm,
-                              {"metrics_log": f"{rel}/metrics.jsonl", "mined_dir": "mined"})),
+                              {"metrics_log": f"{rel}/metrics.jsonl", "mined_dir": mined_dir.name})),
     ]

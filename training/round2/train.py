@@ -39,7 +39,6 @@ from aoq.backbone_cache import input_modes, with_backbone_features
 from aoq.checkpoint import load_checkpoint
 from aoq.config import ConfigError, ExperimentConfig, Round2Config
 from aoq.data.dataset import SplitData
-from aoq.data.facts import text_identity
 from aoq.data.load import load_split
 from aoq.data.loaders import (
     CaptionDataset,
@@ -83,15 +82,20 @@ def epoch_negatives(
 
 
 def false_negative_check(train: SplitData, r2: Round2Config) -> CaptionTrueOf | None:
-    """The filter of ``round2.false_negative_filter`` (not in the paper), or None when it is off:
-    the split's structured facts when it has them, else text identity (a mined caption whose
-    text is one of the anchor image's own captions: a certain false negative)."""
+    """The oracle of ``round2.false_negative_filter`` (not in the paper), or None when it is off:
+    the split's structured facts (the synthetic benchmark records them), which say exactly which
+    mined captions are true of an anchor. The filters that need no ground truth are
+    ``mining.filters`` (docs/method.md, False negatives).
+
+    Raises:
+        ConfigError: the filter is on and the split has no structured facts.
+    """
     if not r2.false_negative_filter:
         return None
     if train.facts is None:
-        log.info("%s: no structured facts; the false-negative filter drops captions by text identity only",
-                 train.source)
-        return text_identity(train.captions, train.captions_per_image)
+        raise ConfigError(f"{train.source}: round2.false_negative_filter needs the structured facts of the synthetic "
+                          "benchmark; on other data filter the mined lists instead (mining.filters, e.g. [identity, "
+                          "semantic])")
     return train.facts.caption_true_of
 
 
