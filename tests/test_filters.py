@@ -158,3 +158,25 @@ def test_aoq_mine_with_filters_keeps_the_depth_and_records_what_each_removed(tmp
     plain = load_mined(tmp_path / "run" / "mined")
     assert plain.filters == [] and plain.filtered is None
     np.testing.assert_array_equal(plain.img_top_caps, raw[:, :20])  # the unfiltered top of the same ranking
+
+
+def test_detector_scores_by_hand() -> None:
+    from pathlib import Path
+
+    from aoq.mined import MinedNegatives
+    from aoq_train.report.false_negatives import Truth, detector_scores
+
+    # 2 images x 2 captions; caption 2 is true of image 0 and caption 0 of image 1, nothing else
+    filtered = {"img_raw": np.array([[2, 3], [0, 1]]), "img_flags": np.array([[0b001, 0b100], [0b011, 0b000]]),
+                "cap_raw": np.array([[1], [1], [0], [0]]), "cap_flags": np.array([[0b001], [0], [0b100], [0]])}
+    mined = MinedNegatives(np.zeros((2, 2), np.int32), np.zeros((4, 1), np.int32),
+                           {"filters": ["identity", "teacher"]}, Path("m"), filtered)
+    truth = Truth("hand", lambda c, i: np.isin(np.asarray(c) * 10 + np.asarray(i), [20, 1]))
+    got = detector_scores(mined, truth, 2, 1)
+    # candidates in order: images (0: c2 T, c3 F; 1: c0 T, c1 F), captions (c0-i1 T, c1-i1 F, c2-i0 T, c3-i0 F)
+    assert got["true"] == 0.5
+    assert got["identity"] == {"flagged": 3 / 8, "precision": 1.0, "recall": 0.75}
+    assert got["semantic"] == {"flagged": 1 / 8, "precision": 1.0, "recall": 0.25}
+    assert got["teacher"] == {"flagged": 2 / 8, "precision": 0.5, "recall": 0.25}
+    # the enabled ones together: identity or teacher
+    assert got["enabled"] == {"flagged": 5 / 8, "precision": 0.8, "recall": 1.0}

@@ -15,6 +15,7 @@ from aoq.checkpoint import load_checkpoint
 from aoq_cli.main import main as aoq
 from aoq.config import load_config
 from tests.fixtures import write_precomp_fixture
+from aoq.data.load import load_split
 from aoq.mined import load_mined
 from aoq_train.pipeline.arms import resolve_arm, resolve_arms
 from aoq_train.pipeline.run import read_evaluation, run_pipeline
@@ -154,6 +155,19 @@ def test_filtered_and_teacher_arms_train_on_their_own_mined_lists(tmp_path, synt
     assert model.extra["mined_dir"] == "mined-fn-identity+teacher1.5"
     assert json.loads((run_dir / "round2-aoq-fn-identity+teacher1.5" / "mined.json").read_text())["content_hash"] \
         == filtered.manifest["content_hash"]
+    # the report's section: the synthetic facts are the ground truth, the filtered arm's detector scores
+    from aoq_train.report.false_negatives import detector_scores, false_negative_section, split_truth
+    from aoq_train.report.runs import ReportSetup
+
+    methods = ReportSetup(Path("cfg"), arms=("aoq", "aoq-fn-identity+teacher1.5")).methods
+    section = "\n".join(false_negative_section([run_dir], methods, cfg))
+    truth = split_truth(load_split(cfg.data, "train"), cfg.data.path, cfg.data.format)
+    assert truth.rule == "the synthetic benchmark's facts" and "## False negatives in the mined lists" in section
+    settings = filtered.diagnostics["settings"]
+    scores = detector_scores(filtered, truth, settings["h_t"], settings["h_i"])
+    row = next(line for line in section.splitlines() if line.startswith("| AdapOffQuin, filters identity"))
+    assert row.startswith(f"| AdapOffQuin, filters identity + teacher rho=1.5 | {100 * scores['true']:.1f} | "
+                          f"{100 * scores['enabled']['flagged']:.1f} |")
 
 
 def test_resumes_after_kill_9(tmp_path, synth):

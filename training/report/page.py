@@ -23,6 +23,7 @@ from aoq_train.report.runs import (
     seed_config,
     sweep_setup,
 )
+from aoq_train.report.false_negatives import false_negative_section
 from aoq_train.report.figures import (
     curves_figure,
     histogram_figure,
@@ -346,6 +347,7 @@ def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: P
         *_cost_section(collected),
         *_figures_section(collected, run_dirs, out, figures),
         *_scene_section(setup, run_dirs[0], h_t),
+        *false_negative_section(run_dirs, setup.methods, cfg),
     ]
     text = "\n".join(lines)
     notes = out.with_name(f"{out.stem}-notes.md")  # the hand-written part of the page: results-notes.md
