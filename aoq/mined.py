@@ -26,6 +26,9 @@ IMG_FILE = "img_top_caps.npy"
 CAP_FILE = "cap_top_imgs.npy"
 #: hardness diagnostics of the lists at the round-1 model (training/mining/diagnostics.py).
 DIAGNOSTICS_FILE = "diagnostics.json"
+#: the flag bit of a raw candidate the filters were not evaluated on: it lies beyond the depth its
+#: row needed (the rows that kept too few were mined deeper, the others' new candidates not checked)
+UNCHECKED = 0x80
 #: the filtered artefact's extra arrays: raw lists (int32) and their filter flags (uint8 bits)
 FILTER_FILES = {"img_raw": ("img_raw_caps.npy", np.int32), "img_flags": ("img_flags.npy", np.uint8),
                 "cap_raw": ("cap_raw_imgs.npy", np.int32), "cap_flags": ("cap_flags.npy", np.uint8)}

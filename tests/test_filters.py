@@ -12,7 +12,7 @@ from aoq_train.mining.filters import (
     compact,
     flag_caption_lists,
     flag_image_lists,
-    short_rows,
+    near_duplicate_keys,
     text_ids,
 )
 
@@ -36,10 +36,19 @@ SCORES = np.array([
     [0.5, 0.4, 0.2, 0.1, 0.7, 0.6, 0.0, 0.1],
     [0.1, 0.2, 0.05, 0.0, 0.1, 0.3, 0.9, 0.8],
 ])
-INPUTS = FilterInputs(2, text_ids(TEXTS), SENTENCES, SCORES, np.eye(8))
+TAU, RHO = 0.9, 0.95
+
+
+def inputs(tau: float = TAU, rho: float = RHO) -> FilterInputs:
+    """The fixture's filter inputs; the near-duplicate pairs from one vector per distinct text."""
+    ids = text_ids(TEXTS)
+    first = np.unique(ids, return_index=True)[1]
+    return FilterInputs(2, ids, near_duplicate_keys(SENTENCES[first], tau), SCORES, np.eye(8), rho)
+
+
+INPUTS = inputs()
 IMAGE_LISTS = np.array([[2, 3, 4, 6], [0, 4, 5, 7], [0, 1, 6, 7], [0, 1, 2, 4]])
 CAPTION_LISTS = np.array([[1, 2], [2, 3], [0, 2], [0, 3], [0, 1], [3, 0], [1, 2], [2, 0]])
-TAU, RHO = 0.9, 0.95
 
 
 def test_text_ids_fold_case_and_white_space() -> None:
@@ -47,11 +56,11 @@ def test_text_ids_fold_case_and_white_space() -> None:
 
 
 def test_all_filters_flag_the_planted_false_negatives_in_order() -> None:
-    images = flag_image_lists(IMAGE_LISTS, INPUTS, ["identity", "semantic", "teacher"], TAU, RHO)
+    images = flag_image_lists(IMAGE_LISTS, INPUTS, ["identity", "semantic", "teacher"])
     # image 0: c2 has its own text (identity, 1), c3 paraphrases it (cosine 0.95: semantic, 2), the
     # model scores c4 0.75 > 0.95 x 0.7, the mean of its own captions (teacher, 3); image 1: c0 is its twin's text
     assert images.tolist() == [[1, 2, 3, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
-    captions = flag_caption_lists(CAPTION_LISTS, INPUTS, ["identity", "semantic", "teacher"], TAU, RHO)
+    captions = flag_caption_lists(CAPTION_LISTS, INPUTS, ["identity", "semantic", "teacher"])
     # c0 and c2: the other twin holds their text; c3: image 0's captions say it (0.95); c4: image 0
     # scores it 0.75 > 0.95 x 0.7, its own image's score
     assert captions.tolist() == [[1, 0], [0, 0], [1, 0], [2, 0], [3, 0], [0, 0], [0, 0], [0, 0]]
@@ -65,8 +74,8 @@ def test_all_filters_flag_the_planted_false_negatives_in_order() -> None:
     ("teacher", 3, [[3, 3, 3, 0], [3, 0, 0, 0]], [[3, 0], [0, 0], [3, 0], [3, 0], [3, 0]]),
 ])
 def test_each_filter_alone_flags_exactly_its_planted_candidates(name, code, images, captions) -> None:
-    got_images = flag_image_lists(IMAGE_LISTS, INPUTS, [name], TAU, RHO)
-    got_captions = flag_caption_lists(CAPTION_LISTS, INPUTS, [name], TAU, RHO)
+    got_images = flag_image_lists(IMAGE_LISTS, INPUTS, [name])
+    got_captions = flag_caption_lists(CAPTION_LISTS, INPUTS, [name])
     assert got_images[:2].tolist() == images and not got_images[2:].any()
     assert got_captions[:5].tolist() == captions and not got_captions[5:].any()
     assert set(np.unique(np.concatenate([got_images.ravel(), got_captions.ravel()]))) <= {0, code}
@@ -76,25 +85,33 @@ def test_thresholds_move_what_the_model_based_filters_flag() -> None:
     # tau above 0.95: only identical texts remain semantic duplicates; rho 1.0: only candidates the
     # model scores above the positive itself (c2, c3, c4 above 0.7 for image 0; c0 0.85 > 0.8 for
     # image 1); rho 1.2: above 0.84 and 0.96
-    assert flag_image_lists(IMAGE_LISTS, INPUTS, ["semantic"], 0.96, RHO)[:2].tolist() == [[2, 0, 0, 0],
-                                                                                          [2, 0, 0, 0]]
-    assert flag_image_lists(IMAGE_LISTS, INPUTS, ["teacher"], TAU, 1.0)[:2].tolist() == [[3, 3, 3, 0], [3, 0, 0, 0]]
-    assert flag_image_lists(IMAGE_LISTS, INPUTS, ["teacher"], TAU, 1.2)[:2].tolist() == [[3, 3, 0, 0], [0, 0, 0, 0]]
+    assert flag_image_lists(IMAGE_LISTS, inputs(tau=0.96), ["semantic"])[:2].tolist() == [[2, 0, 0, 0], [2, 0, 0, 0]]
+    assert flag_image_lists(IMAGE_LISTS, inputs(rho=1.0), ["teacher"])[:2].tolist() == [[3, 3, 3, 0], [3, 0, 0, 0]]
+    assert flag_image_lists(IMAGE_LISTS, inputs(rho=1.2), ["teacher"])[:2].tolist() == [[3, 3, 0, 0], [0, 0, 0, 0]]
+
+
+def test_near_duplicate_keys_keep_pairs_at_or_above_tau() -> None:
+    ids = text_ids(TEXTS)
+    first = np.unique(ids, return_index=True)[1]  # 7 distinct texts: "a red heart" once
+    keys = near_duplicate_keys(SENTENCES[first], 0.9)
+    # text 0 ("a red heart") and text 2 ("red heart symbol"): cosine 0.95; texts 5 and 6 (japan): 1.0
+    assert keys.tolist() == [0 * 7 + 2, 5 * 7 + 6]
+    assert near_duplicate_keys(SENTENCES[first], 1.0).tolist() == [5 * 7 + 6]
 
 
 def test_no_filter_flags_nothing_and_unknown_names_are_refused() -> None:
-    assert not flag_image_lists(IMAGE_LISTS, INPUTS, [], TAU, RHO).any()
+    assert not flag_image_lists(IMAGE_LISTS, INPUTS, []).any()
     with pytest.raises(ValueError, match="unknown false-negative filters"):
-        flag_image_lists(IMAGE_LISTS, INPUTS, ["duplicates"], TAU, RHO)
-    with pytest.raises(ValueError, match="sentence vectors"):
-        flag_image_lists(IMAGE_LISTS, FilterInputs(2, text_ids(TEXTS)), ["semantic"], TAU, RHO)
+        flag_image_lists(IMAGE_LISTS, INPUTS, ["duplicates"])
+    with pytest.raises(ValueError, match="near-duplicate text pairs"):
+        flag_image_lists(IMAGE_LISTS, FilterInputs(2, text_ids(TEXTS)), ["semantic"])
 
 
 def test_compact_keeps_the_first_unflagged_candidates_in_order() -> None:
-    codes = flag_image_lists(IMAGE_LISTS, INPUTS, ["identity", "semantic", "teacher"], TAU, RHO)
+    codes = flag_image_lists(IMAGE_LISTS, INPUTS, ["identity", "semantic", "teacher"])
     assert compact(IMAGE_LISTS, codes, 1).tolist() == [[6], [4], [0], [0]]
     assert compact(IMAGE_LISTS[1:], codes[1:], 3).tolist() == [[4, 5, 7], [0, 1, 6], [0, 1, 2]]
-    assert compact(IMAGE_LISTS, codes, 2) is None and short_rows(codes, 2) == 1  # image 0 keeps one
+    assert compact(IMAGE_LISTS, codes, 2) is None  # image 0 keeps one
 
 
 def test_first_flag_and_removed_by_follow_the_fixed_order() -> None:
@@ -152,7 +169,6 @@ def test_aoq_mine_with_filters_keeps_the_depth_and_records_what_each_removed(tmp
     assert not {1, 2} & set(mined.cap_top_imgs[0].tolist())  # caption 0's text is also theirs
     stats = mined.diagnostics["filters"]
     assert stats["filters"] == ["identity"] and stats["image_lists"]["enabled"]["lists"] > 0
-    assert "before_filters" in mined.diagnostics
     # a changed filter is another artefact: mined again, here without filters
     assert cli_main(mine) == 0 and "mined in" in capsys.readouterr().out
     plain = load_mined(tmp_path / "run" / "mined")
@@ -180,3 +196,44 @@ def test_detector_scores_by_hand() -> None:
     assert got["teacher"] == {"flagged": 2 / 8, "precision": 0.5, "recall": 0.25}
     # the enabled ones together: identity or teacher
     assert got["enabled"] == {"flagged": 5 / 8, "precision": 0.8, "recall": 1.0}
+
+
+@pytest.mark.parametrize("depth_factor", [1, 2, 16])
+def test_filtered_lists_equal_the_brute_force_whatever_the_mined_depth(monkeypatch, depth_factor) -> None:
+    """The lists equal filtering the whole float64 ranking (ties by id) of every anchor, whether a
+    row finds its candidates in the deep list or has to be ranked over the whole gallery."""
+    from aoq_train.mining import false_negatives
+    from aoq_train.mining.filters import ORDER, first_flag, flag_rows
+
+    monkeypatch.setattr(false_negatives, "DEPTH_FACTOR", depth_factor)
+    rng = np.random.default_rng(3)
+    n_images, cpi, top_c, top_i = 30, 3, 4, 3
+    img = (2 * rng.normal(size=(n_images, 5))).round().astype(np.float32)  # whole numbers: exact ties
+    cap = (np.repeat(img, cpi, axis=0) + 2 * rng.normal(size=(n_images * cpi, 5))).round().astype(np.float32)
+    texts = [f"t{rng.integers(0, 25)}" for _ in range(n_images * cpi)]  # many repeated texts
+    filters = ["identity", "teacher"]
+    ids = text_ids(texts)
+    sentences = rng.normal(size=(int(ids.max()) + 1, 4))
+    sentences /= np.linalg.norm(sentences, axis=1, keepdims=True)
+    data = FilterInputs(cpi, ids, near_duplicate_keys(sentences, 0.8), img, cap, 0.8)
+
+    def ranking(scores: np.ndarray, own: np.ndarray) -> np.ndarray:
+        order = np.lexsort((np.arange(len(scores)), -scores))
+        return order[~np.isin(order, own)]
+
+    def mine(top_captions: int, top_images: int) -> tuple[np.ndarray, np.ndarray]:
+        i64, c64 = img.astype(np.float64), cap.astype(np.float64)
+        return (np.array([ranking(c64 @ i64[i], np.arange(i * cpi, (i + 1) * cpi))[:top_captions]
+                          for i in range(n_images)]),
+                np.array([ranking(i64 @ c64[c], [c // cpi])[:top_images] for c in range(len(cap))]))
+
+    got_img, got_cap, raw = false_negatives.filtered_lists(mine, top_c, top_i, n_images, cpi, data, filters)
+    full_img, full_cap = mine(cpi * (n_images - 1), n_images - 1)
+    for got, full, image_anchors, top in ((got_img, full_img, True, top_c), (got_cap, full_cap, False, top_i)):
+        codes = first_flag(flag_rows(full, np.arange(len(full)), data, filters, image_anchors), filters)
+        want = np.array([row[code == 0][:top] for row, code in zip(full, codes)])
+        np.testing.assert_array_equal(got, want)
+    # the raw lists are the ranking's head, with every filter's bit over the first depth candidates
+    np.testing.assert_array_equal(raw["img_raw"], full_img[:, :raw["img_raw"].shape[1]])
+    all_bits = flag_rows(full_img[:, :top_c], np.arange(n_images), data, ORDER, True)
+    np.testing.assert_array_equal(raw["img_flags"][:, :top_c], all_bits)

@@ -1,9 +1,9 @@
 """The false-negative step of ``aoq mine`` (``mining.filters``; docs/method.md, False negatives):
-mine deeper than the lists must be, flag every candidate with every filter, keep the first
+mine deeper than the lists must be, flag the candidates each row needs, keep the first
 candidates no enabled filter flags, and count what each filter removed.
 
-All three filters are evaluated for every candidate (each on its own: one bit per filter), so the
-artefact can show which filters flag what, and the report can score each filter as a
+All three filters are evaluated on every flagged candidate (each on its own: one bit per filter),
+so the artefact can show which filters flag what, and the report can score each filter as a
 false-negative detector, whichever of them made the lists.
 """
 
@@ -16,68 +16,171 @@ from typing import Any
 import numpy as np
 
 from aoq.data.dataset import SplitData
-from aoq_train.mining.filters import ORDER, FilterInputs, compact, first_flag, flag_bits, short_rows, text_ids
+from aoq.mined import UNCHECKED
+from aoq_train.mining.filters import (
+    BLOCK_ELEMENTS,
+    KEPT,
+    ORDER,
+    FilterInputs,
+    compact,
+    first_flag,
+    flag_rows,
+    near_duplicate_keys,
+    text_ids,
+)
 
 log = logging.getLogger(__name__)
 
-#: the first raw depth, as a multiple of the lists' depth; doubled while a row keeps too few
-DEPTH_FACTOR = 2
+#: the raw lists are mined this many times deeper than the lists round 2 reads (nearly free: the
+#: miner's cost is the score matrix, not the depth), then flagged a slice at a time
+DEPTH_FACTOR = 16
+#: the first slice every row is flagged over, as a multiple of the lists' depth; a row that keeps
+#: too few is flagged over a slice as wide again, and again, while it needs more
+SLICE_FACTOR = 2
+#: the cache folder (and artefact kind) of the near-duplicate text pairs
+NEAR_DUPLICATES = "near-duplicate-pairs"
 #: ``mine(top_captions, top_images) -> (img_top_caps, cap_top_imgs)``
 Mine = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
 
 
 def sentence_vectors(captions: Sequence[str], progress: bool = False) -> np.ndarray:
     """Unit all-MiniLM-L6-v2 sentence vectors of the captions (mean pooled, the model card's),
-    from the backbone feature cache: computed once per caption set, shared with every model that
-    trains on the same captions with the MiniLM encoder."""
+    from the backbone feature cache: computed once per caption set (the model is loaded only
+    then), shared with every model that trains on the same captions with the MiniLM encoder."""
     from aoq.backbone_cache import cache_root, caption_backbone_features, caption_key_inputs, cached_features
-    from aoq.models.pretrained import MiniLMTextEncoder, WordPieceVocab
+    from aoq.models.packages import minilm_identity
 
-    encoder = MiniLMTextEncoder(embed_dim=1).eval()  # only the frozen backbone is used
-    inputs = caption_key_inputs(encoder.identity.to_dict(), captions)
-    entry = cached_features(cache_root(), inputs,
-                            lambda: caption_backbone_features(encoder, WordPieceVocab(), captions, progress=progress),
+    def compute() -> np.ndarray:
+        from aoq.models.pretrained import MiniLMTextEncoder, WordPieceVocab
+
+        encoder = MiniLMTextEncoder(embed_dim=1).eval()  # only the frozen backbone is used
+        return caption_backbone_features(encoder, WordPieceVocab(), captions, progress=progress)
+
+    entry = cached_features(cache_root(), caption_key_inputs(minilm_identity().to_dict(), captions), compute,
                             len(captions))
     vectors = np.asarray(entry.features, dtype=np.float32)
     return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
-def filter_inputs(split: SplitData, img_emb: np.ndarray, cap_emb: np.ndarray, progress: bool = False) -> FilterInputs:
-    """What the filters read for a training split mined with these embeddings."""
-    return FilterInputs(split.captions_per_image, text_ids(split.captions), sentence_vectors(split.captions, progress),
-                        np.asarray(img_emb, dtype=np.float32), np.asarray(cap_emb, dtype=np.float32))
+def near_duplicates(captions: Sequence[str], ids: np.ndarray, tau: float, progress: bool = False) -> np.ndarray:
+    """The near-duplicate text pairs of a caption set at ``tau`` (:func:`near_duplicate_keys`),
+    cached beside the backbone features, so every mining of the same captions reuses them."""
+    from aoq.backbone_cache import cache_root, caption_key_inputs
+    from aoq.io import ArtefactError, atomic_dir, atomic_save_npy, read_manifest, sha256_json, write_manifest
+    from aoq.models.packages import minilm_identity
+
+    inputs = {"kind": NEAR_DUPLICATES, "tau": tau, **caption_key_inputs(minilm_identity().to_dict(), captions)}
+    folder = cache_root() / NEAR_DUPLICATES / sha256_json(inputs)
+    try:
+        read_manifest(folder, kind=NEAR_DUPLICATES)
+        return np.load(folder / "keys.npy")
+    except (ArtefactError, OSError, ValueError):
+        pass  # missing or damaged: computed again
+    vectors = sentence_vectors(captions, progress)
+    first = np.unique(ids, return_index=True)[1]  # one vector per distinct text, in text-id order
+    keys = near_duplicate_keys(vectors[first], tau)
+    with atomic_dir(folder) as tmp:
+        atomic_save_npy(tmp / "keys.npy", keys)
+        write_manifest(tmp, NEAR_DUPLICATES, inputs)
+    return keys
+
+
+def filter_inputs(split: SplitData, img_emb: np.ndarray, cap_emb: np.ndarray, tau: float, rho: float,
+                  progress: bool = False) -> FilterInputs:
+    """What the filters read for a training split mined with these embeddings; the near-duplicate
+    pairs are read (or computed) whenever a filter runs, since every filter's flags are recorded."""
+    ids = text_ids(split.captions)
+    return FilterInputs(split.captions_per_image, ids, near_duplicates(split.captions, ids, tau, progress),
+                        np.asarray(img_emb, dtype=np.float32), np.asarray(cap_emb, dtype=np.float32), rho)
 
 
 def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int, cpi: int, inputs: FilterInputs,
-                   filters: Sequence[str], tau: float, rho: float
-                   ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+                   filters: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The lists round 2 samples from, ``top_captions`` / ``top_images`` candidates per row that no
-    enabled filter flags, and the raw lists with every filter's flags (``aoq.mined.FILTER_FILES``
-    keys). Mined ``DEPTH_FACTOR`` times deeper first, then twice as deep again while a row keeps
-    too few, up to the whole gallery.
+    enabled filter flags, and the raw lists with the filters' flags (``aoq.mined.FILTER_FILES``
+    keys, trimmed to the deepest candidate flagged).
+
+    The raw lists are mined ``DEPTH_FACTOR`` times deeper at once; every row is flagged over its
+    first ``SLICE_FACTOR`` x depth candidates, and a row that keeps too few over the next slice,
+    twice as wide, and so on; candidates a row did not need carry ``UNCHECKED``. The few rows that run
+    out of the deep list (a generic caption with near-duplicates all over the gallery) are ranked
+    over the whole gallery (scores in float64, ties by id) and take their remaining candidates
+    from there. Filters that are not enabled are evaluated over the first depth candidates only
+    (the report scores every filter there).
 
     Raises:
         ValueError: even the whole gallery leaves a row too few candidates.
     """
-    max_t, max_i = cpi * (n_images - 1), n_images - 1  # every candidate but the own positives
-    depth_t, depth_i = min(max_t, DEPTH_FACTOR * top_captions), min(max_i, DEPTH_FACTOR * top_images)
-    while True:
-        img_raw, cap_raw = mine(depth_t, depth_i)
-        img_bits = flag_bits(img_raw, inputs, ORDER, tau, rho, image_anchors=True)
-        cap_bits = flag_bits(cap_raw, inputs, ORDER, tau, rho, image_anchors=False)
-        img_codes, cap_codes = first_flag(img_bits, filters), first_flag(cap_bits, filters)
-        img_top, cap_top = compact(img_raw, img_codes, top_captions), compact(cap_raw, cap_codes, top_images)
-        if img_top is not None and cap_top is not None:
-            return img_top, cap_top, {"img_raw": img_raw, "img_flags": img_bits, "cap_raw": cap_raw,
-                                      "cap_flags": cap_bits}
-        short = (short_rows(img_codes, top_captions), short_rows(cap_codes, top_images))
-        if (depth_t, depth_i) == (max_t, max_i):
-            raise ValueError(f"the filters {list(filters)} leave {short[0]} image and {short[1]} caption lists with "
-                             f"fewer than {top_captions} / {top_images} candidates even over the whole gallery: "
-                             "lower mining.top_captions / top_images or loosen the filters")
-        log.info("filters %s: %d image and %d caption lists keep too few candidates at depth %d / %d; mining deeper",
-                 list(filters), *short, depth_t, depth_i)
-        depth_t, depth_i = min(max_t, 2 * depth_t), min(max_i, 2 * depth_i)
+    raw = dict(zip(("img", "cap"), mine(min(cpi * (n_images - 1), DEPTH_FACTOR * top_captions),
+                                        min(n_images - 1, DEPTH_FACTOR * top_images))))
+    out: dict[str, np.ndarray] = {}
+    tops = []
+    for side, top in (("img", top_captions), ("cap", top_images)):
+        image_anchors = side == "img"
+        deep = np.asarray(raw[side])
+        bits, checked = _flag_progressively(deep, np.full(len(deep), top), inputs, filters, image_anchors, top)
+        codes = first_flag(bits, filters)
+        lists = deep.copy()
+        short = np.flatnonzero((codes == KEPT).sum(axis=1) < top)
+        gallery = len(inputs.text_ids) if image_anchors else n_images
+        step = max(1, BLOCK_ELEMENTS // gallery)
+        for block in (short[i:i + step] for i in range(0, len(short), step)):  # their first ``top`` slots
+            lists[block, :top] = _whole_gallery(block, deep[block], codes[block], top, inputs, filters, image_anchors)
+            codes[block] = KEPT
+            log.info("filters %s: %d %s lists needed more than %d candidates; ranked over the whole gallery",
+                     list(filters), len(short), "image" if image_anchors else "caption", deep.shape[1])
+        tops.append(compact(lists, codes, top))
+        out[f"{side}_raw"], out[f"{side}_flags"] = deep[:, :checked], bits[:, :checked]
+    return tops[0], tops[1], out
+
+
+def _whole_gallery(rows: np.ndarray, deep: np.ndarray, codes: np.ndarray, top: int, inputs: FilterInputs,
+                   filters: Sequence[str], image_anchors: bool) -> np.ndarray:
+    """The first ``top`` unflagged candidates of the anchors ``rows``: those of their deep lists,
+    then the rest of the gallery in score order (float64 products, ties by id), flagged
+    progressively like the deep lists."""
+    img, cap, cpi = inputs.img_emb, inputs.cap_emb, inputs.captions_per_image
+    if image_anchors:
+        scores, own = img[rows].astype(np.float64) @ cap.T.astype(np.float64), rows[:, None] * cpi + np.arange(cpi)
+    else:
+        scores, own = cap[rows].astype(np.float64) @ img.T.astype(np.float64), (rows // cpi)[:, None]
+    order = np.argsort(-scores, axis=1, kind="stable")  # stable: equal scores stay in id order
+    excluded = np.zeros(scores.shape, dtype=bool)
+    np.put_along_axis(excluded, np.concatenate([own, deep], axis=1), True, axis=1)
+    # every row excludes as many ids, so the rest of each row's ranking has one common length
+    rest = order[~np.take_along_axis(excluded, order, axis=1)].reshape(len(rows), -1)
+    kept = codes == KEPT
+    bits, _ = _flag_progressively(rest, top - kept.sum(axis=1), inputs, filters, image_anchors, 0, rows)
+    more = first_flag(bits, filters) == KEPT
+    missing = np.flatnonzero(kept.sum(axis=1) + more.sum(axis=1) < top)
+    if len(missing):
+        raise ValueError(f"the filters {list(filters)} leave the {'image' if image_anchors else 'caption'} list of "
+                         f"anchor {rows[missing[0]]} fewer than {top} candidates even over the whole gallery: lower "
+                         "mining.top_captions / top_images or loosen the filters")
+    both = np.concatenate([deep, rest], axis=1)
+    return compact(both, np.where(np.concatenate([kept, more], axis=1), KEPT, 1), top)
+
+
+def _flag_progressively(lists: np.ndarray, needs: np.ndarray, inputs: FilterInputs, filters: Sequence[str],
+                        image_anchors: bool, window: int, rows: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """The flags of the anchors' candidates ``lists`` (anchor ``rows[i]`` has row ``i``; all
+    anchors by default), flagged a slice at a time for the rows that still keep fewer than
+    their ``needs`` (slices twice as wide each time), and the number of leading columns any row
+    was flagged over. Every filter
+    of ``ORDER`` is evaluated over the first ``window`` columns (what the report scores them on),
+    only the enabled ones beyond; unchecked candidates carry ``UNCHECKED``."""
+    anchors = np.arange(lists.shape[0]) if rows is None else np.asarray(rows)
+    bits = np.full(lists.shape, UNCHECKED, dtype=np.uint8)
+    todo = np.flatnonzero(needs > 0)
+    start, width = 0, SLICE_FACTOR * max(1, int(needs.max(initial=1)))
+    while len(todo) and start < lists.shape[1]:
+        stop = min(lists.shape[1], start + width)
+        for lo, hi, names in ((start, min(stop, window), ORDER), (max(start, window), stop, filters)):
+            if lo < hi:
+                bits[todo, lo:hi] = flag_rows(lists[todo, lo:hi], anchors[todo], inputs, names, image_anchors)
+        kept = (first_flag(bits[todo, :stop], filters) == KEPT).sum(axis=1)
+        todo, start, width = todo[kept < needs[todo]], stop, 2 * width
+    return bits, start
 
 
 def filter_stats(filtered: dict[str, np.ndarray], filters: Sequence[str], top_captions: int,

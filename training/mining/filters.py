@@ -13,7 +13,9 @@ they apply in a fixed order and a candidate keeps the first filter that flagged 
 2. ``semantic``: a frozen sentence encoder (the packaged all-MiniLM-L6-v2, mean pooled and L2
    normalised) finds the texts near-identical: the largest cosine between the candidate caption
    and the image's own captions (image anchor), or between the anchor caption and the mined
-   image's captions (caption anchor), is at least ``tau``.
+   image's captions (caption anchor), is at least ``tau``. Sentence vectors depend on the text
+   only, so the test reads a precomputed set of near-duplicate text pairs
+   (:func:`near_duplicate_keys`).
 3. ``teacher``: the mining model itself scores the candidate above ``rho`` times the anchor's
    positive score (NV-Retriever's "TopK-PercPos"): for an image anchor the mean score of its own
    captions, for a caption anchor the score of its own image.
@@ -37,8 +39,8 @@ from aoq.names import FALSE_NEGATIVE_FILTERS
 ORDER = FALSE_NEGATIVE_FILTERS
 #: the code of a candidate no filter flagged
 KEPT = 0
-#: rows handled at once (bounds the (rows, depth, captions per image, d) temporaries)
-ROWS = 256
+#: elements of the largest temporary of a block of rows
+BLOCK_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,18 @@ class FilterInputs:
     Attributes:
         captions_per_image: captions per image; caption ``c`` belongs to image ``c // cpi``.
         text_ids: (N_c,) the same id for captions of the same normalised text.
-        sentences: (N_c, d) unit sentence vectors of the captions (``semantic``), or None.
+        near_duplicates: sorted keys ``a * T + b`` (``a < b`` text ids, ``T`` distinct texts) of the
+            text pairs whose sentence vectors' cosine is at least ``tau`` (``semantic``), or None.
         img_emb / cap_emb: the mining model's embeddings (``teacher``), or None.
+        rho: the ``teacher`` threshold.
     """
 
     captions_per_image: int
     text_ids: np.ndarray
-    sentences: np.ndarray | None = None
+    near_duplicates: np.ndarray | None = None
     img_emb: np.ndarray | None = None
     cap_emb: np.ndarray | None = None
+    rho: float = 0.95
 
 
 def text_ids(captions: Sequence[str]) -> np.ndarray:
@@ -66,34 +71,56 @@ def text_ids(captions: Sequence[str]) -> np.ndarray:
                        count=len(captions))
 
 
-def flag_image_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str], tau: float,
-                     rho: float) -> np.ndarray:
+def near_duplicate_keys(vectors: np.ndarray, tau: float) -> np.ndarray:
+    """The sorted keys ``a * T + b`` of the pairs ``a < b`` of the ``T`` unit vectors (one per
+    distinct text, in text-id order) whose dot product is at least ``tau``, by an exact range
+    search (FAISS, float32)."""
+    import faiss
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    # the range search keeps scores above the radius: the next float32 below tau keeps "at least tau"
+    limits, _, found = index.range_search(vectors, float(np.nextafter(np.float32(tau), np.float32(-1))))
+    first = np.repeat(np.arange(len(vectors), dtype=np.int64), np.diff(limits.astype(np.int64)))
+    keep = first < found
+    return np.sort(first[keep] * len(vectors) + found[keep].astype(np.int64))
+
+
+def flag_image_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str]) -> np.ndarray:
     """Filter codes (uint8, ``KEPT`` or a filter's 1-based position in ``ORDER``) of every mined
     caption of every image's list ``lists`` (N_i, D)."""
-    return first_flag(flag_bits(lists, inputs, filters, tau, rho, image_anchors=True), filters)
+    return first_flag(flag_bits(lists, inputs, filters, image_anchors=True), filters)
 
 
-def flag_caption_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str], tau: float,
-                       rho: float) -> np.ndarray:
+def flag_caption_lists(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str]) -> np.ndarray:
     """Filter codes of every mined image of every caption's list ``lists`` (N_c, D)."""
-    return first_flag(flag_bits(lists, inputs, filters, tau, rho, image_anchors=False), filters)
+    return first_flag(flag_bits(lists, inputs, filters, image_anchors=False), filters)
 
 
-def flag_bits(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str], tau: float, rho: float,
-              image_anchors: bool) -> np.ndarray:
+def flag_bits(lists: np.ndarray, inputs: FilterInputs, filters: Sequence[str], image_anchors: bool) -> np.ndarray:
     """Per candidate, one bit per filter of ``filters`` that flags it on its own (bit ``k`` for
     ``ORDER[k]``; uint8), image anchors' lists or caption anchors' lists."""
+    return flag_rows(lists, np.arange(np.shape(lists)[0]), inputs, filters, image_anchors)
+
+
+def flag_rows(lists: np.ndarray, rows: np.ndarray, inputs: FilterInputs, filters: Sequence[str],
+              image_anchors: bool) -> np.ndarray:
+    """:func:`flag_bits` of the anchors ``rows`` only, whose candidates are ``lists`` (one row of
+    ``lists`` per anchor of ``rows``)."""
     unknown = sorted(set(filters) - set(ORDER))
     if unknown:
         raise ValueError(f"unknown false-negative filters {unknown}; expected some of {list(ORDER)}")
-    lists = np.asarray(lists, dtype=np.int64)
+    lists, rows = np.asarray(lists, dtype=np.int64), np.asarray(rows, dtype=np.int64)
     bits = np.zeros(lists.shape, dtype=np.uint8)
-    for start in range(0, lists.shape[0], ROWS):
-        rows = np.arange(start, min(start + ROWS, lists.shape[0]))
+    dim = inputs.img_emb.shape[1] if inputs.img_emb is not None else 1
+    step = max(1, BLOCK_ELEMENTS // (max(1, lists.shape[1]) * inputs.captions_per_image * dim))
+    for start in range(0, len(rows), step):
+        block = slice(start, min(start + step, len(rows)))
         for k, name in enumerate(ORDER):
             if name in filters:
-                hit = _TESTS[name](rows, lists[rows], inputs, tau, rho, image_anchors)
-                bits[rows] |= hit.astype(np.uint8) << k
+                hit = _TESTS[name](rows[block], lists[block], inputs, image_anchors)
+                bits[block] |= hit.astype(np.uint8) << k
     return bits
 
 
@@ -112,28 +139,34 @@ def _own_captions(images: np.ndarray, cpi: int) -> np.ndarray:
     return images[..., None] * cpi + np.arange(cpi)
 
 
-def _identity(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, tau: float, rho: float,
-              image_anchors: bool) -> np.ndarray:
+def _text_pairs(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs,
+                image_anchors: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The text ids to compare, broadcast to (rows, candidates, cpi): the candidate caption's
+    against the image's own (image anchors), the anchor caption's against the candidate image's."""
     cpi, ids = inputs.captions_per_image, inputs.text_ids
-    if image_anchors:  # the mined caption's text among the image's own
-        return (ids[cands][:, :, None] == ids[_own_captions(rows, cpi)][:, None, :]).any(axis=2)
-    return (ids[rows][:, None, None] == ids[_own_captions(cands, cpi)]).any(axis=2)
+    if image_anchors:
+        return ids[cands][:, :, None], ids[_own_captions(rows, cpi)][:, None, :]
+    return ids[rows][:, None, None], ids[_own_captions(cands, cpi)]
 
 
-def _semantic(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, tau: float, rho: float,
-              image_anchors: bool) -> np.ndarray:
-    if inputs.sentences is None:
-        raise ValueError("the semantic filter needs sentence vectors of the captions")
-    e, cpi = inputs.sentences, inputs.captions_per_image
-    if image_anchors:  # (rows, D, d) candidates against (rows, cpi, d) own captions
-        cosines = np.einsum("rkd,rjd->rkj", e[cands], e[_own_captions(rows, cpi)])
-    else:  # (rows, d) anchor captions against (rows, D, cpi, d) captions of the mined images
-        cosines = np.einsum("rd,rkjd->rkj", e[rows], e[_own_captions(cands, cpi)])
-    return cosines.max(axis=2) >= tau
+def _identity(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, image_anchors: bool) -> np.ndarray:
+    a, b = _text_pairs(rows, cands, inputs, image_anchors)
+    return (a == b).any(axis=2)
 
 
-def _teacher(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, tau: float, rho: float,
-             image_anchors: bool) -> np.ndarray:
+def _semantic(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, image_anchors: bool) -> np.ndarray:
+    if inputs.near_duplicates is None:
+        raise ValueError("the semantic filter needs the near-duplicate text pairs")
+    a, b = np.broadcast_arrays(*_text_pairs(rows, cands, inputs, image_anchors))
+    n_texts = int(inputs.text_ids.max()) + 1
+    keys = np.minimum(a, b) * n_texts + np.maximum(a, b)
+    at = np.searchsorted(inputs.near_duplicates, keys)
+    listed = inputs.near_duplicates[np.minimum(at, len(inputs.near_duplicates) - 1)] == keys if len(
+        inputs.near_duplicates) else np.zeros(keys.shape, dtype=bool)
+    return ((a == b) | listed).any(axis=2)  # a text is its own duplicate (cosine 1)
+
+
+def _teacher(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, image_anchors: bool) -> np.ndarray:
     img, cap, cpi = inputs.img_emb, inputs.cap_emb, inputs.captions_per_image
     if img is None or cap is None:
         raise ValueError("the teacher filter needs the mining model's embeddings")
@@ -143,7 +176,7 @@ def _teacher(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, tau: flo
     else:
         scores = np.einsum("rd,rkd->rk", cap[rows], img[cands])
         positive = np.einsum("rd,rd->r", cap[rows], img[rows // cpi])
-    return scores > rho * positive[:, None]
+    return scores > inputs.rho * positive[:, None]
 
 
 _TESTS = {"identity": _identity, "semantic": _semantic, "teacher": _teacher}
@@ -158,8 +191,3 @@ def compact(lists: np.ndarray, codes: np.ndarray, depth: int) -> np.ndarray | No
     # a stable sort of "flagged" moves every row's kept ids to its front, in their order
     order = np.argsort(~kept, axis=1, kind="stable")[:, :depth]
     return np.take_along_axis(np.asarray(lists), order, axis=1).astype(np.int32)
-
-
-def short_rows(codes: np.ndarray, depth: int) -> int:
-    """How many rows keep fewer than ``depth`` candidates."""
-    return int(((codes == KEPT).sum(axis=1) < depth).sum())

@@ -141,19 +141,16 @@ def mine_with_checkpoint(
         filtered = None if existing.filtered is None else {k: np.array(v) for k, v in existing.filtered.items()}
     elif m.filters:
         try:
+            inputs = filter_inputs(split, img, cap, m.semantic_tau, m.teacher_rho, progress)
             img_top_caps, cap_top_imgs, filtered = filtered_lists(
-                mine, m.top_captions, m.top_images, split.n_images, cpi, filter_inputs(split, img, cap, progress),
-                m.filters, m.semantic_tau, m.teacher_rho)
+                mine, m.top_captions, m.top_images, split.n_images, cpi, inputs, m.filters)
         except ValueError as exc:
             raise ConfigError(f"{out}: {exc}") from None
     else:
         img_top_caps, cap_top_imgs = mine(m.top_captions, m.top_images)
     checked_depths(img_top_caps, cap_top_imgs, cfg.round2, out)
     diagnostics = hardness_diagnostics(img, cap, cpi, img_top_caps, cap_top_imgs, settings, captions=split.captions)
-    if filtered is not None:  # the premise and the filters' catch, before filtering
-        diagnostics["before_filters"] = hardness_diagnostics(
-            img, cap, cpi, filtered["img_raw"][:, :m.top_captions], filtered["cap_raw"][:, :m.top_images], settings,
-            captions=split.captions)
+    if filtered is not None:  # what the filters caught (the premise before them: the unfiltered lists')
         diagnostics["filters"] = filter_stats(filtered, m.filters, m.top_captions, m.top_images)
     for warning in diagnostics["warnings"]:
         log.warning("%s: %s", out, warning)
