@@ -2,7 +2,7 @@
 with ``--filters`` (default identity + semantic), one after the other in one process.
 
 Both runs embed the training split and mine; the filtered one also mines deeper, flags the
-candidates and keeps the unflagged ones. After one untimed warm-up run, each is timed
+candidates and keeps the unflagged ones. After one untimed warm-up run of each, each is timed
 ``--repeats`` times, alternating, and the best time of each is kept. The sentence vectors of the
 semantic filter come from the backbone feature cache: on the emoji set, whose models read MiniLM
 features, they are the very entries training computed (on other data the first filtered run
@@ -48,7 +48,8 @@ def main() -> int:
     plain = load_config(args.config, overrides)
     filtered = load_config(args.config, [*overrides, f"mining.filters=[{args.filters}]"])
     with tempfile.TemporaryDirectory() as tmp:
-        _timed(args.checkpoint, plain, Path(tmp) / "warm-up")  # file caches, compiled kernels, imports
+        for name, cfg in (("plain", plain), ("filtered", filtered)):  # file caches, compiled kernels, imports
+            _timed(args.checkpoint, cfg, Path(tmp) / f"warm-up-{name}")
         times: dict[str, list[float]] = {"plain": [], "filtered": []}
         for run in range(args.repeats):  # alternated, so that a busy moment hits both
             for name, cfg in (("plain", plain), ("filtered", filtered)):

@@ -2,9 +2,9 @@
 mine deeper than the lists must be, flag the candidates each row needs, keep the first
 candidates no enabled filter flags, and count what each filter removed.
 
-All three filters are evaluated on every flagged candidate (each on its own: one bit per filter),
-so the artefact can show which filters flag what, and the report can score each filter as a
-false-negative detector, whichever of them made the lists.
+Each enabled filter is evaluated on every candidate checked, on its own (one bit per filter),
+so the artefact shows which of them flag what, and the report scores each one as a
+false-negative detector.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 #: the raw lists are mined this many times deeper than the lists round 2 reads (nearly free: the
 #: miner's cost is the score matrix, not the depth), then flagged a slice at a time
-DEPTH_FACTOR = 16
+DEPTH_FACTOR = 8
 #: the first slice every row is flagged over, as a multiple of the lists' depth; a row that keeps
 #: too few is flagged over a slice as wide again, and again, while it needs more
 SLICE_FACTOR = 2
@@ -105,8 +105,7 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
     twice as wide, and so on; candidates a row did not need carry ``UNCHECKED``. The few rows that run
     out of the deep list (a generic caption with near-duplicates all over the gallery) are ranked
     over the whole gallery (scores in float64, ties by id) and take their remaining candidates
-    from there. Filters that are not enabled are evaluated over the first depth candidates only
-    (the report scores every filter there).
+    from there.
 
     Raises:
         ValueError: even the whole gallery leaves a row too few candidates.
@@ -118,7 +117,7 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
     for side, top in (("img", top_captions), ("cap", top_images)):
         image_anchors = side == "img"
         deep = np.asarray(raw[side])
-        bits, checked = _flag_progressively(deep, np.full(len(deep), top), inputs, filters, image_anchors, top)
+        bits, checked = _flag_progressively(deep, np.full(len(deep), top), inputs, filters, image_anchors)
         codes = first_flag(bits, filters)
         lists = deep.copy()
         short = np.flatnonzero((codes == KEPT).sum(axis=1) < top)
@@ -137,47 +136,59 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
 def _whole_gallery(rows: np.ndarray, deep: np.ndarray, codes: np.ndarray, top: int, inputs: FilterInputs,
                    filters: Sequence[str], image_anchors: bool) -> np.ndarray:
     """The first ``top`` unflagged candidates of the anchors ``rows``: those of their deep lists,
-    then the rest of the gallery in score order (float64 products, ties by id), flagged
-    progressively like the deep lists."""
+    then the rest of the gallery in score order (float64 products, ties by id), ranked and
+    flagged over heads four times deeper each time a row still keeps too few."""
     img, cap, cpi = inputs.img_emb, inputs.cap_emb, inputs.captions_per_image
     if image_anchors:
         scores, own = img[rows].astype(np.float64) @ cap.T.astype(np.float64), rows[:, None] * cpi + np.arange(cpi)
     else:
         scores, own = cap[rows].astype(np.float64) @ img.T.astype(np.float64), (rows // cpi)[:, None]
-    order = np.argsort(-scores, axis=1, kind="stable")  # stable: equal scores stay in id order
-    excluded = np.zeros(scores.shape, dtype=bool)
-    np.put_along_axis(excluded, np.concatenate([own, deep], axis=1), True, axis=1)
-    # every row excludes as many ids, so the rest of each row's ranking has one common length
-    rest = order[~np.take_along_axis(excluded, order, axis=1)].reshape(len(rows), -1)
+    np.put_along_axis(scores, np.concatenate([own, deep], axis=1), -np.inf, axis=1)  # ranked last, never taken
+    available = scores.shape[1] - own.shape[1] - deep.shape[1]
     kept = codes == KEPT
-    bits, _ = _flag_progressively(rest, top - kept.sum(axis=1), inputs, filters, image_anchors, 0, rows)
-    more = first_flag(bits, filters) == KEPT
-    missing = np.flatnonzero(kept.sum(axis=1) + more.sum(axis=1) < top)
-    if len(missing):
-        raise ValueError(f"the filters {list(filters)} leave the {'image' if image_anchors else 'caption'} list of "
-                         f"anchor {rows[missing[0]]} fewer than {top} candidates even over the whole gallery: lower "
-                         "mining.top_captions / top_images or loosen the filters")
-    both = np.concatenate([deep, rest], axis=1)
-    return compact(both, np.where(np.concatenate([kept, more], axis=1), KEPT, 1), top)
+    needs = top - kept.sum(axis=1)
+    out = np.empty((len(rows), top), dtype=np.int32)
+    todo, depth = np.arange(len(rows)), min(available, SLICE_FACTOR * top)
+    while len(todo):
+        head = _ranked_head(scores[todo], depth)
+        more = first_flag(_flag_progressively(head, needs[todo], inputs, filters, image_anchors, rows[todo])[0],
+                          filters) == KEPT
+        done = more.sum(axis=1) >= needs[todo]  # unchecked candidates lie past a row's needs only
+        if done.any():
+            out[todo[done]] = compact(np.concatenate([deep[todo[done]], head[done]], axis=1),
+                                      np.where(np.concatenate([kept[todo[done]], more[done]], axis=1), KEPT, 1), top)
+        todo = todo[~done]
+        if len(todo) and depth == available:
+            raise ValueError(f"the filters {list(filters)} leave the {'image' if image_anchors else 'caption'} list "
+                             f"of anchor {rows[todo[0]]} fewer than {top} candidates even over the whole gallery: "
+                             "lower mining.top_captions / top_images or loosen the filters")
+        depth = min(available, 4 * depth)
+    return out
+
+
+def _ranked_head(scores: np.ndarray, k: int) -> np.ndarray:
+    """(R, k) ids of every row's ``k`` best scores, by score then id: the k-th score found by a
+    partition, and only the scores at or above it sorted (all of them, so ties there go by id)."""
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+    r, c = np.nonzero(scores >= kth[:, None])  # row-major: r ascending
+    order = np.lexsort((c, -scores[r, c], r))
+    starts = np.searchsorted(r[order], np.arange(len(scores)))
+    return c[order][starts[:, None] + np.arange(k)]
 
 
 def _flag_progressively(lists: np.ndarray, needs: np.ndarray, inputs: FilterInputs, filters: Sequence[str],
-                        image_anchors: bool, window: int, rows: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+                        image_anchors: bool, rows: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """The flags of the anchors' candidates ``lists`` (anchor ``rows[i]`` has row ``i``; all
     anchors by default), flagged a slice at a time for the rows that still keep fewer than
     their ``needs`` (slices twice as wide each time), and the number of leading columns any row
-    was flagged over. Every filter
-    of ``ORDER`` is evaluated over the first ``window`` columns (what the report scores them on),
-    only the enabled ones beyond; unchecked candidates carry ``UNCHECKED``."""
+    was flagged over; unchecked candidates carry ``UNCHECKED``."""
     anchors = np.arange(lists.shape[0]) if rows is None else np.asarray(rows)
     bits = np.full(lists.shape, UNCHECKED, dtype=np.uint8)
     todo = np.flatnonzero(needs > 0)
     start, width = 0, SLICE_FACTOR * max(1, int(needs.max(initial=1)))
     while len(todo) and start < lists.shape[1]:
         stop = min(lists.shape[1], start + width)
-        for lo, hi, names in ((start, min(stop, window), ORDER), (max(start, window), stop, filters)):
-            if lo < hi:
-                bits[todo, lo:hi] = flag_rows(lists[todo, lo:hi], anchors[todo], inputs, names, image_anchors)
+        bits[todo, start:stop] = flag_rows(lists[todo, start:stop], anchors[todo], inputs, filters, image_anchors)
         kept = (first_flag(bits[todo, :stop], filters) == KEPT).sum(axis=1)
         todo, start, width = todo[kept < needs[todo]], stop, 2 * width
     return bits, start
@@ -192,7 +203,7 @@ def filter_stats(filtered: dict[str, np.ndarray], filters: Sequence[str], top_ca
     out: dict[str, Any] = {"filters": list(filters)}
     for side, depth in (("img", top_captions), ("cap", top_images)):
         bits = np.asarray(filtered[f"{side}_flags"])[:, :depth]
-        masks = {name: (bits >> k & 1).astype(bool) for k, name in enumerate(ORDER)}
+        masks = {name: (bits >> k & 1).astype(bool) for k, name in enumerate(ORDER) if name in filters}
         masks["enabled"] = first_flag(bits, filters) > 0
         out["image_lists" if side == "img" else "caption_lists"] = {
             name: {"candidates": float(mask.mean()), "lists": float(mask.any(axis=1).mean())}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -62,6 +63,25 @@ class FilterInputs:
     img_emb: np.ndarray | None = None
     cap_emb: np.ndarray | None = None
     rho: float = 0.95
+
+    @cached_property
+    def image_near_texts(self) -> np.ndarray:
+        """Sorted keys ``i * T + t``: text ``t`` is one of image ``i``'s texts or near-duplicates
+        one of them, so that ``semantic`` looks up one key per (image, text) instead of one per
+        pair of texts."""
+        if self.near_duplicates is None:
+            raise ValueError("the semantic filter needs the near-duplicate text pairs")
+        ids = self.text_ids
+        n_texts = int(ids.max()) + 1
+        a, b = np.divmod(self.near_duplicates, n_texts)
+        src, dst = np.concatenate([a, b, np.arange(n_texts)]), np.concatenate([b, a, np.arange(n_texts)])
+        order = np.argsort(src, kind="stable")
+        starts = np.searchsorted(src[order], np.arange(n_texts + 1))
+        counts = np.diff(starts)[ids]  # neighbours (itself included) of every caption's text
+        first = np.repeat(starts[ids] - np.cumsum(counts) + counts, counts)
+        neighbours = dst[order][first + np.arange(counts.sum())]
+        images = np.repeat(np.arange(len(ids)) // self.captions_per_image, counts)
+        return np.unique(images * n_texts + neighbours)
 
 
 def text_ids(captions: Sequence[str]) -> np.ndarray:
@@ -155,15 +175,13 @@ def _identity(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, image_a
 
 
 def _semantic(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, image_anchors: bool) -> np.ndarray:
-    if inputs.near_duplicates is None:
-        raise ValueError("the semantic filter needs the near-duplicate text pairs")
-    a, b = np.broadcast_arrays(*_text_pairs(rows, cands, inputs, image_anchors))
     n_texts = int(inputs.text_ids.max()) + 1
-    keys = np.minimum(a, b) * n_texts + np.maximum(a, b)
-    at = np.searchsorted(inputs.near_duplicates, keys)
-    listed = inputs.near_duplicates[np.minimum(at, len(inputs.near_duplicates) - 1)] == keys if len(
-        inputs.near_duplicates) else np.zeros(keys.shape, dtype=bool)
-    return ((a == b) | listed).any(axis=2)  # a text is its own duplicate (cosine 1)
+    if image_anchors:  # the candidate caption's text near one of the anchor image's texts
+        keys = rows[:, None] * n_texts + inputs.text_ids[cands]
+    else:  # the anchor caption's text near one of the candidate image's texts
+        keys = cands * n_texts + inputs.text_ids[rows][:, None]
+    near = inputs.image_near_texts
+    return near[np.minimum(np.searchsorted(near, keys), len(near) - 1)] == keys
 
 
 def _teacher(rows: np.ndarray, cands: np.ndarray, inputs: FilterInputs, image_anchors: bool) -> np.ndarray:

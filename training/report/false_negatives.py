@@ -72,7 +72,7 @@ def _bases(json_path: Path) -> np.ndarray | None:
 
 
 def detector_scores(mined: MinedNegatives, truth: Truth, top_captions: int, top_images: int) -> dict[str, Any]:
-    """Per filter (each on its own, and the enabled ones together): precision and recall as a
+    """Per enabled filter (each on its own, and together): precision and recall as a
     false-negative detector over the unfiltered top of both directions' raw lists, and the share of
     those candidates that are false negatives (``true``)."""
     if mined.filtered is None:
@@ -85,7 +85,8 @@ def detector_scores(mined: MinedNegatives, truth: Truth, top_captions: int, top_
                            truth.true_of(cap_rows, cap_raw.reshape(-1))])
     bits = np.concatenate([np.asarray(f["img_flags"])[:, :top_captions].reshape(-1),
                            np.asarray(f["cap_flags"])[:, :top_images].reshape(-1)])
-    flags = {name: (bits >> k & 1).astype(bool) for k, name in enumerate(FALSE_NEGATIVE_FILTERS)}
+    flags = {name: (bits >> k & 1).astype(bool) for k, name in enumerate(FALSE_NEGATIVE_FILTERS)
+             if name in mined.filters}  # the mining evaluates only the enabled filters
     flags["enabled"] = np.any([flags[name] for name in mined.filters], axis=0)
     return {"true": float(true.mean()), **{name: _scores(flag, true) for name, flag in flags.items()}}
 
@@ -110,7 +111,7 @@ def detectors_table(per_seed: dict[str, list[dict[str, Any]]], labels: dict[str,
             return 100 * statistics.fmean(values) if values else float("nan")
 
         singles = [f"{mean(n, 'flagged'):.1f} / {mean(n, 'precision'):.0f} / {mean(n, 'recall'):.0f}"
-                   for n in FALSE_NEGATIVE_FILTERS]
+                   if n in seeds[0] else "—" for n in FALSE_NEGATIVE_FILTERS]
         lines.append(f"| {labels[arm]} | {mean('true'):.1f} | {mean('enabled', 'flagged'):.1f} | "
                      f"{mean('enabled', 'precision'):.0f} | {mean('enabled', 'recall'):.0f} | " + " | ".join(singles) + " |")
     return "\n".join(lines)
@@ -160,7 +161,8 @@ def false_negative_section(run_dirs: list[Path], methods: dict[str, str], cfg: A
              f"Ground truth: {truth.rule}. Within the depth round 2 samples from (h_t / h_i), "
              f"{100 * statistics.fmean(plain):.1f}% of the candidates of the unfiltered lists are true of their anchor "
              f"(mean over {len(plain)} seeds). Each filter scored as a false-negative detector there "
-             "(percent, means over seeds; a filter that flags nothing has no precision):", "",
+             "(percent, means over seeds; a filter that flags nothing has no precision; — : not one of the arm's "
+             "filters, not evaluated):", "",
              detectors_table(scores, {a: methods[a] for a in scores}), "",
              "Caption anchors' S_on − S_off (in-batch hardest minus offline negative, round-1 model) before and "
              "after filtering, means over seeds: "
