@@ -14,13 +14,19 @@ from aoq_serve.errors import ServiceError
 from aoq_serve.images import checked_file, media_type, thumbnail_png
 from aoq_serve.paths import safe_path
 from aoq_serve.schemas import (
+    MAX_GALLERY_PAGE,
     MAX_ID,
+    MAX_QUERY_CHARS,
+    SCOPE_HELP,
     CaptionOut,
     ErrorOut,
     ExampleCaption,
     ExampleImage,
     ExamplesOut,
+    GalleryPageOut,
+    Scope,
 )
+from aoq_serve.search import gallery_image
 
 router = APIRouter(tags=["items"])
 ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
@@ -86,5 +92,27 @@ def get_examples(
         dataset=dataset, split=split,
         captions=[ExampleCaption(id=c.id, text=c.text, image_id=c.image_id)
                   for c in (firsts.get(i.id) for i in images) if c is not None],
-        images=[ExampleImage(id=i.id, image_url=urls.image(i.id), thumbnail_url=urls.thumbnail(i.id)) for i in images],
+        images=[ExampleImage(id=i.id, image_url=urls.image(i.id), thumbnail_url=urls.thumbnail(i.id),
+                             name=firsts[i.id].text if i.id in firsts else None) for i in images],
     )
+
+
+@router.get("/gallery", response_model=GalleryPageOut, responses=ERRORS)
+def get_gallery(
+    snapshot: SnapshotDep, urls: UrlsDep,
+    scope: Annotated[Scope, Query(description=SCOPE_HELP)] = "all",
+    q: Annotated[str, Query(max_length=MAX_QUERY_CHARS, description="keep images one of whose captions "
+                                                                     "contains this (case folded)")] = "",
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_GALLERY_PAGE)] = 24,
+    model: Annotated[str | None, Query(max_length=200, description="whose gallery; default the aoq-role model")] = None,
+) -> GalleryPageOut:
+    """A page of the searchable images, in catalogue order, named, optionally filtered by caption text."""
+    served = snapshot.get(model) if model else snapshot.by_role("aoq") or next(iter(snapshot.models.values()), None)
+    if served is None:
+        raise ServiceError(404, "no model is served, so there is no gallery to browse")
+    view = served.gallery.view
+    matching = view.matching(q, view.image_range(scope))
+    page = matching[offset:offset + limit]
+    return GalleryPageOut(dataset=served.gallery.dataset, scope=scope, query=q, total=len(matching), offset=offset,
+                          images=[gallery_image(served, int(p), urls) for p in page])
