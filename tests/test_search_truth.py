@@ -18,6 +18,7 @@ from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary
 from aoq_serve.index.build import IndexJob, index_models
 from aoq_serve.index.reports import gallery_ranks
+from aoq_serve.schemas import THUMBNAIL_SIZE
 from tests.backend_helpers import SIZES, _config, run_server, write_checkpoint
 
 pytestmark = pytest.mark.slow
@@ -131,3 +132,43 @@ def test_failures_and_metrics_follow_the_text_rule(client, served):
     metrics = client.get("/metrics/text").json()
     assert metrics["measured"] == {"split": "test", "n_images": 12, "protocol": None, "positives": "text", "seeds": [0]}
     assert metrics["tables"]["full"]["i2t"]["r1"] == pytest.approx(100 * float((ranks["i2t"] == 1).mean()))
+
+
+def test_a_training_image_is_searchable_and_has_no_evaluated_rank(client):
+    train_image = client.get("/examples", params={"split": "train", "n": 1}).json()["images"][0]["id"]
+    out = client.post("/search/image", data={"model": "pair", "image_id": train_image, "k": 5}).json()
+    assert out["query"]["split"] == "train" and out["ground_truth_rank"] is None and out["scope_rank"] >= 1
+    assert client.post("/search/image", data={"model": "pair", "image_id": train_image, "scope": "test"}
+                       ).json()["ground_truth_ids"] == []
+
+
+def test_gallery_pages_and_filters_by_caption_text(client):
+    examples = client.get("/examples", params={"n": 4}).json()
+    first = client.get("/gallery", params={"limit": 7}).json()
+    assert first["total"] == 40 and first["offset"] == 0 and len(first["images"]) == 7
+    second = client.get("/gallery", params={"limit": 7, "offset": 7}).json()
+    ids = [i["image_id"] for i in first["images"] + second["images"]]
+    assert ids == sorted(ids) and len(set(ids)) == 14
+    word = examples["captions"][0]["text"].split()[-1]
+    found = client.get("/gallery", params={"q": word.upper(), "scope": "test", "limit": 100}).json()
+    assert 1 <= found["total"] <= 12 and all(i["split"] == "test" for i in found["images"])
+    assert examples["captions"][0]["image_id"] in [i["image_id"] for i in found["images"]]
+    assert client.get("/gallery", params={"q": "no caption has this"}).json()["total"] == 0
+
+
+def test_search_image_by_id_finds_its_captions(client):
+    image_id = client.get("/examples", params={"n": 4}).json()["images"][2]["id"]
+    for scope, searched, k in (("all", 200, 100), ("test", 60, 60)):
+        r = client.post("/search/image", data={"model": "pair", "k": k, "image_id": image_id, "scope": scope})
+        assert r.status_code == 200
+        out = r.json()
+        assert out["image_id"] == image_id and len(out["ground_truth_ids"]) == 5
+        assert out["context"]["searched"] == searched and out["query"]["image_id"] == image_id
+        assert out["ground_truth_texts"] and out["query"]["name"] == out["ground_truth_texts"][0]
+        truth_ranks = [h["rank"] for h in out["results"] if h["is_ground_truth"]]
+        assert out["scope_rank"] == min(truth_ranks)
+        assert all((h["image_id"] == image_id) == h["is_ground_truth"] for h in out["results"])
+        assert all(h["copies"] == 1 and h["thumbnail_url"].endswith(f"/images/{h['image_id']}?size={THUMBNAIL_SIZE}")
+                   for h in out["results"])
+    assert len(truth_ranks) == 5  # the whole test split is listed
+    assert out["ground_truth_rank"] == out["scope_rank"]  # scope test: the evaluation split's own rank
