@@ -24,7 +24,7 @@ def test_load_page_fills_models_examples_and_the_catalogue_line():
     assert page.model_choices == [("baseline (baseline, max_violation, vse)", "baseline"),
                                   ("aoq (aoq, adaptive_offline_quintuplet, vse)", "aoq")]
     # the fake's examples: the first 12 captions, those of the twins twice, each text offered once
-    assert [c.id for c in page.example_captions] == [0, 1, 2, 3, 4, 10, 11] and len(page.example_images) == 4
+    assert [c.id for c in page.example_captions] == [0, 1, 2, 3, 4, 10, 11]
     assert page.train_picks[0] == (f"caption 100: {RED0}", "caption:100")
     assert page.train_picks[-1] == ("image 103: yellow square", "image:103")
     assert "aoq-error" not in page.status_html and "models: baseline, aoq" in page.status_html

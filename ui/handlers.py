@@ -18,7 +18,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from aoq_serve.schemas import ExampleCaption, ExampleImage, FailureItem, GalleryImage, ModelOut
+from aoq_serve.schemas import ExampleCaption, FailureItem, GalleryImage, ModelOut
 from aoq_ui import plots
 from aoq_ui.client import UPLOAD_TYPES, BackendClient, BackendError
 from aoq_ui.export import download_link
@@ -61,7 +61,6 @@ class PageData:
     left: str | None = None
     right: str | None = None
     example_captions: list[ExampleCaption] = field(default_factory=list)
-    example_images: list[ExampleImage] = field(default_factory=list)
     train_picks: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -85,8 +84,10 @@ def load_page(client: BackendClient) -> PageData:
     try:
         test = client.examples("test", N_EXAMPLES)
         # twins (both vendors' drawings) share their first caption: offer each text once
-        page.example_captions = list({c.text.lower(): c for c in reversed(test.captions)}.values())[::-1]
-        page.example_images = test.images
+        first: dict[str, ExampleCaption] = {}
+        for caption in test.captions:
+            first.setdefault(caption.text.lower(), caption)
+        page.example_captions = list(first.values())
     except BackendError as exc:
         warnings.append(f"Could not load example queries: {exc}")
     # Training items exist in the catalogue only for models with mined negatives: without them
