@@ -16,6 +16,8 @@ MAX_ID = 2**31 - 1
 DEFAULT_MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 #: side of the thumbnails the result lists link to.
 THUMBNAIL_SIZE = 128
+#: the sizes ``/images/{id}?size=`` makes thumbnails of (the longer side, in pixels).
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 512
 #: images per page of ``/gallery``.
 MAX_GALLERY_PAGE = 100
 #: what a search ranks: the whole catalogue (every indexed split) or the evaluation split alone.

@@ -35,10 +35,6 @@ class Truth:
     #: t2i: the gallery caption the query matched (the pair rule's own image is its image).
     caption: int | None = None
 
-    @property
-    def known(self) -> bool:
-        return self.caption is not None or self.in_scope.size > 0 or self.in_eval.size > 0
-
 
 NO_TRUTH = Truth(_NONE, _NONE)
 

@@ -16,6 +16,8 @@ from aoq_serve.paths import safe_path
 from aoq_serve.schemas import (
     MAX_GALLERY_PAGE,
     MAX_ID,
+    MAX_IMAGE_SIZE,
+    MIN_IMAGE_SIZE,
     MAX_QUERY_CHARS,
     SCOPE_HELP,
     CaptionOut,
@@ -40,7 +42,8 @@ ItemId = Annotated[int, Path(ge=0, le=MAX_ID)]
 )
 def get_image(
     image_id: ItemId, service: ServiceDep, session: SessionDep,
-    size: Annotated[int | None, Query(ge=16, le=512, description="thumbnail: longer side in pixels (PNG)")] = None,
+    size: Annotated[int | None, Query(ge=MIN_IMAGE_SIZE, le=MAX_IMAGE_SIZE,
+                                      description="thumbnail: longer side in pixels (PNG)")] = None,
 ) -> Response:
     """The image file (its own format), or a PNG thumbnail when ``size`` is given; either only
     after the file was checked to decode (404 when it is missing or damaged)."""
