@@ -273,15 +273,15 @@ def test_negatives_show_text_and_picture_of_every_item():
                                                       "score": 0.5}]})
     anchor, offline, online = render_negatives(caption)
     assert "training caption 3, <q>a &lt;red&gt; square</q>" in anchor and _srcs(anchor) == ["/media/images/1"]
-    assert _srcs(offline) == ["/media/images/9"] and "#1</span>" in offline and 'class="aoq-name">cat<' in offline
-    assert _srcs(online) == ["/media/images/2"] and "0.500</span>" in online
+    assert _srcs(offline) == ["/media/images/9"] and "mined #1</span>" in offline and 'class="aoq-name">cat<' in offline
+    assert _srcs(online) == ["/media/images/2"] and "score 0.500</span>" in online
     image = NegativesOut.model_validate({"model": "aoq", "kind": "image", "id": 4, "text": "owl",
                                          "image_url": "/media/images/4",
                                          "offline": [{"id": 7, "text": "t1", "image_url": "/media/images/8",
                                                       "rank": 2}], "online": []})
     anchor, offline, online = render_negatives(image)
     assert "training image 4, <b>owl</b>" in anchor and _srcs(anchor) == ["/media/images/4"]
-    assert '<li data-id="7"><img src="/media/images/8" alt="t1" title="t1"><span><span class="aoq-rank">#2</span> ' \
+    assert '<li data-id="7"><img src="/media/images/8" alt="t1" title="t1"><span><span class="aoq-rank">mined #2</span> ' \
            "t1</span></li>" in offline
     assert "none" in online
 

@@ -63,7 +63,8 @@ def render_failures(failures: FailuresOut) -> str:
 
 
 def _negative_item(item: NegativeItem, kind: str) -> str:
-    badge = f"#{item.rank}" if item.rank is not None else f"{item.score:.3f}" if item.score is not None else ""
+    badge = f"mined #{item.rank}" if item.rank is not None else f"score {item.score:.3f}" if item.score is not None \
+        else ""
     badge_html = f'<span class="aoq-rank">{badge}</span> ' if badge else ""
     text = escape(item.text or "")
     picture = f'<img src="{escape(item.image_url)}" alt="{text}" title="{text}">' if item.image_url else ""
