@@ -221,8 +221,8 @@ def test_a_link_reopens_the_view_and_the_comparison_downloads(driver, emoji_demo
     wait(driver, lambda d: columns_loaded(d, "t2i", 7))
     # the same model on both sides is said
     driver.find_element(By.CSS_SELECTOR, "#right-model input").click()
-    next(o for o in wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "ul[role=listbox] li"))
-         if o.text.startswith("baseline")).click()
+    wait(driver, lambda d: next((o for o in d.find_elements(By.CSS_SELECTOR, "ul[role=listbox] li")
+                                 if o.text.startswith("baseline")), None)).click()
     wait(driver, lambda d: "Both columns show the same model (baseline)" in text(d, "t2i-query-line"))
     wait(driver, lambda d: "right=baseline" in d.current_url)
     address = parse_qs(urlparse(driver.current_url).query)
