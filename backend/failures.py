@@ -23,7 +23,7 @@ Which = Literal["baseline_only", "aoq_only", "both"]
 def failure_cases(
     session: Session, left_model: int, right_model: int, direction: Direction, which: Which,
     limit: int, offset: int = 0,
-) -> tuple[int, list[tuple[int, int, int]]]:
+) -> tuple[int, list[tuple[int, float, float]]]:
     """Queries where the left model (the baseline) or the right one (AOQ) fails at rank 1.
 
     ``baseline_only``: left rank > 1 and right rank 1; ``aoq_only``: the reverse; ``both``: both > 1.
@@ -50,4 +50,4 @@ def failure_cases(
     )
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     rows = session.execute(base.order_by(*order, left.query_id).limit(limit).offset(offset)).all()
-    return int(total), [(int(q), int(lr), int(rr)) for q, lr, rr in rows]
+    return int(total), [(int(q), float(lr), float(rr)) for q, lr, rr in rows]

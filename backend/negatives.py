@@ -47,10 +47,12 @@ _CACHED_MODELS = 4
 
 @dataclass(frozen=True)
 class Negative:
-    """A negative: catalogue id, caption text (caption negatives) and its rank or score."""
+    """A negative: catalogue id, its text (a caption's, or an image's name: its first caption),
+    the image it shows (the image itself, or a caption's image) and its rank or score."""
 
     id: int
-    text: str | None
+    text: str
+    image_id: int
     rank: int | None = None
     score: float | None = None
 
@@ -59,7 +61,10 @@ class Negative:
 class NegativesResult:
     kind: Kind
     anchor_id: int
-    anchor_text: str | None
+    #: the anchor caption's text, or the anchor image's name
+    anchor_text: str
+    #: the anchor image, or the anchor caption's image
+    anchor_image_id: int
     offline: list[Negative]
     online: list[Negative]
 
@@ -170,9 +175,15 @@ class NegativesService:
         rng = np.random.default_rng([seed, position, 0 if kind == "caption" else 1])
         ckpt = served.checkpoint
 
+        def image(p: int, **measure) -> Negative:
+            return Negative(int(ids.image_ids[p]), captions[p * cpi], int(ids.image_ids[p]), **measure)
+
+        def caption(p: int, **measure) -> Negative:
+            return Negative(int(ids.caption_ids[p]), captions[p], int(ids.image_ids[p // cpi]), **measure)
+
         if kind == "caption":
             offline_pos = np.asarray(training.mined.cap_top_imgs[position][:n], dtype=np.int64)
-            offline = [Negative(int(ids.image_ids[p]), None, rank=r + 1) for r, p in enumerate(offline_pos)]
+            offline = [image(int(p), rank=r + 1) for r, p in enumerate(offline_pos)]
             own_image = position // cpi
             others = rng.choice(n_captions - 1, size=min(BATCH_SIZE - 1, n_captions - 1), replace=False)
             batch_images = np.unique((others + (others >= position)) // cpi)
@@ -180,16 +191,15 @@ class NegativesService:
             query = self._caption_embeddings(served, training, np.array([position]))[0]
             scores = encode_image_inputs(ckpt.model, self._image_inputs(served, training, batch_images)) @ query
             order = np.argsort(-scores, kind="stable")[:n]
-            online = [Negative(int(ids.image_ids[batch_images[j]]), None, score=float(scores[j])) for j in order]
-            return NegativesResult(kind, item_id, captions[position], offline, online)
+            online = [image(int(batch_images[j]), score=float(scores[j])) for j in order]
+            return NegativesResult(kind, item_id, captions[position], int(ids.image_ids[own_image]), offline, online)
 
         offline_pos = np.asarray(training.mined.img_top_caps[position][:n], dtype=np.int64)
-        offline = [Negative(int(ids.caption_ids[p]), captions[p], rank=r + 1) for r, p in enumerate(offline_pos)]
+        offline = [caption(int(p), rank=r + 1) for r, p in enumerate(offline_pos)]
         others = rng.choice(n_captions, size=min(BATCH_SIZE - 1, n_captions), replace=False)
         batch_captions = others[others // cpi != position]
         query = encode_image_inputs(ckpt.model, self._image_inputs(served, training, np.array([position])))[0]
         scores = self._caption_embeddings(served, training, batch_captions) @ query
         order = np.argsort(-scores, kind="stable")[:n]
-        online = [Negative(int(ids.caption_ids[batch_captions[j]]), captions[batch_captions[j]], score=float(scores[j]))
-                  for j in order]
-        return NegativesResult(kind, item_id, None, offline, online)
+        online = [caption(int(batch_captions[j]), score=float(scores[j])) for j in order]
+        return NegativesResult(kind, item_id, captions[position * cpi], item_id, offline, online)

@@ -38,10 +38,12 @@ from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.config import Settings
 from aoq_serve.store.db import Model
 from aoq_serve.errors import ServiceError
+from aoq_serve.gallery import GalleryView, Span
 from aoq_serve.index.faiss_index import (
     MODALITIES,
     FileStamp,
     LoadedIndex,
+    indexed_splits,
     load_model_index,
     read_generation,
 )
@@ -55,16 +57,17 @@ class Disabled(Exception):
 
 @dataclass(frozen=True)
 class Gallery:
-    """The gallery split of a dataset as the service keeps it in memory (ids and caption texts)."""
+    """The gallery of a dataset as the service keeps it in memory: the ids and caption texts of
+    its splits in id order, and what :class:`GalleryView` derives from them."""
 
     dataset_id: int
     dataset: str
+    #: the evaluation split (ground-truth ranks, failure cases, metrics).
     split: str
     synthetic: bool
     ids: SplitIds
     captions: list[str]
-    #: exact caption text -> its first position, to recognise queries that are gallery captions.
-    text_positions: dict[str, int]
+    view: GalleryView
     #: :func:`aoq_serve.store.catalogue.gallery_digest` of the ids and captions read from the catalogue.
     digest: str
 
@@ -93,6 +96,9 @@ class ModelInfo:
     checkpoint_hash: str = ""
     dataset: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: where ``metrics`` and the report's figures come from (``aoq_serve.schemas.Measured``).
+    metrics_measured: dict[str, Any] | None = None
+    evaluated: dict[str, Any] | None = None
     enabled: bool = False
     disabled_reason: str | None = None
 
@@ -167,7 +173,8 @@ def _info(row: Model, dataset: str, enabled: bool, reason: str | None) -> ModelI
     return ModelInfo(
         name=row.name, role=row.role, loss=row.loss, image_encoder=row.image_encoder,
         image_input=row.image_input, checkpoint_hash=row.checkpoint_hash, dataset=dataset,
-        metrics=dict(row.metrics or {}), enabled=enabled, disabled_reason=reason,
+        metrics=dict(row.metrics or {}), metrics_measured=(row.report or {}).get("selected_on"),
+        evaluated=(row.report or {}).get("measured"), enabled=enabled, disabled_reason=reason,
     )
 
 
@@ -176,18 +183,29 @@ class _Loader:
 
     def __init__(self, settings: Settings, session: Session, previous: Snapshot | None) -> None:
         self.settings, self.session, self.previous = settings, session, previous
-        self.galleries: dict[tuple[int, str], Gallery] = {}
+        self.galleries: dict[tuple[int, tuple[str, ...], str], Gallery] = {}
 
-    def gallery(self, dataset_id: int, split: str) -> Gallery:
-        key = (dataset_id, split)
+    def gallery(self, dataset_id: int, splits: tuple[str, ...], eval_split: str) -> Gallery:
+        """The gallery of ``splits`` (as the index lists them) with ``eval_split`` among them."""
+        key = (dataset_id, splits, eval_split)
         if key not in self.galleries:
             dataset = catalogue.get_dataset(self.session, dataset_id)
-            ids = catalogue.split_ids(self.session, dataset_id, split)
-            texts = catalogue.caption_texts(self.session, dataset_id, split)
-            positions: dict[str, int] = {}
-            for p, text in enumerate(texts):
-                positions.setdefault(text, p)
-            self.galleries[key] = Gallery(dataset_id, dataset.name, split, dataset.synthetic, ids, texts, positions,
+            parts = [(catalogue.split_ids(self.session, dataset_id, s),
+                      catalogue.caption_texts(self.session, dataset_id, s)) for s in splits]
+            parts.sort(key=lambda part: int(part[0].image_ids[0]) if part[0].n_images else 0)
+            ids = catalogue.joined_ids([p[0] for p in parts])
+            texts = [t for _, split_texts in parts for t in split_texts]
+            spans, images, captions = [], 0, 0
+            for split_ids, _ in parts:
+                spans.append(Span(split_ids.split, range(images, images + split_ids.n_images),
+                                  range(captions, captions + len(split_ids.caption_ids))))
+                images, captions = spans[-1].images.stop, spans[-1].captions.stop
+            if eval_split not in splits:
+                raise Disabled(f"the index holds splits {', '.join(splits)} but not the evaluation split "
+                               f"{eval_split!r}; re-run aoq index")
+            owners = np.searchsorted(ids.image_ids, ids.caption_image_ids)
+            self.galleries[key] = Gallery(dataset_id, dataset.name, eval_split, dataset.synthetic, ids, texts,
+                                          GalleryView(spans, owners, texts, eval_split),
                                           catalogue.gallery_digest(ids, texts))
         return self.galleries[key]
 
@@ -255,7 +273,11 @@ class _Loader:
 
     def load(self, row: Model) -> ServingModel:
         dataset = catalogue.get_dataset(self.session, row.dataset_id)
-        gallery = self.gallery(row.dataset_id, row.gallery_split)
+        try:
+            splits = indexed_splits(self.settings.index_dir / row.name, row.gallery_split)
+        except ArtefactError as exc:
+            raise Disabled(f"index cannot be loaded: {exc}") from None
+        gallery = self.gallery(row.dataset_id, splits, row.gallery_split)
         index = self.index(row, gallery)
         ckpt = self.checkpoint(row)
         return ServingModel(

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from aoq.names import PositiveRule
+
 MAX_QUERY_CHARS = 1000
 MAX_K = 100
 #: ids are 32-bit integers in the catalogue (PostgreSQL INTEGER).
@@ -14,6 +16,14 @@ MAX_ID = 2**31 - 1
 DEFAULT_MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 #: side of the thumbnails the result lists link to.
 THUMBNAIL_SIZE = 128
+#: the sizes ``/images/{id}?size=`` makes thumbnails of (the longer side, in pixels).
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 512
+#: images per page of ``/gallery``.
+MAX_GALLERY_PAGE = 100
+#: what a search ranks: the whole catalogue (every indexed split) or the evaluation split alone.
+Scope = Literal["all", "test"]
+SCOPE_HELP = ("all: every split the index holds (train, dev and test); test: the evaluation split alone, whose "
+              "ranks the metrics and failure cases use")
 
 
 def _not_blank(value: str) -> str:
@@ -36,6 +46,18 @@ class HealthOut(BaseModel):
     generation: int | None = Field(None, description="index generation being served (index.json)")
 
 
+class Measured(BaseModel):
+    """Where a figure comes from: which split, how many images, which protocol and positives rule,
+    which training seeds (one served checkpoint is one seed)."""
+
+    split: str
+    n_images: int | None = None
+    protocol: str | None = Field(None, description="full, 1k5fold or 5k; None where each table names its own")
+    positives: PositiveRule = Field("pair", description="pair: a caption matches its own image; text: every image "
+                                                        "with a caption of the same normalised text (docs/evaluation.md)")
+    seeds: list[int] = Field(default_factory=list)
+
+
 class ModelOut(BaseModel):
     name: str
     role: str
@@ -47,6 +69,9 @@ class ModelOut(BaseModel):
     enabled: bool
     disabled_reason: str | None
     metrics: dict = Field(description="the checkpoint's own metrics (the dev split it was selected on)")
+    metrics_measured: Measured | None = Field(None, description="where ``metrics`` come from")
+    evaluated: Measured | None = Field(None, description="the evaluation split of /metrics, the failure cases "
+                                                         "and the ground-truth ranks of searches")
 
 
 class SplitCounts(BaseModel):
@@ -72,6 +97,7 @@ class ExampleImage(BaseModel):
     id: int
     image_url: str
     thumbnail_url: str
+    name: str | None = Field(None, description="its first caption (the emoji set: the CLDR short name)")
 
 
 class ExamplesOut(BaseModel):
@@ -85,35 +111,65 @@ class SearchTextIn(BaseModel):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS)
     model: str = Field(min_length=1, max_length=200)
     k: int = Field(10, ge=1, le=MAX_K)
+    scope: Scope = Field("all", description=SCOPE_HELP)
 
     _query = field_validator("query")(_not_blank)
 
 
-class ImageHit(BaseModel):
-    rank: int = Field(description="1-based")
+class GalleryImage(BaseModel):
     image_id: int
-    score: float
+    name: str = Field(description="its first caption (the emoji set: the CLDR short name)")
+    split: str
     image_url: str
     thumbnail_url: str
+
+
+class ImageHit(GalleryImage):
+    rank: int = Field(description="1-based, in the searched scope")
+    score: float
     is_ground_truth: bool
+
+
+class SearchContext(BaseModel):
+    """What a search covered and how its ground truth is judged."""
+
+    scope: Scope
+    searched: int = Field(description="items ranked (images for text queries, captions for image queries)")
+    eval_split: str = Field(description="the split of ground_truth_rank, the metrics and the failure cases")
+    positives: PositiveRule = Field(description="the model's evaluation rule for correct answers")
 
 
 class SearchTextOut(BaseModel):
     model: str
     query: str
-    caption_id: int | None = Field(description="set when the query is exactly a gallery caption")
-    ground_truth_ids: list[int]
-    ground_truth_rank: float | None = Field(description="1-based rank of the ground truth in the full gallery "
-                                                        "(expected rank when scores tie; docs/evaluation.md)")
+    caption_id: int | None = Field(description="set when the query's normalised text is a caption of the gallery "
+                                               "(one of the evaluation split when there is one)")
+    query_split: str | None = Field(None, description="the split of that caption")
+    context: SearchContext
+    ground_truth_ids: list[int] = Field(description="the correct images in the searched scope, by the positives rule")
+    ground_truth: list[GalleryImage] = Field(default_factory=list, description="the first of them, named")
+    scope_rank: float | None = Field(None, description="1-based rank of the best correct image in the searched "
+                                                       "scope, as the results list counts (expected rank on ties)")
+    ground_truth_rank: float | None = Field(description="1-based rank of the ground truth among the evaluation "
+                                                        "split's images, as evaluated (expected rank when scores "
+                                                        "tie; docs/evaluation.md); None when the query is not a "
+                                                        "caption of the evaluation split")
     results: list[ImageHit]
+    outside: ImageHit | None = Field(None, description="scope test: the best image outside the evaluation split "
+                                                       "when it would be among the top k of the whole catalogue")
     latency_ms: float
 
 
 class CaptionHit(BaseModel):
-    rank: int
-    caption_id: int
+    rank: int = Field(description="1-based, in the searched scope; with the text rule a row stands for every "
+                                  "caption of its text, so the next row's rank is this one's plus its copies")
+    caption_id: int = Field(description="the best-scoring caption of the row")
     text: str
+    copies: int = Field(1, description="captions of this text in the searched scope (the text rule lists a text once)")
     image_id: int
+    image_name: str = Field("", description="the name of the caption's image")
+    split: str = Field("", description="the split of the caption")
+    thumbnail_url: str = Field("", description="the caption's image")
     score: float
     is_ground_truth: bool
 
@@ -121,9 +177,15 @@ class CaptionHit(BaseModel):
 class SearchImageOut(BaseModel):
     model: str
     image_id: int | None
-    ground_truth_ids: list[int]
-    ground_truth_rank: float | None
+    query: GalleryImage | None = Field(None, description="the query image, when it is a gallery image")
+    context: SearchContext
+    ground_truth_ids: list[int] = Field(description="the correct captions in the searched scope")
+    ground_truth_texts: list[str] = Field(default_factory=list, description="the query image's own caption texts")
+    scope_rank: float | None = None
+    ground_truth_rank: float | None = Field(description="rank among the evaluation split's captions, as evaluated; "
+                                                        "None unless the query is an image of that split")
     results: list[CaptionHit]
+    outside: CaptionHit | None = None
     latency_ms: float
 
 
@@ -133,6 +195,7 @@ class CompareTextIn(BaseModel):
         None, min_length=2, max_length=2, description="[left, right]; default the baseline-role and aoq-role models"
     )
     k: int = Field(10, ge=1, le=MAX_K)
+    scope: Scope = Field("all", description=SCOPE_HELP)
 
     _query = field_validator("query")(_not_blank)
 
@@ -155,11 +218,22 @@ class CaptionOut(BaseModel):
     split: str
 
 
+class GalleryPageOut(BaseModel):
+    dataset: str
+    scope: Scope
+    query: str = Field(description="the filter: images one of whose captions contains it (case folded)")
+    total: int = Field(description="images matching the filter in the scope")
+    offset: int
+    images: list[GalleryImage]
+
+
 class FailureItem(BaseModel):
     query_id: int = Field(description="caption id (t2i) or image id (i2t)")
     query_text: str | None = None
     image_url: str | None = None
+    thumbnail_url: str | None = None
     image_id: int | None = Field(None, description="t2i: the ground-truth image; i2t: the query image")
+    image_name: str | None = Field(None, description="the name of that image")
     left_rank: float
     right_rank: float
 
@@ -170,6 +244,8 @@ class FailuresOut(BaseModel):
     left: str
     right: str
     total: int
+    offset: int = 0
+    measured: Measured | None = Field(None, description="the split and rule of the ranks")
     items: list[FailureItem]
 
 
@@ -214,6 +290,8 @@ class LabelTable(BaseModel):
 
 class MetricsOut(BaseModel):
     model: str
+    measured: Measured | None = Field(None, description="the split, rule and seed of the tables and histogram")
+    curves_measured: Measured | None = Field(None, description="the split and rule of the training curves")
     tables: dict[str, ProtocolTable] = Field(description="protocol (full, 1k5fold, 5k) -> table, on the gallery split")
     curves: list[CurvePoint]
     rank_histogram: RankHistogram | None
@@ -222,8 +300,8 @@ class MetricsOut(BaseModel):
 
 class NegativeItem(BaseModel):
     id: int
-    text: str | None = None
-    image_url: str | None = None
+    text: str | None = Field(None, description="a caption's text, or an image's name")
+    image_url: str | None = Field(None, description="an image, or a caption's image")
     rank: int | None = Field(None, description="offline: 1-based position in the mined list")
     score: float | None = Field(None, description="online: the model's score against the anchor")
 
@@ -232,8 +310,8 @@ class NegativesOut(BaseModel):
     model: str
     kind: Literal["caption", "image"]
     id: int
-    text: str | None = None
-    image_url: str | None = None
+    text: str | None = Field(None, description="the anchor caption's text, or the anchor image's name")
+    image_url: str | None = Field(None, description="the anchor image, or the anchor caption's image")
     offline: list[NegativeItem]
     online: list[NegativeItem]
 

@@ -1,10 +1,16 @@
 """The two searches, on one served model: a sentence against the gallery images, an image
 (a gallery image id or an upload) against the gallery captions.
 
-The ground truth is known when the query is a gallery item (a caption's text exactly, or a
-gallery image id). Its rank is over the whole gallery, not the top k: when it is among the
-exact top-k results, the rank is read from them; otherwise it is computed against every gallery
-embedding (one matrix-vector product), as in the evaluation code.
+Scope ``all`` ranks every split the index holds (FAISS); scope ``test`` ranks the evaluation
+split alone, scored exactly against its embeddings (one matrix-vector product: an evaluation
+split is small next to a training split). The correct answers follow the model's evaluation
+rule (:mod:`aoq_serve.truth`); under the text rule the captions of one text are one answer, so an
+image query lists each text once with the number of captions it stands for.
+
+Two ranks of the ground truth are given: in the searched scope (what the list shows) and among
+the evaluation split's items (what the failure cases and the metrics count). A rank is read
+from the results when they hold everything scoring at or above the best correct item;
+otherwise it is computed against every embedding of the scope.
 """
 
 from __future__ import annotations
@@ -15,17 +21,29 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from aoq.names import PositiveRule
+from aoq_serve.featurize import encode_text, encode_upload
+from aoq_serve.gallery import GalleryView
 from aoq_serve.index import faiss_index
 from aoq_serve.errors import ServiceError
-from aoq_serve.featurize import encode_text, encode_upload
 from aoq_serve.registry import ServingModel
 from aoq_serve.schemas import (
     THUMBNAIL_SIZE,
     CaptionHit,
+    GalleryImage,
     ImageHit,
+    Scope,
+    SearchContext,
     SearchImageOut,
     SearchTextOut,
 )
+from aoq_serve.truth import Truth, image_truth, rank_among, text_truth
+
+#: named ground-truth images an answer carries (a text of many copies has many correct images).
+MAX_NAMED_TRUTH = 8
+#: an image query under the text rule asks for this many times k captions, then more until it
+#: has k distinct texts.
+FETCH_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -41,51 +59,171 @@ class Urls:
         return f"{self.base}/images/{image_id}?size={size}"
 
 
-def _ground_truth_rank(
-    served: ServingModel, modality: str, query: np.ndarray, scores: np.ndarray, ids: np.ndarray,
-    truth_ids: np.ndarray, truth_positions: np.ndarray,
-) -> float:
-    """1-based full-gallery rank of the best ground-truth item (expected rank over tie orders, as
-    in aoq.metrics)."""
-    found = np.isin(ids, truth_ids)
-    if found.any() and served.index.config["index_type"] == "flat":
+def gallery_image(served: ServingModel, position: int, urls: Urls) -> GalleryImage:
+    """The image at a gallery position, named."""
+    view = served.gallery.view
+    image_id = int(served.gallery.ids.image_ids[position])
+    return GalleryImage(image_id=image_id, name=view.name(position), split=view.image_split(position),
+                        image_url=urls.image(image_id), thumbnail_url=urls.thumbnail(image_id))
+
+
+def _rule(served: ServingModel) -> PositiveRule:
+    return served.checkpoint.config.eval.positives
+
+
+def _span(view: GalleryView, modality: str, scope: Scope) -> range:
+    return view.image_range(scope) if modality == "images" else view.caption_range(scope)
+
+
+def _scores(served: ServingModel, modality: str, vector: np.ndarray, span: range) -> np.ndarray:
+    """Scores of the items of ``span`` against a query vector."""
+    embeddings = served.index.embeddings[modality][span.start:span.stop]
+    return np.asarray(embeddings @ vector.astype(np.float32), dtype=np.float32)
+
+
+def _top(served: ServingModel, modality: str, vector: np.ndarray, k: int, scope: Scope
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` (scores, gallery positions) of a scope, best first."""
+    if scope == "all":
+        scores, ids = faiss_index.search(served.index.faiss[modality], vector, k)
+        return scores, np.searchsorted(served.index.ids[modality], ids)
+    span = _span(served.gallery.view, modality, scope)
+    scores = _scores(served, modality, vector, span)
+    k = min(k, len(scores))
+    top = np.argpartition(-scores, k - 1)[:k]
+    top = top[np.lexsort((top, -scores[top]))]
+    return scores[top], top + span.start
+
+
+def _exact(served: ServingModel, scope: Scope) -> bool:
+    return scope == "test" or served.index.config["index_type"] == "flat"
+
+
+def _scope_rank(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, scores: np.ndarray,
+                positions: np.ndarray, truth: np.ndarray) -> float:
+    found = np.isin(positions, truth)
+    if found.any() and _exact(served, scope):
+        # Exact top list: everything scoring at or above the best correct item is in it too,
+        # unless a tie runs past the cut (the last score equals it): then rank the whole scope.
         best = scores[found].max()
-        # Exact top-k: everything scoring at or above the best ground truth is in the list too,
-        # unless a tie runs past the cut (the last score equals it): then rank the full gallery.
         if scores[-1] < best:
             return faiss_index.tied_rank(scores[~found], scores[found])
-    return faiss_index.full_rank(served.index.embeddings[modality], query, truth_positions)
+    span = _span(served.gallery.view, modality, scope)
+    return rank_among(_scores(served, modality, vector, span), span, truth)
 
 
-def search_text(served: ServingModel, query: str, k: int, urls: Urls) -> SearchTextOut:
-    """Rank the gallery images for a sentence."""
+def _ranks(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, scores: np.ndarray,
+           positions: np.ndarray, truth: Truth) -> tuple[float | None, float | None]:
+    """(rank in the scope, rank in the evaluation split) of the best correct item."""
+    in_scope = _scope_rank(served, modality, vector, scope, scores, positions, truth.in_scope) \
+        if truth.in_scope.size else None
+    if not truth.in_eval.size:
+        return in_scope, None
+    if scope == "test":
+        return in_scope, in_scope
+    span = _span(served.gallery.view, modality, "test")
+    return in_scope, rank_among(_scores(served, modality, vector, span), span, truth.in_eval)
+
+
+def _context(served: ServingModel, modality: str, scope: Scope) -> SearchContext:
+    view = served.gallery.view
+    return SearchContext(scope=scope, searched=len(_span(view, modality, scope)), eval_split=view.eval.split,
+                         positives=_rule(served))
+
+
+def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Scope = "all") -> SearchTextOut:
+    """Rank the images of a scope for a sentence."""
     start = time.perf_counter()
+    view, ids = served.gallery.view, served.gallery.ids
     vector = encode_text(served.checkpoint, query)
-    scores, ids = faiss_index.search(served.index.faiss["images"], vector, k)
-    gallery = served.gallery
-    position = gallery.text_positions.get(query)
-    caption_id, truth, rank = None, np.empty(0, dtype=np.int64), None
-    if position is not None:
-        caption_id = int(gallery.ids.caption_ids[position])
-        truth = gallery.ids.caption_image_ids[position : position + 1]
-        truth_position = np.array([gallery.image_position(int(truth[0]))])
-        rank = _ground_truth_rank(served, "images", vector, scores, ids, truth, truth_position)
-    truth_set = set(truth.tolist())
-    results = [
-        ImageHit(rank=r + 1, image_id=int(i), score=float(s), image_url=urls.image(int(i)),
-                 thumbnail_url=urls.thumbnail(int(i)), is_ground_truth=int(i) in truth_set)
-        for r, (s, i) in enumerate(zip(scores, ids))
-    ]
+    scores, positions = _top(served, "images", vector, k, scope)
+    truth = text_truth(view, _rule(served), query, scope)
+    scope_rank, eval_rank = _ranks(served, "images", vector, scope, scores, positions, truth)
+    correct = set(truth.in_scope.tolist())
+    results = [ImageHit(rank=r + 1, score=float(s), is_ground_truth=int(p) in correct,
+                        **gallery_image(served, int(p), urls).model_dump())
+               for r, (s, p) in enumerate(zip(scores, positions))]
+    outside = None
+    if scope == "test":
+        wide_scores, wide = _top(served, "images", vector, k, "all")
+        beyond = [r for r, p in enumerate(wide) if p not in view.eval.images]
+        if beyond:
+            r = beyond[0]
+            outside = ImageHit(rank=r + 1, score=float(wide_scores[r]), is_ground_truth=False,
+                               **gallery_image(served, int(wide[r]), urls).model_dump())
     return SearchTextOut(
-        model=served.name, query=query, caption_id=caption_id, ground_truth_ids=sorted(truth_set),
-        ground_truth_rank=rank, results=results, latency_ms=(time.perf_counter() - start) * 1000,
+        model=served.name, query=query,
+        caption_id=None if truth.caption is None else int(ids.caption_ids[truth.caption]),
+        query_split=None if truth.caption is None else view.caption_split(truth.caption),
+        context=_context(served, "images", scope),
+        ground_truth_ids=[int(ids.image_ids[p]) for p in truth.in_scope],
+        ground_truth=[gallery_image(served, int(p), urls) for p in truth.in_scope[:MAX_NAMED_TRUTH]],
+        scope_rank=scope_rank, ground_truth_rank=eval_rank, results=results, outside=outside,
+        latency_ms=(time.perf_counter() - start) * 1000,
     )
 
 
+@dataclass(frozen=True)
+class _Row:
+    rank: int
+    position: int
+    score: float
+    copies: int
+
+
+def _caption_rows(view: GalleryView, rule: PositiveRule, scores: np.ndarray, positions: np.ndarray, k: int,
+                  span: range, own: dict[int, int]) -> list[_Row]:
+    """The first ``k`` rows of a caption list: every caption under the pair rule; under the text
+    rule each text once, at the rank of its best caption, shown by the query image's own caption
+    of that text when it has one (``own``: key -> position)."""
+    if rule == "pair":
+        return [_Row(r + 1, int(p), float(s), 1) for r, (s, p) in enumerate(zip(scores[:k], positions[:k]))]
+    rows: list[_Row] = []
+    seen: set[int] = set()
+    descending = -scores
+    for s, p in zip(scores, positions):
+        key = int(view.keys[p])
+        if key in seen:
+            continue
+        seen.add(key)
+        above = int(np.searchsorted(descending, -s, side="left"))  # captions scoring strictly more
+        rows.append(_Row(above + 1, own.get(key, int(p)), float(s), view.copies(key, span)))
+        if len(rows) == k:
+            break
+    return rows
+
+
+def _listed(served: ServingModel, vector: np.ndarray, k: int, scope: Scope, own: dict[int, int]
+            ) -> tuple[list[_Row], np.ndarray, np.ndarray]:
+    """The rows of a caption list and the scores and positions they were read from: under the
+    text rule, wider searches until ``k`` distinct texts are found or the scope is exhausted."""
+    view, rule = served.gallery.view, _rule(served)
+    span = view.caption_range(scope)
+    fetch = k if rule == "pair" else min(len(span), k * FETCH_FACTOR)
+    while True:
+        scores, positions = _top(served, "captions", vector, fetch, scope)
+        rows = _caption_rows(view, rule, scores, positions, k, span, own)
+        if len(rows) >= k or fetch >= len(span):
+            return rows, scores, positions
+        fetch = min(len(span), fetch * FETCH_FACTOR)
+
+
+def _caption_hit(served: ServingModel, row: _Row, correct: set[int], urls: Urls) -> CaptionHit:
+    gallery, view = served.gallery, served.gallery.view
+    owner = int(view.caption_owner[row.position])
+    image_id = int(gallery.ids.image_ids[owner])
+    return CaptionHit(rank=row.rank, caption_id=int(gallery.ids.caption_ids[row.position]),
+                      text=gallery.captions[row.position], copies=row.copies, image_id=image_id,
+                      image_name=view.name(owner), split=view.caption_split(row.position),
+                      thumbnail_url=urls.thumbnail(image_id), score=row.score,
+                      is_ground_truth=row.position in correct)
+
+
 def search_image(
-    served: ServingModel, k: int, image_id: int | None = None, upload: Image.Image | None = None
+    served: ServingModel, k: int, urls: Urls, image_id: int | None = None, upload: Image.Image | None = None,
+    scope: Scope = "all",
 ) -> SearchImageOut:
-    """Rank the gallery captions for a gallery image (by id) or an uploaded image.
+    """Rank the captions of a scope for a gallery image (by id) or an uploaded image.
 
     Raises:
         ServiceError: 404 the id is not a gallery image of the model; 422 an upload the model
@@ -93,31 +231,40 @@ def search_image(
     """
     start = time.perf_counter()
     gallery = served.gallery
-    truth, rank = np.empty(0, dtype=np.int64), None
+    view = gallery.view
+    truth, query, own, texts = None, None, {}, []
     if image_id is not None:
         position = gallery.image_position(image_id)
         if position is None:
             raise ServiceError(
                 404, f"image {image_id} is not in the gallery of model {served.name!r} "
-                f"(dataset {gallery.dataset!r}, split {gallery.split!r})"
+                f"(dataset {gallery.dataset!r}, splits {', '.join(s.split for s in view.spans)})"
             )
         vector = np.asarray(served.index.embeddings["images"][position], dtype=np.float32)
+        truth = image_truth(view, _rule(served), position, scope)
+        captions = view.captions_of(position)
+        own = {int(view.keys[c]): c for c in captions}
+        texts = list(dict.fromkeys(gallery.captions[c] for c in captions))
+        query = gallery_image(served, position, urls)
     else:
         vector = encode_upload(served.checkpoint, upload, gallery.synthetic, gallery.dataset)
-    scores, ids = faiss_index.search(served.index.faiss["captions"], vector, k)
-    if image_id is not None:
-        owners = gallery.ids.caption_image_ids
-        first, last = np.searchsorted(owners, image_id, "left"), np.searchsorted(owners, image_id, "right")
-        truth = gallery.ids.caption_ids[first:last]
-        rank = _ground_truth_rank(served, "captions", vector, scores, ids, truth, np.arange(first, last))
-    truth_set = set(truth.tolist())
-    results = []
-    for r, (s, c) in enumerate(zip(scores, ids)):
-        p = gallery.caption_position(int(c))
-        results.append(CaptionHit(rank=r + 1, caption_id=int(c), text=gallery.captions[p],
-                                  image_id=int(gallery.ids.caption_image_ids[p]), score=float(s),
-                                  is_ground_truth=int(c) in truth_set))
+    rows, scores, positions = _listed(served, vector, k, scope, own)
+    scope_rank = eval_rank = None
+    correct: set[int] = set()
+    if truth is not None:
+        scope_rank, eval_rank = _ranks(served, "captions", vector, scope, scores, positions, truth)
+        correct = set(truth.in_scope.tolist())
+    outside = None
+    if scope == "test":
+        shown = {int(view.keys[r.position]) for r in rows}
+        wide, _, _ = _listed(served, vector, k, "all", own)
+        beyond = [r for r in wide if r.position not in view.eval.captions and int(view.keys[r.position]) not in shown]
+        if beyond:
+            outside = _caption_hit(served, beyond[0], set(), urls)
     return SearchImageOut(
-        model=served.name, image_id=image_id, ground_truth_ids=sorted(truth_set), ground_truth_rank=rank,
-        results=results, latency_ms=(time.perf_counter() - start) * 1000,
+        model=served.name, image_id=image_id, query=query, context=_context(served, "captions", scope),
+        ground_truth_ids=[] if truth is None else [int(gallery.ids.caption_ids[c]) for c in truth.in_scope],
+        ground_truth_texts=texts, scope_rank=scope_rank, ground_truth_rank=eval_rank,
+        results=[_caption_hit(served, r, correct, urls) for r in rows], outside=outside,
+        latency_ms=(time.perf_counter() - start) * 1000,
     )

@@ -18,7 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="index directory (one subfolder per model)")
     parser.add_argument("--catalogue", default=None,
                         help="SQLAlchemy URL of the catalogue (default: sqlite file OUT/catalogue.sqlite)")
-    parser.add_argument("--split", default="test", help="gallery split (default: %(default)s)")
+    parser.add_argument("--split", default="test",
+                        help="evaluation split: ground-truth ranks, failure cases, metrics (default: %(default)s)")
+    parser.add_argument("--gallery", choices=("all", "eval"), default="all",
+                        help="what the service searches: every split of the data (train, dev and --split; "
+                             "default) or the evaluation split alone")
     parser.add_argument("--config", type=Path, default=None,
                         help="take the data section from this run config instead of each checkpoint's own")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -39,12 +43,13 @@ def run(args: argparse.Namespace) -> int:
     catalogue = args.catalogue or Settings(index_dir=args.out).catalogue()
     job = IndexJob(
         models_dir=args.models_dir, data_dir=args.data_dir, out=args.out, catalogue_url=catalogue,
-        split=args.split, spec=IndexSpec(type=args.index_type, target_recall=args.target_recall),
+        split=args.split, gallery=args.gallery,
+        spec=IndexSpec(type=args.index_type, target_recall=args.target_recall),
         config=args.config, overrides=args.overrides, device=args.device, batch_size=args.batch_size,
     )
     for summary in index_models(job):
         recall = {m: p.get("recall_at_10") for m, p in summary["params"].items()}
-        print(f"{summary['model']} ({summary['role']}): full-gallery rsum {summary['rsum']:.2f}, "
-              f"{args.index_type} index recall@10 vs exact {recall}")
+        print(f"{summary['model']} ({summary['role']}): rsum {summary['rsum']:.2f} on the {args.split} split "
+              f"(full protocol), {args.index_type} index recall@10 vs exact {recall}")
     print(f"catalogue: {catalogue}\nindexes: {args.out}")
     return 0

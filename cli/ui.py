@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--public-backend-url",
         default=os.environ.get("AOQ_PUBLIC_BACKEND_URL"),
-        help="the search service's URL as the browser reaches it, for images "
-        "(env AOQ_PUBLIC_BACKEND_URL; default: --backend)",
+        help="the search service's URL as the browser reaches it: pictures load from there instead of "
+        "through the UI's own server (env AOQ_PUBLIC_BACKEND_URL; default: through the UI)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=7860, help="port to listen on (default %(default)s)")
@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"aoq ui: error: {exc}", file=sys.stderr)
         return 2
     client = BackendClient(args.backend, public_url=args.public_backend_url, timeout=args.timeout)
-    demo = build_app(args.backend, client=client, concurrency=args.concurrency, example_queries=queries)
+    demo = build_app(client, concurrency=args.concurrency, example_queries=queries)
     log.info("comparison UI on http://%s:%d (search service %s)", args.host, args.port, args.backend)
     try:
-        launch(demo, args.host, args.port, block=True)
+        launch(demo, client, args.host, args.port, block=True)
     finally:
         client.close()
     return 0

@@ -81,9 +81,11 @@ def test_models_describe_role_loss_encoder_and_hash(service, client):
 
 def test_datasets_count_splits(client):
     datasets = {d["name"]: d for d in client.get("/datasets").json()}
-    assert datasets["synth"]["splits"] == {"test": {"images": 12, "captions": 60}, "train": {"images": 24, "captions": 120}}
-    assert datasets["synth"]["n_images"] == 36 and datasets["synth"]["synthetic"] is True
-    assert datasets["synth_pixels"]["splits"] == {"test": {"images": 12, "captions": 60}}
+    splits = {"test": {"images": 12, "captions": 60}, "train": {"images": 24, "captions": 120},
+              "dev": {"images": 4, "captions": 20}}
+    assert datasets["synth"]["splits"] == splits  # aoq index catalogues every split: the service searches all
+    assert datasets["synth"]["n_images"] == 40 and datasets["synth"]["synthetic"] is True
+    assert datasets["synth_pixels"]["splits"] == splits
 
 
 def test_examples_are_test_items_with_working_urls(client, examples):
@@ -106,35 +108,39 @@ def test_search_text_marks_ground_truth_and_ranks_it_over_the_full_gallery(servi
     assert r.status_code == 200
     out = r.json()
     assert out["model"] == "aoq" and out["query"] == caption["text"] and out["caption_id"] == caption["id"]
+    assert out["query_split"] == "test"
+    assert out["context"] == {"scope": "all", "searched": 40, "eval_split": "test", "positives": "pair"}
     assert out["ground_truth_ids"] == [caption["image_id"]]
+    assert [g["image_id"] for g in out["ground_truth"]] == [caption["image_id"]]
     assert [h["rank"] for h in out["results"]] == [1, 2, 3]
     assert [h["is_ground_truth"] for h in out["results"]] == [h["image_id"] == caption["image_id"] for h in out["results"]]
-    # the rank is over all 12 gallery images, computed independently here
+    # ranks over all 40 catalogued images (the list's) and over the 12 test images (as evaluated),
+    # computed independently here
     ckpt = load_checkpoint(fx.models_dir / "aoq")
     emb = np.load(fx.index_dir / "aoq" / "images.npy")
     ids = np.load(fx.index_dir / "aoq" / "image_ids.npy")
     scores = emb @ encode_texts(ckpt.model, ckpt.vocab, [caption["text"]])[0]
     truth = scores[ids.tolist().index(caption["image_id"])]
-    assert out["ground_truth_rank"] == int((scores > truth + 1e-6).sum()) + 1
+    test = np.isin(ids, [i["image_id"] for i in client.get("/gallery", params={"scope": "test", "limit": 100}).json()["images"]])
+    assert test.sum() == 12
+    assert out["scope_rank"] == int((scores > truth + 1e-6).sum()) + 1
+    assert out["ground_truth_rank"] == int((scores[test] > truth + 1e-6).sum()) + 1
     assert [h["image_id"] for h in out["results"]] == ids[np.argsort(-scores)[:3]].tolist()
+    assert all(h["name"] and h["split"] in ("train", "dev", "test") for h in out["results"])
     assert out["latency_ms"] > 0
+
+    within = client.post("/search/text", json={"query": caption["text"], "model": "aoq", "k": 3, "scope": "test"}).json()
+    assert within["context"]["searched"] == 12 and all(h["split"] == "test" for h in within["results"])
+    assert within["scope_rank"] == within["ground_truth_rank"] == out["ground_truth_rank"]
+    assert [h["image_id"] for h in within["results"]] == ids[test][np.argsort(-scores[test])[:3]].tolist()
+    outside = [i for i in ids[np.argsort(-scores)[:3]].tolist() if i not in ids[test]]
+    assert (within["outside"] or {}).get("image_id") == (outside[0] if outside else None)
 
 
 def test_search_text_with_free_text_has_no_ground_truth(client):
     out = client.post("/search/text", json={"query": "a red circle", "model": "baseline"}).json()
     assert out["caption_id"] is None and out["ground_truth_ids"] == [] and out["ground_truth_rank"] is None
     assert len(out["results"]) == 10 and not any(h["is_ground_truth"] for h in out["results"])
-
-
-def test_search_image_by_id_finds_its_captions(client, examples):
-    image_id = examples["images"][2]["id"]
-    r = client.post("/search/image", data={"model": "baseline", "k": 60, "image_id": image_id})
-    assert r.status_code == 200
-    out = r.json()
-    assert out["image_id"] == image_id and len(out["ground_truth_ids"]) == 5
-    truth_ranks = [h["rank"] for h in out["results"] if h["is_ground_truth"]]
-    assert len(truth_ranks) == 5 and out["ground_truth_rank"] == min(truth_ranks)
-    assert all((h["image_id"] == image_id) == h["is_ground_truth"] for h in out["results"])
 
 
 @pytest.mark.parametrize("model", ["aoq", "pixels"])
@@ -219,15 +225,15 @@ def test_negatives_offline_from_the_mined_artefact_and_online_from_a_batch(servi
     first_train_caption = min(c["id"] for c in train["captions"])
     expected = mined.cap_top_imgs[caption["id"] - first_train_caption][:4] + first_train_image
     assert [x["id"] for x in out["offline"]] == expected.tolist()
-    assert all(x["image_url"].endswith(f"/images/{x['id']}") for x in out["offline"])
+    assert all(x["image_url"].endswith(f"/images/{x['id']}?size={THUMBNAIL_SIZE}") and x["text"] for x in out["offline"])
     scores = [x["score"] for x in out["online"]]
     assert len(scores) == 4 and scores == sorted(scores, reverse=True)
     assert caption["image_id"] not in [x["id"] for x in out["online"]]  # the positive is no negative
 
     image = train["images"][0]
     out = client.get("/negatives", params={"kind": "image", "id": image["id"], "model": "aoq", "n": 3}).json()
-    assert out["image_url"].endswith(f"/images/{image['id']}") and out["text"] is None
-    assert all(x["text"] for x in out["offline"] + out["online"])
+    assert out["image_url"].endswith(f"/images/{image['id']}") and out["text"] == train["captions"][0]["text"]
+    assert all(x["text"] and "/images/" in x["image_url"] for x in out["offline"] + out["online"])
     again = client.get("/negatives", params={"kind": "image", "id": image["id"], "model": "aoq", "n": 3}).json()
     assert again["online"] == out["online"]  # same seed, same batch
 
@@ -339,8 +345,8 @@ def test_search_image_needs_exactly_one_query(client, examples):
 
 
 def test_image_id_outside_the_model_gallery_is_404(client):
-    train_image = client.get("/examples", params={"split": "train", "n": 1}).json()["images"][0]["id"]
-    assert_error(client.post("/search/image", data={"model": "aoq", "image_id": train_image}), 404, "not in the gallery")
+    other_dataset = client.get("/examples", params={"dataset": "synth_pixels", "n": 1}).json()["images"][0]["id"]
+    assert_error(client.post("/search/image", data={"model": "aoq", "image_id": other_dataset}), 404, "not in the gallery")
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ def test_mismatched_models_are_disabled_with_the_reason(tmp_path: Path, caplog):
     with engine.begin() as conn:  # the catalogue says the baseline's image index has one vector more
         baseline = conn.execute(Model.__table__.select().where(Model.name == "baseline")).one()
         conn.execute(update(IndexRecord).where(IndexRecord.model_id == baseline.id, IndexRecord.modality == "images")
-                     .values(vector_count=13))
+                     .values(vector_count=41))
     engine.dispose()
     retrain(fx.models_dir, "aoq", seed=99)  # new weights, never indexed
     shutil.rmtree(fx.index_dir / "pixels")  # index lost
@@ -47,7 +47,7 @@ def test_mismatched_models_are_disabled_with_the_reason(tmp_path: Path, caplog):
         failures = client.get("/failures")
     assert health["status"] == "degraded" and health["models"] == []
     disabled = health["disabled"]
-    assert "images index holds 12 vectors, the catalogue records 13" in disabled["baseline"]
+    assert "images index holds 40 vectors, the catalogue records 41" in disabled["baseline"]
     assert "checkpoint" in disabled["aoq"] and "re-run aoq index" in disabled["aoq"]
     assert "index cannot be loaded" in disabled["pixels"]
     assert "not in the catalogue" in disabled["newcomer"]
@@ -136,7 +136,7 @@ def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Pa
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
-    assert "aoq (aoq): full-gallery rsum" in out.stdout and "recall@10 vs exact" in out.stdout
+    assert "aoq (aoq): rsum " in out.stdout and "on the test split (full protocol)" in out.stdout and "recall@10 vs exact" in out.stdout
     manifest = load_model_index(fx.index_dir / "aoq").manifest
     assert manifest["config"]["index_type"] == "hnsw"
     for params in manifest["params"].values():
@@ -146,7 +146,7 @@ def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Pa
         example = client.get("/examples", params={"n": 1}).json()["captions"][0]
         found = client.post("/search/text", json={"query": example["text"], "model": "aoq", "k": 100}).json()
         truth = [h["rank"] for h in found["results"] if h["is_ground_truth"]]
-        assert found["ground_truth_rank"] == truth[0]  # computed exactly, outside the HNSW list
+        assert found["scope_rank"] == truth[0]  # computed exactly, outside the HNSW list
         reloaded = client.post("/admin/reload", json={}).json()
         assert reloaded == {"generation": 1, "models": ["aoq", "baseline", "pixels"], "disabled": {}}
         # The same features, now said to come from an external detector (as COCO precomp):

@@ -112,6 +112,15 @@ def test_limit_keeps_whole_bases(catalogue):
         assert sum(e.base == base for e in chosen) == members[base]
 
 
+def test_limit_keeps_the_included_names_first(catalogue):
+    chosen = select_emoji(catalogue, LIMIT, seed=1, include=("flag: Japan",))
+    assert "flag: Japan" in [e.name for e in chosen] and len(chosen) <= LIMIT
+    assert chosen == select_emoji(catalogue, LIMIT, seed=1, include=("flag: Japan",))  # deterministic
+    assert "flag: Japan" not in [e.name for e in select_emoji(catalogue, LIMIT, seed=1)]
+    with pytest.raises(ValueError, match="no emoji is called 'flag: Atlantis'"):
+        select_emoji(catalogue, LIMIT, seed=1, include=("flag: Atlantis",))
+
+
 def test_layout_five_captions_labels_and_readers(built):
     out, manifest = built
     entries = _entries(out)

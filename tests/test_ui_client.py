@@ -41,24 +41,28 @@ def test_examples_sends_split_and_n():
     examples = fake.client().examples("train", 3)
     assert fake.requests[0].url.params == httpx.QueryParams({"split": "train", "n": "3"})
     assert [c.id for c in examples.captions] == [100, 101, 102]
-    assert [i.thumbnail_url for i in examples.images] == [f"{BASE}/images/{i}?size=64" for i in (100, 101, 102)]
+    # pictures come through the UI's own relay unless the client was given a public URL
+    assert [i.thumbnail_url for i in examples.images] == [f"/media/images/{i}?size=64" for i in (100, 101, 102)]
 
 
 def test_compare_text_sends_the_contract_body_and_parses_both_sides():
     fake = FakeBackend()
-    answer = fake.client().compare_text("a red square number 0", ["baseline", "aoq"], k=2)
+    answer = fake.client().compare_text("red square number 0", ["baseline", "aoq"], k=2)
     request = fake.requests[0]
     assert (request.method, request.url.path) == ("POST", "/compare/text")
-    assert json.loads(request.content) == {"query": "a red square number 0", "models": ["baseline", "aoq"], "k": 2}
+    assert json.loads(request.content) == {"query": "red square number 0", "models": ["baseline", "aoq"], "k": 2,
+                                           "scope": "all"}
     assert (answer.left.model, answer.left.ground_truth_rank, answer.left.caption_id) == ("baseline", 3, 0)
-    assert [h.image_id for h in answer.left.results] == [2, 1]
+    assert [(h.image_id, h.name, h.split) for h in answer.left.results] == [(4, "flag: Japan", "train"),
+                                                                            (2, "blue square", "test")]
     assert [h.is_ground_truth for h in answer.right.results] == [True, False]
+    assert answer.left.context.positives == "text" and answer.left.ground_truth_ids == [0, 1]
 
 
 def test_compare_text_without_models_lets_the_backend_choose():
     fake = FakeBackend()
-    fake.client().compare_text("anything", None, k=1)
-    assert json.loads(fake.requests[0].content) == {"query": "anything", "k": 1}
+    fake.client().compare_text("anything", None, k=1, scope="test")
+    assert json.loads(fake.requests[0].content) == {"query": "anything", "k": 1, "scope": "test"}
 
 
 def test_compare_image_by_id_sends_form_fields():
@@ -66,8 +70,8 @@ def test_compare_image_by_id_sends_form_fields():
     answer = fake.client().compare_image(image_id=0, models=["baseline", "aoq"], k=3)
     body = fake.requests[0].content
     assert b'name="image_id"\r\n\r\n0' in body and b'name="models"\r\n\r\nbaseline,aoq' in body
-    assert b'name="k"\r\n\r\n3' in body and b"filename=" not in body
-    assert [h.caption_id for h in answer.left.results] == [7, 0, 1]
+    assert b'name="k"\r\n\r\n3' in body and b'name="scope"\r\n\r\nall' in body and b"filename=" not in body
+    assert [(h.caption_id, h.copies) for h in answer.left.results] == [(12, 1), (0, 2), (1, 2)]
     assert answer.left.ground_truth_rank == 2 and answer.right.ground_truth_rank == 1
 
 
@@ -97,16 +101,32 @@ def test_unreadable_upload_is_a_backend_error_naming_the_file(tmp_path):
 def test_failures_and_negatives_send_their_parameters():
     fake = FakeBackend()
     client = fake.client()
-    failures = client.failures("i2t", "both", 5, ["aoq", "baseline"])
+    failures = client.failures("i2t", "both", 5, ["aoq", "baseline"], offset=5)
     assert fake.requests[0].url.params == httpx.QueryParams(
-        {"direction": "i2t", "which": "both", "limit": "5", "models": "aoq,baseline"})
+        {"direction": "i2t", "which": "both", "limit": "5", "offset": "5", "models": "aoq,baseline"})
     assert (failures.left, failures.right, failures.total, failures.items[0].image_url) == (
-        "aoq", "baseline", 7, f"{BASE}/images/1")
+        "aoq", "baseline", 7, "/media/images/2")
     negatives = client.negatives("image", 4, "aoq", 2)
     assert fake.requests[1].url.params == httpx.QueryParams({"kind": "image", "id": "4", "model": "aoq", "n": "2"})
     assert [n.text for n in negatives.offline] == ["a blue <b>square</b>"]
     client.negatives("caption", 4, "aoq", 2, seed=7)
     assert fake.requests[2].url.params["seed"] == "7"
+
+
+def test_gallery_pages_and_pictures_for_the_relay():
+    fake = FakeBackend()
+    client = fake.client()
+    page = client.gallery("test", "square", 1, 2)
+    assert fake.requests[0].url.params == httpx.QueryParams({"scope": "test", "q": "square", "offset": "1",
+                                                             "limit": "2"})
+    assert (page.total, [i.image_id for i in page.images]) == (4, [1, 2])
+    assert page.images[0].thumbnail_url == "/media/images/1?size=64"
+    assert client.image(3, 64) == (b"\x89PNG\r\n\x1a\n fake picture", "image/png")
+    assert fake.requests[-1].url.params == httpx.QueryParams({"size": "64"})
+    with pytest.raises(BackendError, match="no image with id 99") as caught:
+        client.image(99)
+    assert caught.value.status == 404
+    assert [d.name for d in client.datasets()] == ["synth"]
 
 
 def test_metrics_quotes_the_model_name():
@@ -238,7 +258,10 @@ def test_image_urls_are_rewritten_for_the_browser():
     assert client.browser_url(f"{BASE}/images/3?size=9") == "http://public:9/images/3?size=9"
     assert client.browser_url("http://elsewhere/x.png") == "http://elsewhere/x.png"
     assert client.browser_url(f"{BASE}.evil/x.png") == f"{BASE}.evil/x.png"
-    assert fake.client().browser_url("/images/1") == f"{BASE}/images/1"
+    relayed = fake.client()  # no public URL: the UI's own server relays the pictures
+    assert relayed.browser_url("/images/1") == "/media/images/1"
+    assert relayed.browser_url("http://service.internal:8000/images/5?size=64") == "/media/images/5?size=64"
+    assert relayed.browser_url("http://elsewhere/x.png") == "http://elsewhere/x.png"
 
 
 def test_rewrite_urls_reaches_nested_url_fields_only():
@@ -253,7 +276,7 @@ def test_rewrite_urls_reaches_nested_url_fields_only():
 def test_trailing_slash_and_public_url():
     client = BackendClient("http://host:9/", public_url="http://public:9/")
     assert (client.base_url, client.public_url) == ("http://host:9", "http://public:9")
-    assert BackendClient("http://host:9").public_url == "http://host:9"
+    assert BackendClient("http://host:9").public_url is None
 
 
 def _parse_ui(argv: list[str]) -> argparse.Namespace:

@@ -1,6 +1,7 @@
-"""The UI talks HTTP only: it imports neither the core library (aoq), the training app, the CLI,
-nor any service module but the pydantic contract (aoq_serve.schemas), and never loads torch or
-FAISS, so it installs and starts without them."""
+"""The UI talks HTTP only: it imports neither the core library (aoq) but the names the contract
+spells its literals with (aoq.names), nor the training app, the CLI, nor any service module but
+the pydantic contract (aoq_serve.schemas), and never loads torch or FAISS, so it installs and
+starts without them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import aoq_ui
 
 UI_DIR = Path(aoq_ui.__file__).parent
 ALLOWED_SERVICE = {"aoq_serve", "aoq_serve.schemas"}
+#: what the contract loads of the core library: its package and the module of names.
+ALLOWED_CORE = {"aoq", "aoq.names"}
 HEAVY = ("torch", "faiss")
 
 
@@ -37,6 +40,8 @@ def _forbidden(module: str) -> bool:
     top = module.split(".")[0]
     if top == "aoq_serve":
         return module not in ALLOWED_SERVICE
+    if top == "aoq":
+        return module not in ALLOWED_CORE
     return top in ("aoq", "aoq_train", "aoq_cli", *HEAVY)
 
 
@@ -50,9 +55,10 @@ def test_no_ui_file_imports_the_library_training_cli_or_service():
 
 
 def test_the_forbidden_rule_itself():
-    assert [_forbidden(m) for m in ("aoq_serve.schemas", "aoq_serve", "aoq_serve.app", "aoq_cli.main", "aoq",
-                                    "aoq_train.mining", "torch.nn", "faiss", "gradio", "aoq_ui.client")] == [
-        False, False, True, True, True, True, True, True, False, False]
+    assert [_forbidden(m) for m in ("aoq_serve.schemas", "aoq_serve", "aoq_serve.app", "aoq_cli.main", "aoq.config",
+                                    "aoq_train.mining", "torch.nn", "faiss", "gradio", "aoq_ui.client",
+                                    "aoq.names")] == [
+        False, False, True, True, True, True, True, True, False, False, False]
 
 
 def test_importing_every_ui_module_loads_no_torch_faiss_or_service_internals():
@@ -67,4 +73,4 @@ def test_importing_every_ui_module_loads_no_torch_faiss_or_service_internals():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=UI_DIR.parent, check=False)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(ALLOWED_SERVICE)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == sorted(ALLOWED_SERVICE | ALLOWED_CORE)

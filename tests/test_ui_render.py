@@ -1,17 +1,23 @@
-"""What the page shows, without a browser: render functions on contract JSON, plots, and the
-event handlers against a fake search service, error paths included."""
+"""What the page shows, without a browser: render functions on contract JSON, the export, the
+view in the address, and the plots."""
 
 from __future__ import annotations
 
+import base64
+import csv
+import io
 import re
 
 import pytest
 
 from aoq_serve.schemas import (
-    ExampleImage,
+    CompareImageOut,
+    CompareTextOut,
+    DatasetOut,
     FailureItem,
     FailuresOut,
     HealthOut,
+    Measured,
     MetricsOut,
     ModelOut,
     NegativesOut,
@@ -21,33 +27,46 @@ from aoq_serve.schemas import (
 from tests.ui_fake_backend import (
     BASE,
     CAPTIONS,
+    EVALUATED,
     METRICS,
     MODELS,
-    FakeBackend,
+    ORDERS_I2T,
+    ORDERS_T2I,
     image_answer,
     text_answer,
 )
-from aoq_ui import handlers, plots
+from aoq_ui import plots
 from aoq_ui.client import BackendError, BackendUnavailable
+from aoq_ui.export import COLUMNS, comparison_csv, download_link
 from aoq_ui.render import (
     TICK,
-    failure_choices,
-    media_url,
+    measured_label,
     pick_default_models,
     render_error,
     render_image_column,
-    render_metrics_table,
-    render_negatives,
+    render_image_query,
     render_status,
     render_text_column,
+    render_text_query,
 )
+from aoq_ui.render_analysis import (
+    failure_choices,
+    render_failures,
+    render_metrics_table,
+    render_negatives,
+    render_selection,
+)
+from aoq_ui.state import View, parse_view, view_query
 
-PUBLIC = "http://public:8000"
 RED0 = CAPTIONS[0][0]
 
 
 def _srcs(html: str) -> list[str]:
     return re.findall(r'<img[^>]* src="([^"]+)"', html)
+
+
+def _alts(html: str) -> list[str]:
+    return re.findall(r'<img[^>]* alt="([^"]*)"', html)
 
 
 def _models(*specs: tuple[str, str, bool]) -> list[ModelOut]:
@@ -61,54 +80,97 @@ def _metrics(model: str, **fields: object) -> MetricsOut:
     return MetricsOut.model_validate({"model": model, "tables": {}, "curves": [], "rank_histogram": None, **fields})
 
 
-# -- render ------------------------------------------------------------------------------------
+def _text(model: str, query: str = RED0, k: int = 4, scope: str = "all") -> SearchTextOut:
+    return SearchTextOut.model_validate(text_answer(model, query, ORDERS_T2I[model], k, scope))
 
 
-def test_media_url_joins_relative_and_keeps_absolute():
-    assert media_url(PUBLIC, "/images/3?size=64") == "http://public:8000/images/3?size=64"
-    assert media_url(PUBLIC + "/", "images/3") == "http://public:8000/images/3"
-    assert media_url(PUBLIC, "http://cdn.local/x.png") == "http://cdn.local/x.png"
+def _image(model: str, image_id: int | None = 0, k: int = 5) -> SearchImageOut:
+    return SearchImageOut.model_validate(image_answer(model, image_id, ORDERS_I2T[model], k))
 
 
-def test_text_column_ticks_only_the_ground_truth():
-    answer = SearchTextOut.model_validate(text_answer("aoq", RED0, [0, 2, 1, 3], 3))
-    html = render_text_column(answer, "Right: aoq", PUBLIC)
-    assert _srcs(html) == [f"{PUBLIC}/images/{i}?size=64" for i in (0, 2, 1)]
-    assert html.count(TICK) == 1 and html.count("aoq-card aoq-gt") == 1
-    assert 'data-image-id="0"><a href="http://public:8000/images/0"' in html
-    assert "ground-truth image at rank <b>1</b>" in html
-    assert "#1</span> 0.900" in html and "#3</span> 0.700" in html
-    assert '<h4>Right: aoq</h4><div class="aoq-meta">1.5 ms \u00b7 ground-truth image at rank' in html
+# -- the result columns ------------------------------------------------------------------------
 
 
-def test_text_column_shows_a_ground_truth_outside_the_top_k():
-    answer = SearchTextOut.model_validate(text_answer("baseline", RED0, [2, 1, 0, 3], 2))
-    html = render_text_column(answer, "Left: baseline", PUBLIC)
-    assert TICK not in html
-    assert "ground-truth image at rank <b>3</b>" in html
-    assert _srcs(html) == [f"{PUBLIC}/images/0?size=96", f"{PUBLIC}/images/2?size=64", f"{PUBLIC}/images/1?size=64"]
+def test_text_column_names_every_picture_marks_the_twins_and_the_training_split():
+    html = render_text_column(_text("baseline"), "Left: baseline")
+    assert _srcs(html) == [f"/images/{i}?size=64" for i in (4, 2, 0, 1)]
+    assert _alts(html) == ["flag: Japan", "blue square", "red square", "red square"]
+    assert re.findall(r'class="aoq-name">([^<]*)<', html) == ["flag: Japan", "blue square", "red square", "red square"]
+    assert html.count(TICK) == 2 and html.count("aoq-card aoq-gt") == 2  # both twins are correct
+    assert html.count("train split</span>") == 1  # the one training picture, marked
+    assert ('<h4>Left: baseline</h4><div class="aoq-meta">1.5 ms \u00b7 6 images searched \u00b7 first correct image '
+            "at <b>#3</b> in this list \u00b7 rank 3 among the test split's images, as evaluated</div>") in html
+    assert '#1</span> <span class="aoq-rank">score 0.900</span>' in html
 
 
-def test_free_query_has_no_ground_truth_and_is_escaped():
-    answer = SearchTextOut.model_validate(text_answer("aoq", "<script>x</script>", [1, 0], 2))
-    html = render_text_column(answer, "Left: <b>", PUBLIC)
-    assert "no ground truth (free query)" in html and TICK not in html
+def test_free_text_has_no_truth_line_and_is_escaped():
+    html = render_text_column(_text("aoq", "<script>x</script>", 2), "Left: <b>")
+    assert "first correct" not in html and TICK not in html
     assert "<script>" not in html and "Left: &lt;b&gt;" in html
 
 
-def test_image_column_ticks_captions_and_escapes_text():
-    raw = image_answer("baseline", 0, [7, 0, 1], 3)
+def test_image_column_lists_each_text_once_with_its_copies_and_picture():
+    html = render_image_column(_image("baseline"), "Left: baseline")
+    assert re.findall(r'data-caption-id="(\d+)"', html) == ["12", "0", "1", "22", "2"]
+    assert re.findall(r'class="aoq-rank">#(\d+)<', html) == ["1", "2", "4", "6", "7"]  # a row stands for its copies
+    assert html.count("\u00d72</span>") == 3 and html.count(TICK) == 3
+    assert _alts(html) == ["blue square", "red square", "red square", "flag: Japan", "red square"]
+    assert "first correct caption at <b>#2</b> in this list" in html
+
+
+def test_image_column_escapes_text():
+    raw = image_answer("baseline", 0, [0], 1)
     raw["results"][0]["text"] = "a <i>blue</i> square"
     html = render_image_column(SearchImageOut.model_validate(raw), "Left: baseline")
-    assert html.count(TICK) == 2 and html.count('class="aoq-gt"') == 2
-    assert "a &lt;i&gt;blue&lt;/i&gt; square" in html
-    assert re.findall(r'data-caption-id="(\d+)"', html) == ["7", "0", "1"]
-    assert "ground-truth caption at rank <b>2</b>" in html and "<img" not in html
+    assert "a &lt;i&gt;blue&lt;/i&gt; square" in html and "<i>" not in html
 
 
 def test_empty_results_say_so():
-    answer = SearchTextOut.model_validate(text_answer("a", "q", [], 10))
-    assert "No results." in render_text_column(answer, "Left: a", PUBLIC)
+    answer = SearchTextOut.model_validate(text_answer("baseline", "q", [], 10))
+    assert "No results." in render_text_column(answer, "Left: a")
+
+
+# -- the query line ----------------------------------------------------------------------------
+
+
+def test_text_query_line_shows_the_correct_pictures_by_name_and_the_rule():
+    html = render_text_query(_text("baseline"), _text("aoq"), "<p>links</p>")
+    assert html.startswith(f'<div class="aoq-query">Query: <q>{RED0}</q> \u00b7 scope: whole catalogue (all splits)')
+    assert "Correct answers by the positives rule text" in html and "the other vendor" in html
+    assert _alts(html) == ["red square", "red square"] and html.endswith("<p>links</p>")
+    assert "same model" not in html
+
+
+def test_free_text_query_line_says_why_nothing_is_correct():
+    html = render_text_query(_text("baseline", "flag of Japan"), _text("aoq", "flag of Japan"))
+    assert "Free text: no picture of the catalogue has this caption" in html
+
+
+def test_test_scope_says_what_is_left_out_and_the_better_match_outside():
+    left, right = _text("baseline", "flag of Japan", scope="test"), _text("aoq", "flag of Japan", scope="test")
+    html = render_text_query(left, right)
+    assert "scope: test split only" in html
+    assert ("Searching the test split only (4 items); the training and dev splits are left out. The whole catalogue "
+            "has a better match outside it: \u201cflag: Japan\u201d (train split, #1 in the whole catalogue).") in html
+    assert 'role="status"' in html
+
+
+def test_the_same_model_twice_is_said():
+    html = render_text_query(_text("aoq"), _text("aoq"))
+    assert "Both columns show the same model (aoq)" in html
+
+
+def test_image_query_line_shows_the_picture_its_name_and_own_captions():
+    html = render_image_query(_image("baseline"), _image("aoq"), "picture 0", "/media/images/0")
+    assert _srcs(html) == ["/media/images/0"] and _alts(html) == ["red square"]
+    assert [f"red square number {j}" for j in range(5)] == re.findall(r"<li>([^<]*)</li>", html)
+    assert "\u00d7n: n captions of the searched scope have this text" in html
+    upload = render_image_query(_image("baseline", None), _image("aoq", None), "uploaded picture a.png",
+                                "data:image/png;base64,AA==")
+    assert "An uploaded picture: no caption of the catalogue is marked correct." in upload
+
+
+# -- status, defaults, errors ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -145,51 +207,93 @@ def test_no_enabled_model():
         None, None, ["The search service has no enabled model: build indexes with `aoq index`."])
 
 
-def test_status_lists_models_and_disabled_reasons():
+def test_status_lists_models_disabled_reasons_and_what_the_catalogue_holds():
     health = HealthOut(status="ok", models=["b"], disabled={"a": "index missing", "ghost": "checkpoint gone"},
-                    version="0.1.0")
-    html = render_status(BASE, health, _models(("b", "baseline", True), ("a", "aoq", False)))
+                       version="0.1.0")
+    dataset = DatasetOut.model_validate({"name": "synth", "n_images": 7273, "n_captions": 36365, "synthetic": False,
+                                         "splits": {"dev": {"images": 599, "captions": 2995},
+                                                    "test": {"images": 924, "captions": 4620},
+                                                    "train": {"images": 5750, "captions": 28750}}})
+    html = render_status(BASE, health, _models(("b", "baseline", True), ("a", "aoq", False)), datasets=[dataset])
     assert f"<code>{BASE}</code>" in html and "models: b" in html and "version 0.1.0" in html
+    assert ("Catalogue <b>synth</b>: 7,273 pictures and 36,365 captions in 3 split(s) "
+            "(train 5,750 \u00b7 dev 599 \u00b7 test 924)") in html
+    assert "Ground truth, ranks, failure cases and metrics: test split (4 images), positives rule text, seed 0" in html
     assert "Model &#x27;a&#x27; is disabled: index missing" in html
     assert "Model &#x27;ghost&#x27; is disabled: checkpoint gone" in html
     assert html.count("aoq-error") == 2
 
 
-def test_failure_choices_label_ranks():
-    failures = FailuresOut(direction="t2i", which="baseline_only", left="baseline", right="aoq", total=2,
-                           items=[FailureItem(query_id=4, query_text="x" * 80, left_rank=3, right_rank=1),
-                                  FailureItem(query_id=5, query_text="short", left_rank=8, right_rank=2)])
-    assert failure_choices(failures) == [
-        ("x" * 67 + "...  [baseline: rank 3, aoq: rank 1]", 4),
-        ("short  [baseline: rank 8, aoq: rank 2]", 5),
+def test_measured_label_says_split_size_protocol_rule_and_seeds():
+    assert measured_label(Measured.model_validate(EVALUATED)) == "test split (4 images), positives rule text, seed 0"
+    assert measured_label(Measured(split="dev", n_images=599, protocol="full", positives="pair", seeds=[0, 1])) == \
+        "dev split (599 images), full protocol, positives rule pair, mean of seeds 0, 1"
+    assert measured_label(None).startswith("origin not recorded")
+
+
+# -- analysis tabs -----------------------------------------------------------------------------
+
+
+def _failures(direction: str = "t2i", offset: int = 20) -> FailuresOut:
+    return FailuresOut(direction=direction, which="baseline_only", left="baseline", right="aoq", total=45,
+                       offset=offset, measured=Measured.model_validate(EVALUATED),
+                       items=[FailureItem(query_id=4, query_text="x" * 80, image_name="red square",
+                                          thumbnail_url="/media/images/0?size=64", left_rank=3, right_rank=1),
+                              FailureItem(query_id=5, query_text="short", image_name="blue <b>", left_rank=8.5,
+                                          right_rank=2)])
+
+
+def test_failure_choices_are_numbered_on_the_page_and_label_ranks():
+    assert failure_choices(_failures()) == [
+        ("21. " + "x" * 67 + "...  [baseline: rank 3, aoq: rank 1]", 4),
+        ("22. short  [baseline: rank 8.5, aoq: rank 2]", 5),
     ]
-    images = failures.model_copy(update={"direction": "i2t"})
-    assert failure_choices(images)[0][0] == "image 4  [baseline: rank 3, aoq: rank 1]"
+    images = _failures("i2t").model_copy(update={"items": [FailureItem(query_id=9, image_name="cat", left_rank=2,
+                                                                         right_rank=1)]})
+    assert failure_choices(images)[0][0] == "21. cat  [baseline: rank 2, aoq: rank 1]"
 
 
-def test_negatives_of_a_caption_are_images_and_of_an_image_captions():
+def test_failures_page_says_which_cases_of_how_many_and_the_rule():
+    html = render_failures(_failures())
+    assert "cases 21\u201322 of <b>45</b>" in html
+    assert "Ranks of the test split (4 images), positives rule text, seed 0: identical caption texts" in html
+    assert re.findall(r"<th>([^<]*)</th>", html) == ["#", "query caption", "its picture", "rank, baseline", "rank, aoq"]
+    assert _srcs(html) == ["/media/images/0?size=64"] and _alts(html) == ["red square"]
+    assert "<td>8.5</td>" in html
+    empty = render_failures(_failures().model_copy(update={"items": []}))
+    assert "none of <b>45</b> on this page" in empty and "<table" not in empty
+
+
+def test_negatives_show_text_and_picture_of_every_item():
     caption = NegativesOut.model_validate({"model": "aoq", "kind": "caption", "id": 3, "text": "a <red> square",
-                                          "offline": [{"id": 9, "image_url": "/images/9", "rank": 1}],
-                                          "online": [{"id": 2, "score": 0.5}]})
-    anchor, offline, online = render_negatives(caption, PUBLIC)
-    assert "Anchor caption 3: <q>a &lt;red&gt; square</q>" in anchor
-    assert _srcs(offline) == [f"{PUBLIC}/images/9"] and "#1</span>" in offline
-    assert _srcs(online) == [f"{PUBLIC}/images/2"] and "0.500</span>" in online
-    image = NegativesOut.model_validate({"model": "aoq", "kind": "image", "id": 4,
-                                         "offline": [{"id": 7, "text": "t1", "rank": 2}], "online": []})
-    anchor, offline, online = render_negatives(image, PUBLIC)
-    assert _srcs(anchor) == [f"{PUBLIC}/images/4"]
-    assert '<li data-id="7"><span class="aoq-rank">#2</span> t1</li>' in offline
-    assert "none" in online and "<img" not in offline
+                                          "image_url": "/media/images/1",
+                                          "offline": [{"id": 9, "text": "cat", "image_url": "/media/images/9",
+                                                       "rank": 1}],
+                                          "online": [{"id": 2, "text": "dog", "image_url": "/media/images/2",
+                                                      "score": 0.5}]})
+    anchor, offline, online = render_negatives(caption)
+    assert "training caption 3, <q>a &lt;red&gt; square</q>" in anchor and _srcs(anchor) == ["/media/images/1"]
+    assert _srcs(offline) == ["/media/images/9"] and "mined #1</span>" in offline and 'class="aoq-name">cat<' in offline
+    assert _srcs(online) == ["/media/images/2"] and "score 0.500</span>" in online
+    image = NegativesOut.model_validate({"model": "aoq", "kind": "image", "id": 4, "text": "owl",
+                                         "image_url": "/media/images/4",
+                                         "offline": [{"id": 7, "text": "t1", "image_url": "/media/images/8",
+                                                      "rank": 2}], "online": []})
+    anchor, offline, online = render_negatives(image)
+    assert "training image 4, <b>owl</b>" in anchor and _srcs(anchor) == ["/media/images/4"]
+    assert '<li data-id="7"><img src="/media/images/8" alt="t1" title="t1"><span><span class="aoq-rank">mined #2</span> ' \
+           "t1</span></li>" in offline
+    assert "none" in online
 
 
-def test_metrics_table_rows():
+def test_metrics_table_says_where_each_row_comes_from():
     html = render_metrics_table([_metrics("baseline", **METRICS), _metrics("aoq")])
     assert html.count("<tr>") == 3
-    assert ("<td>baseline</td><td>full</td><td>40.0</td><td>70.0</td><td>80.0</td><td>2.0</td><td>5.5</td>"
-            "<td>30.0</td><td>60.0</td><td>75.0</td><td>3.0</td><td>7.2</td><td>355.0</td>") in html
-    assert "<td>aoq</td><td colspan=\"12\">not evaluated</td>" in html
-    assert "<th>i2t R@1</th>" in html and "<th>t2i meanr</th>" in html
+    assert ("<td>baseline</td><td>test split (4 images), positives rule text, seed 0</td><td>full</td><td>40.0</td>"
+            "<td>70.0</td><td>80.0</td><td>2.0</td><td>5.5</td><td>30.0</td><td>60.0</td><td>75.0</td><td>3.0</td>"
+            "<td>7.2</td><td>355.0</td>") in html
+    assert "<td>aoq</td><td colspan=\"13\">not evaluated</td>" in html
+    assert "Positives rule text: identical caption texts are one answer" in html
     assert "Label-wise" not in html  # no model has labels
 
 
@@ -200,27 +304,63 @@ def test_metrics_table_adds_label_wise_rows_when_present():
                                  MetricsOut.model_validate({"model": "baseline", **METRICS})])
     assert "<th>i2t mAP@R</th>" in html and "<th>t2i NDCG@k</th>" in html
     assert ("<td>goal</td><td>6</td><td>50.0</td><td>25.0</td><td>n/a</td><td>12.5</td><td>10</td>") in html
-    assert html.count("<td>baseline</td>") == 1  # recall table only
+
+
+def test_selection_line_labels_the_models_own_dev_figures():
+    models = [ModelOut.model_validate(m) for m in MODELS]
+    html = render_selection(models, ["baseline", "aoq"])
+    assert ("baseline: rsum 171.6 (dev split (2 images), full protocol, positives rule text, seed 0) \u00b7 "
+            "aoq: rsum 165.5") in html
+    assert render_selection(models, []) == ""
+
+
+# -- export and the address --------------------------------------------------------------------
+
+
+def test_export_holds_both_columns_with_names_scores_and_marks():
+    answer = CompareTextOut(query=RED0, left=_text("baseline"), right=_text("aoq"))
+    rows = list(csv.reader(io.StringIO(comparison_csv(answer))))
+    assert rows[0] == list(COLUMNS) and len(rows) == 9
+    assert rows[1] == ["left", "baseline", "all", "text", "1", "0.900000", "0", "flag: Japan", "1", "train", "4", ""]
+    assert rows[5][:8] == ["right", "aoq", "all", "text", "1", "0.900000", "1", "red square"]
+    images = CompareImageOut(left=_image("baseline"), right=_image("aoq"))
+    rows = list(csv.reader(io.StringIO(comparison_csv(images))))
+    assert rows[2][7:] == [CAPTIONS[0][0], "2", "test", "0", "0"]
+    link = download_link(answer)
+    data = re.search(r'href="data:text/csv;base64,([^"]+)"', link).group(1)
+    assert base64.b64decode(data).decode() == comparison_csv(answer) and 'download="comparison.csv"' in link
+
+
+def test_the_address_round_trips_a_view_and_drops_what_does_not_parse():
+    view = View(tab="t2i", query="flag of Japan", left="baseline", right="aoq", k=5, scope="test")
+    assert view_query(view) == "?tab=t2i&q=flag+of+Japan&left=baseline&right=aoq&k=5&scope=test"
+    assert parse_view({"tab": "t2i", "q": "flag of Japan", "left": "baseline", "right": "aoq", "k": "5",
+                       "scope": "test"}) == view
+    assert parse_view({"tab": "i2t", "image": "812"}) == View(tab="i2t", image=812)
+    assert parse_view({"tab": "nope", "k": "1000", "image": "-3", "scope": "some", "q": "  "}) == View()
 
 
 # -- plots -------------------------------------------------------------------------------------
 
 
-def test_curve_positions_put_round_two_after_round_one():
+def test_curves_start_each_round_at_its_own_epoch_one():
     metrics = _metrics("aoq", curves=[
-        {"epoch": 1, "round": 2, "i2t_r1": 3.0}, {"epoch": 0, "round": 2, "i2t_r1": 2.0},
-        {"epoch": 1, "round": 1, "i2t_r1": 1.0}, {"epoch": 0, "round": 1, "i2t_r1": 0.5}])
+        {"epoch": 2, "round": 2, "i2t_r1": 3.0}, {"epoch": 1, "round": 2, "i2t_r1": 2.0},
+        {"epoch": 2, "round": 1, "i2t_r1": 1.0}, {"epoch": 1, "round": 1, "i2t_r1": 0.5}],
+        curves_measured={**EVALUATED, "split": "dev"})
     placed = plots.curve_positions(metrics.curves)
-    assert [(x, p.round, p.epoch) for x, p in placed] == [(1, 1, 0), (2, 1, 1), (3, 2, 0), (4, 2, 1)]
+    assert [(x, p.round, p.epoch) for x, p in placed] == [(1, 1, 1), (2, 1, 2), (1, 2, 1), (2, 2, 2)]
     fig = plots.recall_curves_figure([metrics])
     lines = fig.axes[0].get_lines()
-    assert [list(line.get_xdata()) for line in lines] == [[1, 2], [3, 4]]
+    assert [list(line.get_xdata()) for line in lines] == [[1, 2], [1, 2]]
     assert [line.get_label() for line in lines] == ["aoq (round 1)", "aoq (round 2)"]
+    assert fig.axes[0].get_title() == "image \u2192 text R@1, dev split"
+    assert fig.axes[0].get_xlabel() == "epoch of the model's own training round"
     assert fig.axes[1].get_lines() == []  # no t2i values given
 
 
 def test_histogram_shares_align_bins_across_models():
-    a = _metrics("a", rank_histogram={"bins": ["1", "2-5"], "counts": [3, 1]})
+    a = _metrics("a", rank_histogram={"bins": ["1", "2-5"], "counts": [3, 1]}, measured=EVALUATED)
     b = _metrics("b", rank_histogram={"bins": ["1", ">5"], "counts": [1, 1]})
     bins, shares = plots.histogram_table([a, b, _metrics("c")])
     assert bins == ["1", "2-5", ">5"]
@@ -228,125 +368,10 @@ def test_histogram_shares_align_bins_across_models():
     fig = plots.rank_histogram_figure([a, b])
     assert len(fig.axes[0].patches) == 6
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == bins
+    assert fig.axes[0].get_title() == "Cross-retrieval rank histogram (test split, pair rule)"
 
 
 def test_empty_plots_say_so():
     assert plots.recall_curves_figure([_metrics("a")]).axes[0].texts[0].get_text() == \
         "no training curves recorded"
     assert plots.rank_histogram_figure([]).axes[0].texts[0].get_text() == "no rank histogram recorded"
-
-
-# -- handlers against the fake service ----------------------------------------------------------
-
-
-def test_load_page_fills_models_and_examples():
-    fake = FakeBackend()
-    page = handlers.load_page(fake.client(PUBLIC))
-    assert (page.left, page.right) == ("baseline", "aoq")
-    assert page.model_choices == [("baseline (baseline, max_violation, vse)", "baseline"),
-                                  ("aoq (aoq, adaptive_offline_quintuplet, vse)", "aoq")]
-    assert len(page.example_captions) == handlers.N_EXAMPLES and len(page.example_images) == 4
-    assert page.train_picks[0] == (f"caption 100: {RED0}", "caption:100")
-    assert page.train_picks[-1] == ("image 103", "image:103")
-    assert "aoq-error" not in page.status_html and "models: baseline, aoq" in page.status_html
-
-
-def test_load_page_when_the_backend_is_down():
-    page = handlers.load_page(FakeBackend(down=True).client())
-    assert page.model_choices == [] and page.left is None and page.example_captions == []
-    assert "Search service unavailable" in page.status_html and "aoq serve" in page.status_html
-
-
-def test_load_page_with_the_aoq_model_missing():
-    fake = FakeBackend(models=[dict(MODELS[0]), {**MODELS[1], "enabled": False, "disabled_reason": "no index"}])
-    page = handlers.load_page(fake.client())
-    assert (page.left, page.right) == ("baseline", "baseline")
-    assert "Model &#x27;aoq&#x27; is disabled: no index" in page.status_html
-    assert "No enabled model has role &#x27;aoq&#x27;" in page.status_html
-
-
-def test_load_page_survives_failing_examples():
-    page = handlers.load_page(FakeBackend(fail={"/examples": (404, "no test split")}).client())
-    assert page.left == "baseline" and page.example_captions == []
-    assert "Could not load example queries: no test split" in page.status_html
-
-
-def test_search_text_side_by_side():
-    fake = FakeBackend()
-    query, left, right = handlers.search_text(fake.client(PUBLIC), f"  {RED0} ", "baseline", "aoq", 3)
-    assert query == f'<div class="aoq-query">Query: <q>{RED0}</q></div>'
-    assert "ground-truth image at rank <b>3</b>" in left and left.count(TICK) == 1
-    assert "ground-truth image at rank <b>1</b>" in right and right.count(TICK) == 1
-    assert "<h4>Left: baseline</h4>" in left and "<h4>Right: aoq</h4>" in right
-
-
-def test_search_text_checks_input_before_calling():
-    fake = FakeBackend()
-    assert handlers.search_text(fake.client(), "   ", "baseline", "aoq", 3)[0] == \
-        '<div class="aoq-notice">Type a query or pick an example.</div>'
-    message, left, right = handlers.search_text(fake.client(), "q", None, "aoq", 3)
-    assert "Pick a model for each column" in message and (left, right) == ("", "")
-    assert fake.requests == []
-
-
-def test_search_text_shows_the_backend_detail():
-    message, left, right = handlers.search_text(FakeBackend().client(), "q", "baseline", "gone", 3)
-    assert message == ('<div class="aoq-error" role="alert"><b>Rejected by the search service:</b> '
-                       "unknown model &#x27;gone&#x27;; known: [&#x27;baseline&#x27;, &#x27;aoq&#x27;]</div>")
-    assert (left, right) == ("", "")
-    down = handlers.search_text(FakeBackend(down=True).client(), "q", "baseline", "aoq", 3)
-    assert "Search service unavailable" in down[0]
-
-
-def test_search_image_from_gallery_and_upload(tmp_path):
-    fake = FakeBackend()
-    client = fake.client(PUBLIC)
-    image = ExampleImage(id=0, image_url="/images/0", thumbnail_url="/images/0?size=64")
-    query, left, right = handlers.search_image(client, "baseline", "aoq", 5, image=image)
-    assert _srcs(query) == [f"{PUBLIC}/images/0"] and "test image 0" in query
-    assert left.count(TICK) == 3 and right.count(TICK) == 4
-    upload = tmp_path / "mine.png"
-    upload.write_bytes(b"png")
-    query, left, _ = handlers.search_image(client, "baseline", "aoq", 5, upload=upload)
-    assert "uploaded image mine.png" in query and "no ground truth (free query)" in left
-    assert handlers.search_image(client, "baseline", "aoq", 5)[0] == \
-        '<div class="aoq-notice">Click a test image or upload one.</div>'
-
-
-def test_failures_list_then_show_each_direction():
-    client = FakeBackend().client(PUBLIC)
-    summary, choices, items = handlers.list_failures(client, "t2i", "baseline_only", 20, "baseline", "aoq")
-    assert "<b>7</b> case(s) in the test split, 1 listed" in summary
-    assert choices == [(f"{RED0}  [baseline: rank 3, aoq: rank 1]", 0)]
-    query, left, right = handlers.show_failure(client, "t2i", items[0], "baseline", "aoq", 3)
-    assert RED0 in query and "rank <b>3</b>" in left and "rank <b>1</b>" in right
-    _, _, items = handlers.list_failures(client, "i2t", "both", 20, "baseline", "aoq")
-    query, left, right = handlers.show_failure(client, "i2t", items[1], "baseline", "aoq", 3)
-    assert _srcs(query) == [f"{PUBLIC}/images/1"] and "data-caption-id" in left
-    assert "Pick a case" in handlers.show_failure(client, "t2i", None, "baseline", "aoq", 3)[0]
-
-
-def test_failures_error_clears_the_list():
-    client = FakeBackend(fail={"/failures": (404, "no evaluation cache for model 'aoq'")}).client()
-    summary, choices, items = handlers.list_failures(client, "t2i", "both", 20, "baseline", "aoq")
-    assert "no evaluation cache for model &#x27;aoq&#x27;" in summary and choices == [] and items == {}
-
-
-def test_negatives_handler_and_its_404():
-    client = FakeBackend().client(PUBLIC)
-    anchor, offline, online = handlers.show_negatives(client, "caption", 3.0, "aoq", 5)
-    assert "Anchor caption 3" in anchor and _srcs(offline) == [f"{PUBLIC}/images/3"]
-    missing = FakeBackend(fail={"/negatives": (404, "no mined negatives are registered for model 'baseline'")})
-    message = handlers.show_negatives(missing.client(), "caption", 3, "baseline", 5)[0]
-    assert "Rejected by the search service:</b> no mined negatives are registered" in message
-    assert "Enter a training caption" in handlers.show_negatives(client, "caption", None, "aoq", 5)[0]
-    assert handlers.parse_train_pick("image:12") == ("image", 12)
-    assert handlers.parse_train_pick("image:x") is None and handlers.parse_train_pick(None) is None
-
-
-def test_metrics_handler():
-    table, curves, histogram = handlers.show_metrics(FakeBackend().client(), ["baseline", "aoq"])
-    assert table.count("<td>full</td>") == 2
-    assert len(curves.axes[0].get_lines()) == 2 and len(histogram.axes[0].patches) == 8
-    table, curves, histogram = handlers.show_metrics(FakeBackend().client(), ["baseline", "nope"])
-    assert "unknown model &#x27;nope&#x27;" in table and curves is None and histogram is None

@@ -1,145 +1,194 @@
-"""The Gradio Blocks page: baseline and AOQ side by side, failure cases, offline negatives, metrics.
+"""The Gradio Blocks page: two models side by side, failure cases, offline negatives, metrics.
 
 The page holds no model: every result comes from the search service through ``BackendClient``,
-and images are ``<img>`` URLs on the backend that the browser fetches itself (the backend must be
-reachable from the browser: pass ``public_url`` when the browser sees it under another address).
-Behaviour lives in ``aoq_ui.handlers``; this module only lays out components and wires events.
+and the pictures come through the page's own server (``aoq_ui.media``) unless the client was
+given the service's public URL. Behaviour lives in ``aoq_ui.handlers``; this module only lays
+out components and wires events. The address bar follows the last search (``aoq_ui.state``), so
+a copied link opens the same view.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urljoin
 
 # Gradio reads this when it is imported and when it launches: no telemetry, no version check.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from aoq_serve.schemas import DEFAULT_MAX_UPLOAD_BYTES  # noqa: E402
+from aoq_serve.schemas import DEFAULT_MAX_UPLOAD_BYTES, MAX_K  # noqa: E402
 from aoq_ui import handlers  # noqa: E402
 from aoq_ui.client import BackendClient  # noqa: E402
 from aoq_ui.examples import ExampleQuery  # noqa: E402
-from aoq_ui.render import CSS, DIRECTION_LABELS, WHICH_LABELS, media_url  # noqa: E402
+from aoq_ui.media import media_routes  # noqa: E402
+from aoq_ui.render import CSS, SCOPE_LABELS, render_notice  # noqa: E402
+from aoq_ui.render_analysis import DIRECTION_LABELS, WHICH_LABELS  # noqa: E402
+from aoq_ui.state import parse_view  # noqa: E402
 
 TITLE = "AOQ retrieval: baseline vs AOQ"
 DEFAULT_K = 5
 DEFAULT_CONCURRENCY = 4
 N_PAGE = 12  # example queries shown per page
+#: Gradio's status line announces this key when an event ends, and ships no English for it.
+I18N = {"en": {"common.complete": "Results updated"}}
+#: the address bar follows the newest "link to this view" a search renders (a new link, or an
+#: old one whose address the page patched in place).
+FOLLOW_SHARE_LINKS = """() => {
+  const follow = (link) => history.replaceState(null, "", link.getAttribute("href"));
+  const found = (node) => node.matches && node.matches("a.aoq-share") ? [node]
+    : node.querySelectorAll ? [...node.querySelectorAll("a.aoq-share")] : [];
+  new MutationObserver((records) => records.forEach((r) => {
+    const links = r.type === "attributes" ? found(r.target) : [...r.addedNodes].flatMap(found);
+    if (links.length) follow(links[links.length - 1]);
+  })).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ["href"]});
+}"""
 
 
 @dataclass(frozen=True)
 class _Shared:
-    """What every tab reads: the client and the model pickers and top-k above the tabs."""
+    """What every tab reads: the client, the model pickers, top k and the scope above the tabs."""
 
     api: BackendClient
     left: gr.Dropdown
     right: gr.Dropdown
     top_k: gr.Slider
+    scope: gr.Radio
 
     @property
-    def pair_and_k(self) -> list[gr.components.Component]:
-        return [self.left, self.right, self.top_k]
+    def settings(self) -> list[gr.components.Component]:
+        return [self.left, self.right, self.top_k, self.scope]
 
 
 @dataclass(frozen=True)
-class _Filled:
-    """The components of the tabs that the page load fills from the backend."""
+class _View:
+    """A side-by-side view: its query line, two columns, and the query they show."""
 
-    query: gr.Textbox
-    examples: gr.Dataset
-    captions: gr.State
-    gallery: gr.Gallery
-    images: gr.State
-    train_pick: gr.Dropdown
-    neg_kind: gr.Radio
-    neg_item: gr.Number
-    neg_model: gr.Dropdown
-    metric_models: gr.CheckboxGroup
+    query: gr.HTML
+    left: gr.HTML
+    right: gr.HTML
+    last: gr.State
+
+    @property
+    def outputs(self) -> list[gr.components.Component]:
+        return [self.query, self.left, self.right, self.last]
+
+
+def _view(prefix: str, query_id: str | None = None) -> _View:
+    query = gr.HTML(elem_id=query_id or f"{prefix}-query-line")
+    with gr.Row(equal_height=False):
+        left = gr.HTML(elem_id=f"{prefix}-left")
+        right = gr.HTML(elem_id=f"{prefix}-right")
+    return _View(query, left, right, gr.State({}))
+
+
+def _origin(request: gr.Request) -> str:
+    """The page's address as the browser used it (the gallery needs absolute picture URLs)."""
+    headers = request.headers
+    scheme = headers.get("x-forwarded-proto") or request.url.scheme
+    return f"{scheme}://{headers.get('x-forwarded-host') or headers.get('host')}"
+
+
+def _thumbs(images, request: gr.Request) -> list[tuple[str, str]]:
+    origin = _origin(request) + "/"
+    return [(urljoin(origin, i.thumbnail_url), i.name) for i in images]
 
 
 def build_app(
-    backend_url: str,
-    *,
-    public_url: str | None = None,
-    client: BackendClient | None = None,
-    concurrency: int = DEFAULT_CONCURRENCY,
-    example_queries: Sequence[ExampleQuery] = (),
+    client: BackendClient, *, concurrency: int = DEFAULT_CONCURRENCY, example_queries: Sequence[ExampleQuery] = (),
 ) -> gr.Blocks:
-    """The comparison page for the search service at ``backend_url`` (not contacted until a page loads).
-
-    ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries next to the
-    test-split examples.
-    """
-    api = client or BackendClient(backend_url, public_url=public_url)
-
+    """The comparison page for the search service ``client`` talks to (not contacted until a page
+    loads); ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries."""
+    free_text = list(example_queries)
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
-        gr.Markdown(f"## {TITLE}\nTop-k results of two models for the same query; "
-                    "\u2714 marks the ground truth (paper Fig. 5).")
+        gr.Markdown(f"## {TITLE}\nTop-k results of two models for the same query; \u2714 marks a correct answer "
+                    "(paper Fig. 5).")
         status = gr.HTML(elem_id="status")
         with gr.Row():
             left = gr.Dropdown(label="Left model", choices=[], elem_id="left-model", scale=2)
             right = gr.Dropdown(label="Right model", choices=[], elem_id="right-model", scale=2)
-            top_k = gr.Slider(1, 20, value=DEFAULT_K, step=1, label="top k", scale=1)
-        shared = _Shared(api, left, right, top_k)
-        free_text = list(example_queries)
-        query, examples, captions = _text_to_image_tab(shared, free_text)
-        gallery, images = _image_to_text_tab(shared)
-        _failures_tab(shared)
-        train_pick, neg_kind, neg_item, neg_model = _negatives_tab(shared)
-        metric_models = _metrics_tab(shared)
-        _fill_on_load(demo, shared, status, _Filled(query, examples, captions, gallery, images, train_pick,
-                                                    neg_kind, neg_item, neg_model, metric_models),
-                      free_text[0].text if free_text else None)
+            top_k = gr.Slider(1, MAX_K, value=DEFAULT_K, step=1, label="top k", elem_id="top-k", scale=1)
+            scope = gr.Radio([(label, value) for value, label in SCOPE_LABELS.items()], value="all",
+                             label="Search scope", elem_id="scope", scale=2)
+        shared = _Shared(client, left, right, top_k, scope)
+        with gr.Tabs(elem_id="tabs") as tabs:
+            t2i, query_box, examples, captions = _text_to_image_tab(shared, free_text)
+            i2t, browser = _image_to_text_tab(shared)
+            failures = _failures_tab(shared)
+            negatives = _negatives_tab(shared)
+            metric_models, known_models = _metrics_tab(shared)
+        views = [t2i, i2t, failures]
+
+        def rerun(left_name, right_name, k, where, *lasts):
+            out = []
+            for view, last in zip(views, lasts):
+                columns = handlers.run_last(client, last, left_name, right_name, k, where)
+                out += [*columns, last] if columns else [gr.update()] * 4
+            return out
+
+        inputs = [*shared.settings, *(v.last for v in views)]
+        outputs = [o for v in views for o in v.outputs]
+        for event in (left.input, right.input, top_k.input, scope.input):
+            # while a run is on its way, only the newest setting waits (a dragged slider sends many)
+            event(rerun, inputs, outputs, trigger_mode="always_last")
+        scope.input(browser.refresh, [scope, browser.filter], browser.outputs)
+
+        def on_load(request: gr.Request):
+            page = handlers.load_page(client)
+            view = parse_view(dict(request.query_params))
+            pick_left = view.left if view.left in page.all_models else page.left
+            pick_right = view.right if view.right in page.all_models else page.right
+            k, where = view.k or DEFAULT_K, view.scope or "all"
+            pictures, shown, line = handlers.gallery_page(client, where, "", 0)
+            text = view.query or (free_text[0].text if free_text else
+                                  page.example_captions[0].text if page.example_captions else "")
+            first = handlers.parse_train_pick(page.train_picks[0][1]) if page.train_picks else None
+            filled = {
+                status: page.status_html,
+                left: gr.update(choices=page.model_choices, value=pick_left),
+                right: gr.update(choices=page.model_choices, value=pick_right),
+                top_k: k, scope: where, query_box: text,
+                negatives.model: gr.update(choices=page.model_choices, value=page.right),
+                negatives.pick: gr.update(choices=page.train_picks, value=page.train_picks[0][1] if first else None),
+                negatives.kind: gr.update(value=first[0]) if first else gr.update(),
+                negatives.item: gr.update(value=first[1]) if first else gr.update(),
+                metric_models: gr.update(choices=page.all_models, value=[m for m in (pick_left, pick_right) if m]),
+                known_models: page.models,
+                examples: gr.update(samples=[[c.text] for c in page.example_captions]),
+                captions: page.example_captions,
+                browser.gallery: _thumbs(pictures, request), browser.items: pictures, browser.page: shown,
+                browser.line: line,
+                tabs: gr.Tabs(selected=view.tab),
+            }
+            last = {"text": view.query} if view.query and view.tab == "t2i" else \
+                {"image_id": view.image, "image_url": client.browser_url(f"/images/{view.image}")} \
+                if view.image is not None and view.tab == "i2t" else {}
+            if last:
+                target = t2i if "text" in last else i2t
+                columns = handlers.run_last(client, last, pick_left, pick_right, k, where)
+                filled.update(dict(zip(target.outputs, [*columns, last])))
+            return filled
+
+        demo.load(on_load, outputs=[status, left, right, top_k, scope, query_box, negatives.model, negatives.pick,
+                                    negatives.kind, negatives.item, metric_models, known_models, examples,
+                                    captions, *browser.outputs, tabs, *t2i.outputs, *i2t.outputs])
 
     # Two models answer every query: let a few events run at once instead of Gradio's one.
     demo.queue(default_concurrency_limit=concurrency)
     return demo
 
 
-def _fill_on_load(demo: gr.Blocks, shared: _Shared, status: gr.HTML, tabs: _Filled, first_query: str | None) -> None:
-    """At each page load: the status line, the model choices and the example queries; the query
-    box starts on ``first_query`` (else the first test caption), so every tab's button works as
-    the page opens."""
+def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]
+                       ) -> tuple[_View, gr.Textbox, gr.Dataset, gr.State]:
+    """A query box, the free-text examples and example captions; returns the view, the query
+    box, the examples and their captions for the page load."""
     api = shared.api
-
-    def on_load():
-        page = handlers.load_page(api)
-        samples = [[c.text] for c in page.example_captions]
-        thumbs = [(media_url(api.public_url, i.thumbnail_url), f"image {i.id}") for i in page.example_images]
-        # The negatives tab starts on the first training example, so "Show" works as it stands.
-        first = handlers.parse_train_pick(page.train_picks[0][1]) if page.train_picks else None
-        query = first_query or (page.example_captions[0].text if page.example_captions else "")
-        # keyed by component: Gradio matches a dict's values to the outputs by key, not by position
-        return {
-            status: page.status_html,
-            shared.left: gr.update(choices=page.model_choices, value=page.left),
-            shared.right: gr.update(choices=page.model_choices, value=page.right),
-            tabs.neg_model: gr.update(choices=page.model_choices, value=page.right),
-            tabs.metric_models: gr.update(choices=page.all_models, value=[m for m in (page.left, page.right) if m]),
-            tabs.examples: gr.update(samples=samples),
-            tabs.captions: page.example_captions,
-            tabs.gallery: thumbs,
-            tabs.images: page.example_images,
-            tabs.train_pick: gr.update(choices=page.train_picks, value=page.train_picks[0][1] if first else None),
-            tabs.neg_kind: gr.update(value=first[0]) if first else gr.update(),
-            tabs.neg_item: gr.update(value=first[1]) if first else gr.update(),
-            tabs.query: query,
-        }
-
-    demo.load(on_load, outputs=[status, shared.left, shared.right, *(getattr(tabs, f.name) for f in dataclasses.fields(tabs))])
-
-
-def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]) -> tuple[gr.Textbox, gr.Dataset, gr.State]:
-    """A query box, the given free-text examples and example captions; returns (query box,
-    examples, their captions) for the page load."""
-    api = shared.api
-    with gr.Tab("Text to image"):
+    with gr.Tab("Text to image", id="t2i"):
         captions = gr.State([])
         with gr.Row():
-            query = gr.Textbox(label="Query", placeholder="describe an image", elem_id="t2i-query", scale=5)
+            query = gr.Textbox(label="Query", placeholder="describe a picture", elem_id="t2i-query", scale=5)
             search = gr.Button("Search", variant="primary", elem_id="t2i-search", scale=1)
         if free_text:
             groups = ", ".join(dict.fromkeys(q.group for q in free_text))
@@ -147,99 +196,153 @@ def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]) -> tuple[
                               label=f"Fine-grained queries, free text ({groups})",
                               samples_per_page=len(free_text), elem_id="t2i-free-examples")
         examples = gr.Dataset(components=[query], samples=[], type="index",
-                              label="Example queries (test split)", samples_per_page=N_PAGE)
-        shown_query = gr.HTML()
-        with gr.Row(equal_height=False):
-            left_column = gr.HTML(elem_id="t2i-left")
-            right_column = gr.HTML(elem_id="t2i-right")
+                              label="Example queries (captions of the test split)", samples_per_page=N_PAGE)
+        view = _view("t2i")
 
-    def on_text(q, left, right, k):
-        return handlers.search_text(api, q, left, right, k)
+    def run(text, left, right, k, scope):
+        return (*handlers.search_text(api, text, left, right, k, scope), {"text": text} if text else {})
 
-    def on_example(index, known, left, right, k):
-        if index is None or not 0 <= index < len(known):
-            return gr.update(), *handlers.search_text(api, "", left, right, k)
-        text = known[index].text
-        return text, *handlers.search_text(api, text, left, right, k)
+    def on_example(index, known, left, right, k, scope):
+        text = known[index].text if index is not None and 0 <= index < len(known) else ""
+        return text, *run(text, left, right, k, scope)
 
-    outputs = [shown_query, left_column, right_column]
-    search.click(on_text, [query, *shared.pair_and_k], outputs)
-    query.submit(on_text, [query, *shared.pair_and_k], outputs)
-    examples.click(on_example, [examples, captions, *shared.pair_and_k], [query, *outputs])
+    search.click(run, [query, *shared.settings], view.outputs)
+    query.submit(run, [query, *shared.settings], view.outputs)
+    examples.click(on_example, [examples, captions, *shared.settings], [query, *view.outputs])
     if free_text:
-        def on_free(index, left, right, k):
+        def on_free(index, left, right, k, scope):
             text = free_text[index].text if index is not None and 0 <= index < len(free_text) else ""
-            return text, *handlers.search_text(api, text, left, right, k)
+            return text, *run(text, left, right, k, scope)
 
-        fine.click(on_free, [fine, *shared.pair_and_k], [query, *outputs])
-    return query, examples, captions
+        fine.click(on_free, [fine, *shared.settings], [query, *view.outputs])
+    return view, query, examples, captions
 
 
-def _image_to_text_tab(shared: _Shared) -> tuple[gr.Gallery, gr.State]:
-    """Test images to click, or an upload; returns (gallery, its images) for the page load."""
+@dataclass(frozen=True)
+class _Browser:
+    """The paged gallery of the image-to-text tab."""
+
+    filter: gr.Textbox
+    gallery: gr.Gallery
+    items: gr.State
+    page: gr.State
+    line: gr.HTML
+    refresh: object  # (scope, filter, request) -> outputs, page 0
+
+    @property
+    def outputs(self) -> list[gr.components.Component]:
+        return [self.gallery, self.items, self.page, self.line]
+
+
+def _image_to_text_tab(shared: _Shared) -> tuple[_View, _Browser]:
+    """The catalogue's pictures to browse and click, or an upload."""
     api = shared.api
-    with gr.Tab("Image to text"):
-        images = gr.State([])
+    with gr.Tab("Image to text", id="i2t"):
+        items, page = gr.State([]), gr.State(0)
         with gr.Row():
-            gallery = gr.Gallery(label="Test images: click one", columns=6, height=260,
-                                 allow_preview=False, buttons=[], elem_id="i2t-gallery", scale=3)
+            with gr.Column(scale=4):
+                with gr.Row():
+                    search_filter = gr.Textbox(label="Filter the pictures by caption text", elem_id="i2t-filter",
+                                               placeholder="e.g. flag, skin tone, cat", scale=3)
+                    previous = gr.Button("\u25c0 previous page", elem_id="i2t-previous", scale=1)
+                    following = gr.Button("next page \u25b6", elem_id="i2t-next", scale=1)
+                line = gr.HTML(elem_id="i2t-page")
+                gallery = gr.Gallery(label="Pictures: click one to search with it", columns=8, height=340,
+                                     object_fit="contain", allow_preview=False, buttons=[], elem_id="i2t-gallery")
             with gr.Column(scale=1):
-                upload = gr.Image(label="...or upload a PNG/JPEG", type="filepath", format="png",
-                                  sources=["upload"], height=180, elem_id="i2t-upload")
+                upload = gr.File(label="...or upload a PNG/JPEG", file_types=[".png", ".jpg", ".jpeg"],
+                                 type="filepath", elem_id="i2t-upload", height=140)
                 upload_search = gr.Button("Search with the upload", elem_id="i2t-upload-search")
-        shown_query = gr.HTML(elem_id="i2t-query")
-        with gr.Row(equal_height=False):
-            left_column = gr.HTML(elem_id="i2t-left")
-            right_column = gr.HTML(elem_id="i2t-right")
+        view = _view("i2t", "i2t-query")
 
-    def on_gallery(evt: gr.SelectData, known, left, right, k):
-        image = known[evt.index] if isinstance(evt.index, int) and evt.index < len(known) else None
-        return handlers.search_image(api, left, right, k, image=image)
+    def show(scope, text, number, request: gr.Request):
+        pictures, shown, html = handlers.gallery_page(api, scope, text, number)
+        return _thumbs(pictures, request), pictures, shown, html
 
-    def on_upload(path, left, right, k):
-        return handlers.search_image(api, left, right, k, upload=path)
+    def refresh(scope, text, request: gr.Request):
+        return show(scope, text, 0, request)
 
-    outputs = [shown_query, left_column, right_column]
-    gallery.select(on_gallery, [images, *shared.pair_and_k], outputs)
-    upload_search.click(on_upload, [upload, *shared.pair_and_k], outputs)
-    return gallery, images
+    def back(scope, text, number, request: gr.Request):
+        return show(scope, text, number - 1, request)
+
+    def forward(scope, text, number, request: gr.Request):
+        return show(scope, text, number + 1, request)
+
+    def answer(last, left, right, k, scope):
+        columns = handlers.run_last(api, last, left, right, k, scope)
+        return (*(columns or (render_notice("Click a picture of the gallery or upload one."), "", "")), last)
+
+    def on_pick(evt: gr.SelectData, known, left, right, k, scope):
+        picked = known[evt.index] if isinstance(evt.index, int) and evt.index < len(known) else None
+        return answer({"image_id": picked.image_id, "image_url": picked.image_url} if picked else {},
+                      left, right, k, scope)
+
+    def on_upload(path, left, right, k, scope):
+        return answer({"upload": path} if path else {}, left, right, k, scope)
+
+    browser = _Browser(search_filter, gallery, items, page, line, refresh)
+    search_filter.submit(refresh, [shared.scope, search_filter], browser.outputs)
+    previous.click(back, [shared.scope, search_filter, page], browser.outputs)
+    following.click(forward, [shared.scope, search_filter, page], browser.outputs)
+    gallery.select(on_pick, [items, *shared.settings], view.outputs)
+    upload_search.click(on_upload, [upload, *shared.settings], view.outputs)
+    return view, browser
 
 
-def _failures_tab(shared: _Shared) -> None:
-    """List the queries one model misses at rank 1, then show a picked one side by side."""
+def _failures_tab(shared: _Shared) -> _View:
+    """The queries one model misses at rank 1, a page at a time; a picked one side by side."""
     api = shared.api
-    with gr.Tab("Failure cases"):
+    with gr.Tab("Failure cases", id="failures"):
         listed = gr.State({})
         with gr.Row():
             direction = gr.Radio([(v, k) for k, v in DIRECTION_LABELS.items()], value="t2i", label="Direction")
             which = gr.Radio([(v, k) for k, v in WHICH_LABELS.items()], value="baseline_only", label="Cases")
-            limit = gr.Slider(5, 100, value=20, step=5, label="list at most")
-        list_cases = gr.Button("List cases", elem_id="failures-list")
+            per_page = gr.Slider(5, MAX_K, value=20, step=5, label="cases per page", elem_id="failures-per-page")
+        with gr.Row():
+            list_cases = gr.Button("List cases", variant="primary", elem_id="failures-list")
+            previous = gr.Button("\u25c0 previous page", elem_id="failures-previous")
+            following = gr.Button("next page \u25b6", elem_id="failures-next")
         summary = gr.HTML(elem_id="failures-summary")
-        cases = gr.Dropdown(label="Case", choices=[], elem_id="failures-case")
-        shown_query = gr.HTML()
-        with gr.Row(equal_height=False):
-            left_column = gr.HTML(elem_id="failures-left")
-            right_column = gr.HTML(elem_id="failures-right")
+        cases = gr.Dropdown(label="Case (pick one to see both rankings)", choices=[], elem_id="failures-case")
+        view = _view("failures")
 
-    def on_list(d, w, lim, left, right):
-        html, choices, items = handlers.list_failures(api, d, w, lim, left, right)
-        return html, gr.update(choices=choices, value=None), {"direction": d, "items": items}, "", "", ""
+    def show(d, w, n, number, left, right):
+        html, choices, items, shown = handlers.list_failures(api, d, w, n, number, left, right)
+        state = {"direction": d, "which": w, "per_page": n, "items": items, "page": shown}
+        return html, gr.update(choices=choices, value=None), state, "", "", "", {}
 
-    def on_case(query_id, state, left, right, k):
+    def step(state, delta, left, right):
+        if not state:
+            return show("t2i", "baseline_only", 20, 0, left, right)
+        return show(state["direction"], state["which"], state["per_page"], state["page"] + delta, left, right)
+
+    def on_case(query_id, state, left, right, k, scope):
         item = state.get("items", {}).get(query_id) if state else None
-        return handlers.show_failure(api, state.get("direction", "t2i") if state else "t2i", item, left, right, k)
+        last = handlers.failure_query(state.get("direction", "t2i") if state else "t2i", item)
+        columns = handlers.run_last(api, last, left, right, k, scope)
+        return (*(columns or (render_notice("Pick a case from the list."), "", "")), last)
 
-    columns = [shown_query, left_column, right_column]
-    list_cases.click(on_list, [direction, which, limit, shared.left, shared.right], [summary, cases, listed, *columns])
-    cases.input(on_case, [cases, listed, *shared.pair_and_k], columns)
+    outputs = [summary, cases, listed, *view.outputs]
+    list_cases.click(lambda d, w, n, left, right: show(d, w, n, 0, left, right),
+                     [direction, which, per_page, shared.left, shared.right], outputs)
+    previous.click(lambda s, left, right: step(s, -1, left, right), [listed, shared.left, shared.right], outputs)
+    following.click(lambda s, left, right: step(s, 1, left, right), [listed, shared.left, shared.right], outputs)
+    cases.input(on_case, [cases, listed, *shared.settings], view.outputs)
+    return view
 
 
-def _negatives_tab(shared: _Shared) -> tuple[gr.Dropdown, gr.Radio, gr.Number, gr.Dropdown]:
-    """Offline vs online hard negatives of a training item; returns (training picks, anchor kind,
-    item id, model) for the page load."""
+@dataclass(frozen=True)
+class _Negatives:
+    pick: gr.Dropdown
+    kind: gr.Radio
+    item: gr.Number
+    model: gr.Dropdown
+
+
+def _negatives_tab(shared: _Shared) -> _Negatives:
+    """Offline vs online hard negatives of a training item; returns what the page load fills."""
     api = shared.api
-    with gr.Tab("Offline negatives"):
+    with gr.Tab("Offline negatives", id="negatives"):
         gr.Markdown("What each method learns from (paper Fig. 3): the hardest negatives of a training "
                     "item mined offline from the whole training set, next to the hardest ones a "
                     "random batch offers online.")
@@ -269,31 +372,39 @@ def _negatives_tab(shared: _Shared) -> tuple[gr.Dropdown, gr.Radio, gr.Number, g
     outputs = [anchor, offline, online]
     show.click(on_show, [kind, item_id, model, n_negatives, batch_seed], outputs)
     train_pick.input(on_pick, [train_pick, model, n_negatives, batch_seed], [kind, item_id, *outputs])
-    return train_pick, kind, item_id, model
+    return _Negatives(train_pick, kind, item_id, model)
 
 
-def _metrics_tab(shared: _Shared) -> gr.CheckboxGroup:
-    """R@K tables, training curves and rank histograms; returns the model picker for the page load."""
+def _metrics_tab(shared: _Shared) -> tuple[gr.CheckboxGroup, gr.State]:
+    """R@K tables, training curves and rank histograms, each explained; returns the model
+    picker and the models' descriptions for the page load."""
     api = shared.api
-    with gr.Tab("Metrics") as tab:
+    with gr.Tab("Metrics", id="metrics") as tab:
+        known = gr.State([])
         with gr.Row():
             models = gr.CheckboxGroup(label="Models", choices=[], scale=4)
             refresh = gr.Button("Refresh", scale=1, elem_id="metrics-refresh")
         table = gr.HTML(elem_id="metrics-table")
-        curves = gr.Plot(label="R@1 during training")
-        histogram = gr.Plot(label="Cross-retrieval rank histogram")
+        curves = gr.Plot(label="R@1 during training", elem_id="metrics-curves")
+        curves_note = gr.HTML(elem_id="metrics-curves-note")
+        histogram = gr.Plot(label="Cross-retrieval rank histogram", elem_id="metrics-histogram")
+        histogram_note = gr.HTML(elem_id="metrics-histogram-note")
 
-    def on_metrics(names):
-        return handlers.show_metrics(api, names or [])
+    def on_metrics(names, described):
+        html, curve_figure, histogram_figure = handlers.show_metrics(api, names or [], described or [])
+        notes = handlers.plot_notes(described or [])
+        return html, curve_figure, f'<div class="aoq-meta">{notes[0]}</div>', histogram_figure, \
+            f'<div class="aoq-meta">{notes[1]}</div>'
 
-    outputs = [table, curves, histogram]
-    refresh.click(on_metrics, [models], outputs)
-    tab.select(on_metrics, [models], outputs)
-    return models
+    outputs = [table, curves, curves_note, histogram, histogram_note]
+    refresh.click(on_metrics, [models, known], outputs)
+    tab.select(on_metrics, [models, known], outputs)
+    return models, known
 
 
-def launch(demo: gr.Blocks, host: str, port: int, *, block: bool = True):
-    """Serve ``demo`` with nothing that reaches outside: no share link, telemetry, SSR or history.
+def launch(demo: gr.Blocks, client: BackendClient, host: str, port: int, *, block: bool = True):
+    """Serve ``demo`` (and the relay of ``client``'s pictures) with nothing that reaches
+    outside: no share link, telemetry, SSR or history.
 
     With ``block=False`` it returns once the server is up (tests); ``demo.close()`` stops it.
     """
@@ -313,4 +424,7 @@ def launch(demo: gr.Blocks, host: str, port: int, *, block: bool = True):
         enable_monitoring=False,
         footer_links=["settings"],
         css=CSS,
+        js=FOLLOW_SHARE_LINKS,
+        i18n=gr.I18n(**I18N),
+        app_kwargs={"routes": media_routes(client)},
     )

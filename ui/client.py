@@ -15,10 +15,11 @@ the UI needs that is missing or mistyped becomes a ``BackendError`` naming it.
 from __future__ import annotations
 
 import mimetypes
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urljoin
+from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
@@ -26,8 +27,10 @@ from pydantic import TypeAdapter, ValidationError
 from aoq_serve.schemas import (
     CompareImageOut,
     CompareTextOut,
+    DatasetOut,
     ExamplesOut,
     FailuresOut,
+    GalleryPageOut,
     HealthOut,
     MetricsOut,
     ModelOut,
@@ -35,6 +38,10 @@ from aoq_serve.schemas import (
 )
 
 DEFAULT_BACKEND_URL = "http://127.0.0.1:8000"
+#: where the UI's own server relays the service's images (``aoq_ui.app``), so the browser needs
+#: no route to the service.
+MEDIA_PREFIX = "/media"
+_IMAGE_PATH = re.compile(r"/images/\d+")
 _LOCATIONS = ("body", "query", "path", "header", "cookie")
 UPLOAD_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg"}
 #: answer fields holding an image URL the browser will load
@@ -93,8 +100,10 @@ def format_detail(detail: Any) -> str:
 class BackendClient:
     """Calls the endpoints of docs/api.md and returns validated ``aoq_serve.schemas`` objects.
 
-    ``public_url`` is the backend URL as the *browser* reaches it: the image URLs of every answer
-    are rewritten to it (``browser_url``) before validation; it defaults to ``base_url``.
+    The image URLs of every answer are rewritten for the browser (``browser_url``) before
+    validation: by default to the UI's own relay (``/media/images/<id>``, served by
+    ``aoq_ui.app`` through :meth:`image`), so one open port suffices; with ``public_url``, the
+    backend's address as the browser reaches it, the browser loads them from the service.
     """
 
     def __init__(
@@ -106,7 +115,7 @@ class BackendClient:
         transport: httpx.BaseTransport | None = None,
     ):
         self.base_url = base_url.rstrip("/")
-        self.public_url = (public_url or base_url).rstrip("/")
+        self.public_url = public_url.rstrip("/") if public_url else None
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
 
     def close(self) -> None:
@@ -119,8 +128,15 @@ class BackendClient:
         self.close()
 
     def browser_url(self, url: str) -> str:
-        """An image URL from an answer as the browser must load it: relative ones and ones on
-        ``base_url`` are moved to ``public_url``; any other absolute URL is kept."""
+        """An image URL from an answer as the browser must load it. Without ``public_url``: the
+        relay's path (``/media/images/<id>?size=...``) for any URL of a service image. With it:
+        relative URLs and those on ``base_url`` are moved to ``public_url``. Any other absolute
+        URL is kept."""
+        if self.public_url is None:
+            parts = urlsplit(url)
+            if _IMAGE_PATH.fullmatch(parts.path):
+                return MEDIA_PREFIX + parts.path + (f"?{parts.query}" if parts.query else "")
+            return url
         if url.startswith(self.base_url + "/"):
             return self.public_url + url[len(self.base_url):]
         return urljoin(self.public_url + "/", url)
@@ -133,11 +149,27 @@ class BackendClient:
     def models(self) -> list[ModelOut]:
         return self._get("/models", list[ModelOut])
 
+    def datasets(self) -> list[DatasetOut]:
+        return self._get("/datasets", list[DatasetOut])
+
     def examples(self, split: str = "test", n: int = 8) -> ExamplesOut:
         return self._get("/examples", ExamplesOut, params={"split": split, "n": n})
 
-    def compare_text(self, query: str, models: Sequence[str] | None = None, k: int = 10) -> CompareTextOut:
-        body: dict[str, Any] = {"query": query, "k": k}
+    def gallery(self, scope: str = "all", query: str = "", offset: int = 0, limit: int = 24) -> GalleryPageOut:
+        """A page of the searchable images, filtered by caption text."""
+        return self._get("/gallery", GalleryPageOut,
+                         params={"scope": scope, "q": query, "offset": offset, "limit": limit})
+
+    def image(self, image_id: int, size: int | None = None) -> tuple[bytes, str]:
+        """An image file or thumbnail of the service and its media type (the UI's relay)."""
+        params = {} if size is None else {"size": size}
+        where = f"GET /images/{image_id}"
+        response = self._send("GET", f"/images/{image_id}", where, params=params)
+        return response.content, response.headers.get("content-type", "application/octet-stream")
+
+    def compare_text(self, query: str, models: Sequence[str] | None = None, k: int = 10,
+                     scope: str = "all") -> CompareTextOut:
+        body: dict[str, Any] = {"query": query, "k": k, "scope": scope}
         if models:
             body["models"] = list(models)
         return self._call("POST", "/compare/text", CompareTextOut, json=body)
@@ -149,13 +181,15 @@ class BackendClient:
         file: str | Path | None = None,
         models: Sequence[str] | None = None,
         k: int = 10,
+        scope: str = "all",
     ) -> CompareImageOut:
         """Compare two models on a gallery image (``image_id``) or an uploaded PNG/JPEG (``file``)."""
         if (image_id is None) == (file is None):
             raise ValueError("give exactly one of image_id and file")
         # Every field goes as a multipart part (a (None, value) pair has no file name): the
         # contract is multipart/form-data even without an upload, which httpx would urlencode.
-        fields: dict[str, tuple[str | None, bytes | str, str | None]] = {"k": (None, str(k), None)}
+        fields: dict[str, tuple[str | None, bytes | str, str | None]] = {
+            "k": (None, str(k), None), "scope": (None, scope, None)}
         if models:
             fields["models"] = (None, ",".join(models), None)
         if image_id is not None:
@@ -176,10 +210,11 @@ class BackendClient:
         which: str,
         limit: int = 20,
         models: Sequence[str] | None = None,
+        offset: int = 0,
     ) -> FailuresOut:
         """Queries one model ranks well and the other badly: ``direction`` is ``t2i`` or ``i2t``,
         ``which`` is ``baseline_only``, ``aoq_only`` or ``both`` (the backend checks them)."""
-        params: dict[str, Any] = {"direction": direction, "which": which, "limit": limit}
+        params: dict[str, Any] = {"direction": direction, "which": which, "limit": limit, "offset": offset}
         if models:
             params["models"] = ",".join(models)
         return self._get("/failures", FailuresOut, params=params)
@@ -200,8 +235,7 @@ class BackendClient:
     def _get(self, path: str, shape: type[T], params: Mapping[str, Any] | None = None) -> T:
         return self._call("GET", path, shape, params=params)
 
-    def _call(self, method: str, path: str, shape: type[T], **kwargs: Any) -> T:
-        where = f"{method} {path}"
+    def _send(self, method: str, path: str, where: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
@@ -215,6 +249,11 @@ class BackendClient:
             ) from exc
         if response.status_code >= 400:
             raise _http_error(response, where)
+        return response
+
+    def _call(self, method: str, path: str, shape: type[T], **kwargs: Any) -> T:
+        where = f"{method} {path}"
+        response = self._send(method, path, where, **kwargs)
         try:
             payload = response.json()
         except ValueError as exc:

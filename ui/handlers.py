@@ -3,71 +3,79 @@
 Each function takes the ``BackendClient`` and plain values and returns plain values (HTML strings,
 choice lists, figures), so the whole behaviour of the page, error paths included, is tested with
 a fake backend and no browser. ``aoq_ui.app`` only wires these to Gradio components.
+
+A failed query never leaves old results on screen: its message takes the query line and both
+columns are emptied.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from html import escape
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from aoq_serve.schemas import (
-    CompareImageOut,
-    CompareTextOut,
-    ExampleCaption,
-    ExampleImage,
-    FailureItem,
-)
+from aoq_serve.schemas import ExampleCaption, FailureItem, GalleryImage, ModelOut
 from aoq_ui import plots
-from aoq_ui.client import BackendClient, BackendError
+from aoq_ui.client import UPLOAD_TYPES, BackendClient, BackendError
+from aoq_ui.export import download_link
 from aoq_ui.render import (
-    failure_choices,
     model_label,
     pick_default_models,
     render_error,
-    render_failures_summary,
     render_image_column,
-    render_metrics_table,
-    render_negatives,
+    render_image_query,
     render_notice,
-    render_query_image,
-    render_query_text,
     render_status,
     render_text_column,
+    render_text_query,
 )
+from aoq_ui.render_analysis import failure_choices, render_failures, render_metrics_table, render_negatives, \
+    render_selection
+from aoq_ui.state import View, view_query
 
 N_EXAMPLES = 12
 N_TRAIN_PICKS = 10
+#: pictures per page of the gallery browser.
+GALLERY_PAGE = 24
+#: uploads up to this size are shown back in the query line (as a data: URL).
+PREVIEW_BYTES = 2 * 1024 * 1024
 
-Columns = tuple[str, str, str]  # (message or query, left column, right column)
+Columns = tuple[str, str, str]  # (query line or message, left column, right column)
+#: the query a view shows, to run it again when k, the scope or a model changes: {"text": ...},
+#: {"image_id": ..., "image_url": ...} or {"upload": path}; empty when there is none.
+LastQuery = dict
 
 
 @dataclass
 class PageData:
-    """What the page needs once at load time: models, defaults and example queries."""
+    """What the page needs once at load time: models, defaults, the catalogue and examples."""
 
     status_html: str
+    models: list[ModelOut] = field(default_factory=list)
     model_choices: list[tuple[str, str]] = field(default_factory=list)
     all_models: list[str] = field(default_factory=list)
     left: str | None = None
     right: str | None = None
     example_captions: list[ExampleCaption] = field(default_factory=list)
-    example_images: list[ExampleImage] = field(default_factory=list)
     train_picks: list[tuple[str, str]] = field(default_factory=list)
 
 
 def load_page(client: BackendClient) -> PageData:
-    """Health, models and examples; a backend that is down gives a page with just the message."""
+    """Health, models, datasets and examples; a backend that is down gives a page with just the message."""
     try:
         health = client.health()
         models = client.models()
+        datasets = client.datasets()
     except BackendError as exc:
         return PageData(status_html=render_status(client.base_url, error=exc))
     left, right, warnings = pick_default_models(models)
     page = PageData(
         status_html="",
+        models=models,
         model_choices=[(model_label(m), m.name) for m in models if m.enabled],
         all_models=[m.name for m in models if m.enabled],
         left=left,
@@ -75,7 +83,11 @@ def load_page(client: BackendClient) -> PageData:
     )
     try:
         test = client.examples("test", N_EXAMPLES)
-        page.example_captions, page.example_images = test.captions, test.images
+        # twins (both vendors' drawings) share their first caption: offer each text once
+        first: dict[str, ExampleCaption] = {}
+        for caption in test.captions:
+            first.setdefault(caption.text.lower(), caption)
+        page.example_captions = list(first.values())
     except BackendError as exc:
         warnings.append(f"Could not load example queries: {exc}")
     # Training items exist in the catalogue only for models with mined negatives: without them
@@ -83,10 +95,10 @@ def load_page(client: BackendClient) -> PageData:
     try:
         train = client.examples("train", N_TRAIN_PICKS)
         page.train_picks = [(f"caption {c.id}: {c.text}", f"caption:{c.id}") for c in train.captions]
-        page.train_picks += [(f"image {i.id}", f"image:{i.id}") for i in train.images]
+        page.train_picks += [(f"image {i.id}: {i.name or ''}", f"image:{i.id}") for i in train.images]
     except BackendError as exc:
         warnings.append(f"Could not load training examples for the negatives tab: {exc}")
-    page.status_html = render_status(client.base_url, health, models, warnings=warnings)
+    page.status_html = render_status(client.base_url, health, models, warnings=warnings, datasets=datasets)
     return page
 
 
@@ -96,21 +108,13 @@ def _check_models(left: str | None, right: str | None) -> str | None:
     return None
 
 
-def _column_title(side: str, model: str) -> str:
-    return f"{side}: {model}"
+def _links(view: View, answer) -> str:
+    return (f'<div class="aoq-links"><a class="aoq-share" href="{escape(view_query(view))}">link to this view</a>'
+            f"{download_link(answer)}</div>")
 
 
-def _text_columns(client: BackendClient, answer: CompareTextOut) -> tuple[str, str]:
-    return (render_text_column(answer.left, _column_title("Left", answer.left.model), client.public_url),
-            render_text_column(answer.right, _column_title("Right", answer.right.model), client.public_url))
-
-
-def _image_columns(answer: CompareImageOut) -> tuple[str, str]:
-    return (render_image_column(answer.left, _column_title("Left", answer.left.model)),
-            render_image_column(answer.right, _column_title("Right", answer.right.model)))
-
-
-def search_text(client: BackendClient, query: str, left: str | None, right: str | None, k: int) -> Columns:
+def search_text(client: BackendClient, query: str, left: str | None, right: str | None, k: int,
+                scope: str = "all") -> Columns:
     """Text -> image for both models: (query line or error, left column, right column)."""
     query = (query or "").strip()
     if not query:
@@ -118,10 +122,25 @@ def search_text(client: BackendClient, query: str, left: str | None, right: str 
     if problem := _check_models(left, right):
         return render_error(problem), "", ""
     try:
-        answer = client.compare_text(query, [left, right], int(k))  # type: ignore[list-item]
+        answer = client.compare_text(query, [left, right], int(k), scope)  # type: ignore[list-item]
     except BackendError as exc:
         return render_error(exc), "", ""
-    return (render_query_text(answer.query), *_text_columns(client, answer))
+    view = View(tab="t2i", query=query, left=left, right=right, k=int(k), scope=scope)
+    return (render_text_query(answer.left, answer.right, _links(view, answer)),
+            render_text_column(answer.left, f"Left: {answer.left.model}"),
+            render_text_column(answer.right, f"Right: {answer.right.model}"))
+
+
+def _preview(path: Path) -> str:
+    """The upload as a data: URL the query line can show (empty when too large to inline)."""
+    mime = UPLOAD_TYPES.get(path.suffix.lower())
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return ""
+    if mime is None or size > PREVIEW_BYTES:
+        return ""
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
 
 
 def search_image(
@@ -129,58 +148,93 @@ def search_image(
     left: str | None,
     right: str | None,
     k: int,
+    scope: str = "all",
     *,
-    image: ExampleImage | None = None,
+    image_id: int | None = None,
+    image_url: str = "",
     upload: str | Path | None = None,
 ) -> Columns:
-    """Image -> text for both models, from a gallery image or an uploaded file."""
-    if image is None and upload is None:
-        return render_notice("Click a test image or upload one."), "", ""
+    """Image -> text for both models, from a gallery image (its id and URL) or an uploaded file."""
+    if image_id is None and upload is None:
+        return render_notice("Click a picture of the gallery or upload one."), "", ""
     if problem := _check_models(left, right):
         return render_error(problem), "", ""
     try:
-        if image is not None:
-            answer = client.compare_image(image_id=image.id, models=[left, right], k=int(k))  # type: ignore[list-item]
-            query = render_query_image(client.public_url, image.image_url, f"test image {image.id}")
+        if image_id is not None:
+            answer = client.compare_image(image_id=image_id, models=[left, right], k=int(k), scope=scope)  # type: ignore[list-item]
+            label, url = f"picture {image_id}", image_url
+            links = _links(View(tab="i2t", image=image_id, left=left, right=right, k=int(k), scope=scope), answer)
         else:
-            answer = client.compare_image(file=upload, models=[left, right], k=int(k))  # type: ignore[list-item]
-            query = render_notice(f"Query: uploaded image {Path(upload).name}")  # type: ignore[arg-type]
+            path = Path(upload)  # type: ignore[arg-type]
+            answer = client.compare_image(file=path, models=[left, right], k=int(k), scope=scope)  # type: ignore[list-item]
+            label, url = f"uploaded picture {path.name}", _preview(path)
+            links = f'<div class="aoq-links">{download_link(answer)}</div>'
     except BackendError as exc:
         return render_error(exc), "", ""
-    return (query, *_image_columns(answer))
+    return (render_image_query(answer.left, answer.right, label, url, links),
+            render_image_column(answer.left, f"Left: {answer.left.model}"),
+            render_image_column(answer.right, f"Right: {answer.right.model}"))
+
+
+def run_last(client: BackendClient, last: LastQuery | None, left: str | None, right: str | None, k: int,
+             scope: str) -> Columns | None:
+    """A view's query (again, when k, the scope or a model changed); None when it has none."""
+    if not last:
+        return None
+    if "text" in last:
+        return search_text(client, last["text"], left, right, k, scope)
+    if "image_id" in last:
+        return search_image(client, left, right, k, scope, image_id=last["image_id"], image_url=last["image_url"])
+    return search_image(client, left, right, k, scope, upload=last["upload"])
+
+
+def gallery_page(client: BackendClient, scope: str, query: str, page: int
+                 ) -> tuple[list[GalleryImage], int, str]:
+    """(pictures, the page actually shown, a line saying which of how many) of the gallery browser."""
+    page = max(0, int(page))
+    try:
+        found = client.gallery(scope, query or "", page * GALLERY_PAGE, GALLERY_PAGE)
+        if not found.images and page > 0:  # past the end (the filter shrank the list): its last page
+            page = max(0, (found.total - 1) // GALLERY_PAGE)
+            found = client.gallery(scope, query or "", page * GALLERY_PAGE, GALLERY_PAGE)
+    except BackendError as exc:
+        return [], 0, render_error(exc)
+    where = "whole catalogue" if scope == "all" else "test split"
+    matching = f" matching \u201c{escape(query)}\u201d" if query else ""
+    if not found.images:
+        return [], page, render_notice(f"No picture of the {where}{matching}.")
+    first = found.offset + 1
+    line = (f'<div class="aoq-meta">Pictures {first:,}\u2013{found.offset + len(found.images):,} of '
+            f"{found.total:,} in the {where}{matching} (page {page + 1} of {(found.total - 1) // GALLERY_PAGE + 1}); "
+            f"click one to search with it.</div>")
+    return found.images, page, line
 
 
 def list_failures(
-    client: BackendClient, direction: str, which: str, limit: int, left: str | None, right: str | None
-) -> tuple[str, list[tuple[str, int]], dict[int, FailureItem]]:
-    """(summary or error, dropdown choices, items by query id) for the failure-cases tab."""
-    if problem := _check_models(left, right):
-        return render_error(problem), [], {}
-    try:
-        failures = client.failures(direction, which, int(limit), [left, right])  # type: ignore[arg-type, list-item]
-    except BackendError as exc:
-        return render_error(exc), [], {}
-    return render_failures_summary(failures), failure_choices(failures), {i.query_id: i for i in failures.items}
-
-
-def show_failure(
-    client: BackendClient,
-    direction: str,
-    item: FailureItem | None,
-    left: str | None,
+    client: BackendClient, direction: str, which: str, per_page: int, page: int, left: str | None,
     right: str | None,
-    k: int,
-) -> Columns:
-    """One failure case in the side-by-side view, queried again so both full rankings show."""
+) -> tuple[str, list[tuple[str, int]], dict[int, FailureItem], int]:
+    """(the page's table or an error, dropdown choices, items by query id, the page shown)."""
+    if problem := _check_models(left, right):
+        return render_error(problem), [], {}, 0
+    page = max(0, int(page))
+    try:
+        failures = client.failures(direction, which, int(per_page), [left, right], page * int(per_page))  # type: ignore[list-item]
+        if not failures.items and page > 0:
+            page = max(0, (failures.total - 1) // int(per_page))
+            failures = client.failures(direction, which, int(per_page), [left, right], page * int(per_page))  # type: ignore[list-item]
+    except BackendError as exc:
+        return render_error(exc), [], {}, 0
+    return render_failures(failures), failure_choices(failures), {i.query_id: i for i in failures.items}, page
+
+
+def failure_query(direction: str, item: FailureItem | None) -> LastQuery:
+    """The query of a failure case, to show it in the side-by-side view."""
     if item is None:
-        return render_notice("Pick a case from the list."), "", ""
+        return {}
     if direction == "t2i":
-        if not item.query_text:
-            return render_error(f"The failure list gave no text for caption {item.query_id}."), "", ""
-        return search_text(client, item.query_text, left, right, k)
-    url = item.image_url or f"/images/{item.query_id}"
-    image = ExampleImage(id=item.query_id, image_url=url, thumbnail_url=url)
-    return search_image(client, left, right, k, image=image)
+        return {"text": item.query_text} if item.query_text else {}
+    return {"image_id": item.query_id, "image_url": item.image_url or ""}
 
 
 def parse_train_pick(pick: str | None) -> tuple[str, int] | None:
@@ -205,30 +259,31 @@ def show_negatives(
         answer = client.negatives(kind, int(item_id), model, int(n), None if seed is None else int(seed))
     except BackendError as exc:
         return render_error(exc), "", ""
-    return render_negatives(answer, client.public_url)
+    return render_negatives(answer)
 
 
-def show_metrics(client: BackendClient, models: Sequence[str]) -> tuple[str, Figure | None, Figure | None]:
-    """(R@K table or error, R@1 curves, rank histogram) of the chosen models."""
-    if not models:
+def show_metrics(client: BackendClient, names: Sequence[str], models: Sequence[ModelOut] = ()
+                 ) -> tuple[str, Figure | None, Figure | None]:
+    """(R@K table or error, R@1 curves, rank histogram) of the chosen models, each labelled."""
+    if not names:
         return render_notice("Tick at least one model."), None, None
     try:
-        all_metrics = [client.metrics(name) for name in models]
+        all_metrics = [client.metrics(name) for name in names]
     except BackendError as exc:
         return render_error(exc), None, None
-    return (render_metrics_table(all_metrics), plots.recall_curves_figure(all_metrics),
-            plots.rank_histogram_figure(all_metrics))
+    return (render_metrics_table(all_metrics) + render_selection(models, names),
+            plots.recall_curves_figure(all_metrics), plots.rank_histogram_figure(all_metrics))
 
 
-__all__ = [
-    "Columns",
-    "PageData",
-    "list_failures",
-    "load_page",
-    "parse_train_pick",
-    "search_image",
-    "search_text",
-    "show_failure",
-    "show_metrics",
-    "show_negatives",
-]
+def plot_notes(models: Sequence[ModelOut]) -> tuple[str, str]:
+    """One sentence under each plot saying what it shows."""
+    evaluated = next((m.evaluated for m in models if m.evaluated), None)
+    split = evaluated.split if evaluated else "evaluation"
+    curves = ("R@1 after each training epoch on the dev split, which picks the checkpoint: the baseline is "
+              "round 1, AOQ round 2, trained from scratch on the negatives mined with the baseline, so each "
+              "model's epochs count from 1.")
+    histogram = (f"For every caption of the {split} split and its own picture, the worse of two ranks, the "
+                 "picture's for the caption and the caption's for the picture, on the caption scale (the AOQ "
+                 "supplement's cross-retrieval rank, by the pair rule, so a twin picture counts against it): "
+                 "more pairs in the left bars is better.")
+    return curves, histogram

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from aoq_serve.schemas import CurvePoint, MetricsOut
 
@@ -16,19 +17,19 @@ ROUND_MARKERS = {1: "o", 2: "s"}
 
 
 def curve_positions(points: Sequence[CurvePoint]) -> list[tuple[int, CurvePoint]]:
-    """Points ordered by (round, epoch) with an x position 1..n: round 2 continues after round 1.
+    """Points ordered by (round, epoch), each at its epoch within its own round.
 
-    The AOQ model's curve holds both rounds (round 1 is its baseline), so plotting rounds
-    end to end shows where the offline negatives take over.
+    A model's log holds the rounds it trained (the baseline round 1; AOQ round 2, from scratch),
+    so every curve starts at epoch 1; the marker tells the rounds apart.
     """
-    ordered = sorted(points, key=lambda p: (p.round, p.epoch))
-    return [(i + 1, p) for i, p in enumerate(ordered)]
+    return [(p.epoch, p) for p in sorted(points, key=lambda p: (p.round, p.epoch))]
 
 
 def recall_curves_figure(all_metrics: Sequence[MetricsOut]) -> Figure:
-    """R@1 against training epoch, one panel per direction, one colour per model."""
+    """R@1 against training epoch on the dev split, one panel per direction, one colour per model."""
     fig = Figure(figsize=(9, 3.4), layout="constrained")
     axes = fig.subplots(1, 2, sharex=True)
+    split = next((m.curves_measured.split for m in all_metrics if m.curves_measured), "dev")
     for ax, field, title in ((axes[0], "i2t_r1", "image \u2192 text R@1"), (axes[1], "t2i_r1", "text \u2192 image R@1")):
         for index, metrics in enumerate(all_metrics):
             colour = f"C{index}"
@@ -39,8 +40,9 @@ def recall_curves_figure(all_metrics: Sequence[MetricsOut]) -> Figure:
                     xs, ys = zip(*xy)
                     ax.plot(xs, ys, color=colour, marker=ROUND_MARKERS.get(rnd, "^"), markersize=4,
                             label=f"{metrics.model} (round {rnd})")
-        ax.set_title(title)
-        ax.set_xlabel("epoch (round 2 continues after round 1)")
+        ax.set_title(f"{title}, {split} split")
+        ax.set_xlabel("epoch of the model's own training round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("R@1 (%)")
         ax.grid(alpha=0.3)
     drawn = [ax for ax in axes if ax.get_lines()]
@@ -80,7 +82,8 @@ def rank_histogram_figure(all_metrics: Sequence[MetricsOut]) -> Figure:
     ax.set_xticks(range(len(bins)), bins)
     ax.set_xlabel("cross-retrieval rank of the positive pair")
     ax.set_ylabel("pairs (%)")
-    ax.set_title("Cross-retrieval rank histogram (test split)")
+    split = next((m.measured.split for m in all_metrics if m.measured), "test")
+    ax.set_title(f"Cross-retrieval rank histogram ({split} split, pair rule)")
     ax.grid(axis="y", alpha=0.3)
     if shares:
         ax.legend(fontsize="small")

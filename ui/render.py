@@ -1,66 +1,73 @@
-"""Pure functions that turn the backend's answers into the HTML the page shows.
+"""Pure functions that turn the backend's answers into the HTML the page shows: the status line,
+the two result columns and the query line above them.
 
 No Gradio and no HTTP here, so every string the user sees can be tested without a browser.
-All text that comes from the backend or the user is HTML-escaped. Image URLs in answers may be
-relative to the backend (``/images/3``); they are made absolute against ``public_url``, the
-backend URL as the browser reaches it, because the browser fetches the images itself.
+All text that comes from the backend or the user is HTML-escaped. Image URLs are used as the
+client rewrote them for the browser (``aoq_ui.client``). Every number says what it counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from html import escape
-from urllib.parse import urljoin
 
 from aoq_serve.schemas import (
-    FailuresOut,
+    DatasetOut,
+    GalleryImage,
     HealthOut,
-    MetricsOut,
+    Measured,
     ModelOut,
-    NegativeItem,
-    NegativesOut,
     SearchImageOut,
     SearchTextOut,
 )
 from aoq_ui.client import BackendError, BackendUnavailable
 
 TICK = "\u2714"  # heavy check mark, as the paper ticks correct items
-GT_THUMB_PX = 96
-
-WHICH_LABELS = {
-    "baseline_only": "left (baseline) wrong at rank 1, right (AOQ) right",
-    "aoq_only": "right (AOQ) wrong at rank 1, left (baseline) right",
-    "both": "both wrong at rank 1",
+DOT = " \u00b7 "
+#: how the status line lists a catalogue's splits (others follow by name).
+SPLIT_ORDER = ("train", "dev", "val", "test")
+SCOPE_LABELS = {"all": "whole catalogue (all splits)", "test": "test split only"}
+RULES = {
+    "pair": "a caption's own picture is its only correct answer (the published COCO / Flickr30K protocol)",
+    "text": "identical caption texts are one answer: every picture with a caption of the query's text, "
+            "such as the other vendor's drawing, is correct",
 }
-DIRECTION_LABELS = {"t2i": "text \u2192 image", "i2t": "image \u2192 text"}
 
 CSS = """
 .aoq-col h4 { margin: 0 0 .3em 0; }
 .aoq-meta { font-size: .9em; opacity: .85; margin-bottom: .5em; }
-.aoq-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(100px, 1fr)); gap: .5em; }
-.aoq-card { border: 3px solid transparent; border-radius: 6px; padding: 2px; text-align: center; }
-.aoq-card img { width: 100%; height: auto; image-rendering: pixelated; border-radius: 4px; }
+.aoq-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(90px, 1fr)); gap: .5em; }
+.aoq-card { border: 3px solid transparent; border-radius: 6px; padding: 2px; margin: 0; text-align: center; }
+.aoq-card img { width: 100%; height: auto; border-radius: 4px; }
 .aoq-card.aoq-gt, li.aoq-gt { border-color: #2e9d4f; background: rgba(46,157,79,.12); }
 .aoq-caption { font-size: .85em; }
+.aoq-name { display: block; font-size: .85em; line-height: 1.2; overflow-wrap: anywhere; }
+.aoq-split { display: inline-block; font-size: .75em; padding: 0 .35em; border-radius: 4px;
+             background: rgba(200,140,20,.2); border: 1px solid rgba(200,140,20,.6); }
 .aoq-tick { color: #2e9d4f; font-weight: bold; }
 .aoq-list { padding-left: 0; list-style: none; margin: 0; }
-.aoq-list li { border: 2px solid transparent; border-radius: 6px; padding: .25em .4em; margin: .15em 0; }
+.aoq-list li { border: 2px solid transparent; border-radius: 6px; padding: .25em .4em; margin: .15em 0;
+               display: flex; gap: .5em; align-items: center; }
+.aoq-list li img { width: 40px; height: 40px; flex: none; border-radius: 4px; }
 .aoq-rank { font-variant-numeric: tabular-nums; opacity: .8; }
 .aoq-error { border: 1px solid #c0392b; background: rgba(192,57,43,.1); color: inherit;
              padding: .6em .8em; border-radius: 6px; }
-.aoq-notice { border: 1px solid #888; padding: .6em .8em; border-radius: 6px; }
-.aoq-query img { max-width: 192px; image-rendering: pixelated; border-radius: 4px; }
-.aoq-meta img.aoq-gtthumb { display: inline-block; width: 40px; height: 40px; margin: 0 .2em;
-                           vertical-align: middle; image-rendering: pixelated; border: 2px solid #2e9d4f; }
+.aoq-notice { border: 1px solid #888; padding: .6em .8em; border-radius: 6px; margin: .3em 0; }
+.aoq-query img.aoq-queryimg { max-width: 160px; border-radius: 4px; }
+.aoq-truth { display: flex; flex-wrap: wrap; gap: .4em; align-items: flex-start; margin: .3em 0; }
+.aoq-truth figure { margin: 0; width: 84px; text-align: center; border: 2px solid #2e9d4f; border-radius: 6px; }
+.aoq-truth img { width: 64px; height: 64px; }
+.aoq-links a { margin-right: 1em; }
 .aoq-table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 .aoq-table th, .aoq-table td { border: 1px solid #8884; padding: .2em .5em; text-align: right; }
 .aoq-table th:first-child, .aoq-table td:first-child { text-align: left; }
+.aoq-table td img { width: 48px; height: 48px; }
+.aoq-failures td:nth-child(2), .aoq-failures th:nth-child(2) { text-align: left; }
+.aoq-metrics td:nth-child(-n+3), .aoq-metrics th:nth-child(-n+3) { text-align: left; }
+#i2t-gallery .caption-label { white-space: normal; overflow: visible; text-overflow: clip; max-width: 100%;
+                              line-height: 1.15; }
+#i2t-gallery .grid-wrap { overflow-x: hidden; }
 """
-
-
-def media_url(public_url: str, url: str) -> str:
-    """``url`` from an answer, absolute for the browser (relative ones are joined to ``public_url``)."""
-    return urljoin(public_url.rstrip("/") + "/", url)
 
 
 def render_error(error: BackendError | str) -> str:
@@ -105,14 +112,46 @@ def model_label(model: ModelOut) -> str:
     return f"{model.name} ({', '.join(bits)})" if bits else model.name
 
 
+def measured_label(measured: Measured | None) -> str:
+    """Where a figure comes from, in words: split, size, protocol, rule and seeds."""
+    if measured is None:
+        return "origin not recorded (indexed by an older aoq index)"
+    size = f" ({measured.n_images:,} images)" if measured.n_images else ""
+    protocol = f", {measured.protocol} protocol" if measured.protocol else ""
+    seeds = measured.seeds
+    seed = f", seed {seeds[0]}" if len(seeds) == 1 else f", mean of seeds {', '.join(map(str, seeds))}" if seeds else ""
+    return f"{measured.split} split{size}{protocol}, positives rule {measured.positives}{seed}"
+
+
+def _catalogue(datasets: Sequence[DatasetOut], models: Sequence[ModelOut]) -> str:
+    """What the galleries hold and where the ground truth comes from."""
+    served = {m.dataset for m in models if m.enabled}
+    lines = []
+    for dataset in datasets:
+        if dataset.name not in served:
+            continue
+        ordered = sorted(dataset.splits.items(), key=lambda s: (SPLIT_ORDER.index(s[0]) if s[0] in SPLIT_ORDER
+                                                                 else len(SPLIT_ORDER), s[0]))
+        splits = DOT.join(f"{name} {counts.images:,}" for name, counts in ordered)
+        lines.append(f"Catalogue <b>{escape(dataset.name)}</b>: {dataset.n_images:,} pictures and "
+                     f"{dataset.n_captions:,} captions in {len(dataset.splits)} split(s) ({escape(splits)}); "
+                     f"searches cover every split unless the scope says <i>test split only</i>.")
+    evaluated = next((m.evaluated for m in models if m.enabled and m.evaluated), None)
+    if evaluated is not None:
+        lines.append(f"Ground truth, ranks, failure cases and metrics: {escape(measured_label(evaluated))}; "
+                     f"{escape(RULES[evaluated.positives])}.")
+    return "".join(f'<div class="aoq-meta">{line}</div>' for line in lines)
+
+
 def render_status(
     backend_url: str,
     health: HealthOut | None = None,
     models: Sequence[ModelOut] = (),
     error: BackendError | None = None,
     warnings: Iterable[str] = (),
+    datasets: Sequence[DatasetOut] = (),
 ) -> str:
-    """The line at the top of the page: where the backend is and which models it serves."""
+    """The lines at the top of the page: the service, its models, and what the catalogue holds."""
     if error is not None:
         return render_error(error)
     parts = [f"Search service <code>{escape(backend_url)}</code>"]
@@ -121,7 +160,7 @@ def render_status(
     if models:
         enabled = ", ".join(escape(m.name) for m in models if m.enabled) or "none"
         parts.append(f"models: {enabled}")
-    html = '<div class="aoq-meta">' + " \u00b7 ".join(parts) + "</div>"
+    html = '<div class="aoq-meta">' + DOT.join(parts) + "</div>" + _catalogue(datasets, models)
     problems = [f"Model '{m.name}' is disabled: {m.disabled_reason or 'no reason given'}" for m in models
                 if not m.enabled]
     if health is not None:
@@ -131,188 +170,146 @@ def render_status(
     return html + "".join(render_error(p) for p in problems)
 
 
-def _score(value: float) -> str:
-    return f"{value:.3f}"
-
-
 def format_rank(rank: float) -> str:
     """A 1-based rank as the page shows it: whole ranks as integers, an expected rank of tied
     scores with one decimal (docs/evaluation.md, Ties)."""
     return f"{rank:.0f}" if float(rank).is_integer() else f"{rank:.1f}"
 
 
-def _gt_line(public_url: str, rank: float | None, gt_ids: Sequence[int], results_gt: bool, what: str) -> str:
-    if rank is None:
-        if not gt_ids:
-            return "no ground truth (free query)"
-        return f"ground-truth {what} not ranked"
-    line = f"ground-truth {what} at rank <b>{format_rank(rank)}</b>"
-    if what == "image" and not results_gt:
-        # The ground truth fell outside the top k: show it so the miss can be judged by eye.
-        thumbs = "".join(
-            f' <img class="aoq-gtthumb" alt="ground truth {i}" '
-            f'src="{escape(media_url(public_url, f"/images/{i}?size={GT_THUMB_PX}"))}">'
-            for i in gt_ids[:3]
-        )
-        line += thumbs
-    return line
-
-
-def _header(title: str, meta: str, latency_ms: float | None) -> str:
-    latency = f"{latency_ms:.1f} ms \u00b7 " if latency_ms is not None else ""
-    return f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{latency}{meta}</div>"
+def _split_badge(split: str, eval_split: str) -> str:
+    """A badge on items outside the evaluation split (training and dev items)."""
+    return "" if split == eval_split else f' <span class="aoq-split">{escape(split)} split</span>'
 
 
 def _tick(is_ground_truth: bool) -> str:
-    return f' <span class="aoq-tick" title="ground truth">{TICK}</span>' if is_ground_truth else ""
+    return f' <span class="aoq-tick" title="a correct answer">{TICK}</span>' if is_ground_truth else ""
 
 
-def render_text_column(answer: SearchTextOut, title: str, public_url: str) -> str:
-    """One model's top-k images for a text query: rank, score, a tick on ground-truth images."""
-    any_gt = any(hit.is_ground_truth for hit in answer.results)
-    meta = _gt_line(public_url, answer.ground_truth_rank, answer.ground_truth_ids, any_gt, "image")
+def _truth_line(answer: SearchTextOut | SearchImageOut, what: str) -> str:
+    """Where the best correct answer ranks: in this list, and in the evaluation split."""
+    context = answer.context
+    if answer.scope_rank is None and answer.ground_truth_rank is None:
+        return ""
+    bits = []
+    if answer.scope_rank is not None:
+        bits.append(f"first correct {what} at <b>#{format_rank(answer.scope_rank)}</b> in this list")
+    else:
+        bits.append(f"no correct {what} in the {escape(SCOPE_LABELS[context.scope])}")
+    if answer.ground_truth_rank is not None:
+        bits.append(f"rank {format_rank(answer.ground_truth_rank)} among the {escape(context.eval_split)} "
+                    f"split's {what}s, as evaluated")
+    return DOT.join(bits)
+
+
+def _header(title: str, answer: SearchTextOut | SearchImageOut, what: str) -> str:
+    meta = [f"{answer.latency_ms:.1f} ms", f"{answer.context.searched:,} {what}s searched"]
+    if truth := _truth_line(answer, what):
+        meta.append(truth)
+    return f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{DOT.join(meta)}</div>"
+
+
+def render_text_column(answer: SearchTextOut, title: str) -> str:
+    """One model's top-k images for a text query: rank, score, name, split; ticks on correct ones."""
+    eval_split = answer.context.eval_split
     cards = []
     for hit in answer.results:
         gt = " aoq-gt" if hit.is_ground_truth else ""
-        tick = _tick(hit.is_ground_truth)
+        name = escape(hit.name)
         cards.append(
-            f'<div class="aoq-card{gt}" data-image-id="{hit.image_id}">'
-            f'<a href="{escape(media_url(public_url, hit.image_url))}" target="_blank">'
-            f'<img src="{escape(media_url(public_url, hit.thumbnail_url))}" alt="image {hit.image_id}" '
-            f'loading="eager"></a>'
-            f'<div class="aoq-caption"><span class="aoq-rank">#{hit.rank}</span> '
-            f"{_score(hit.score)}{tick}</div></div>"
+            f'<figure class="aoq-card{gt}" data-image-id="{hit.image_id}">'
+            f'<a href="{escape(hit.image_url)}" target="_blank"><img src="{escape(hit.thumbnail_url)}" '
+            f'alt="{name}" title="{name}" loading="eager"></a>'
+            f'<figcaption class="aoq-caption"><span class="aoq-rank">#{hit.rank}</span> '
+            f'<span class="aoq-rank">score {hit.score:.3f}</span>{_tick(hit.is_ground_truth)}'
+            f'<span class="aoq-name">{name}</span>{_split_badge(hit.split, eval_split)}</figcaption></figure>'
         )
     body = '<div class="aoq-grid">' + "".join(cards) + "</div>" if cards else render_notice("No results.")
-    return f'<div class="aoq-col">{_header(title, meta, answer.latency_ms)}{body}</div>'
+    return f'<div class="aoq-col">{_header(title, answer, "image")}{body}</div>'
 
 
 def render_image_column(answer: SearchImageOut, title: str) -> str:
-    """One model's top-k captions for an image query: rank, score, a tick on ground-truth captions."""
-    any_gt = any(hit.is_ground_truth for hit in answer.results)
-    meta = _gt_line("", answer.ground_truth_rank, answer.ground_truth_ids, any_gt, "caption")
+    """One model's top-k captions for an image query: rank, text, its picture, score; under the
+    text rule a row stands for every caption of its text (x copies)."""
+    eval_split = answer.context.eval_split
     items = []
     for hit in answer.results:
         gt = ' class="aoq-gt"' if hit.is_ground_truth else ""
-        tick = _tick(hit.is_ground_truth)
+        copies = (f' <span class="aoq-rank" title="this text is the caption of {hit.copies} pictures in the '
+                  f'searched scope">\u00d7{hit.copies}</span>') if hit.copies > 1 else ""
+        picture = (f'<img src="{escape(hit.thumbnail_url)}" alt="{escape(hit.image_name)}" '
+                   f'title="{escape(hit.image_name)}" loading="eager">') if hit.thumbnail_url else ""
         items.append(
-            f'<li{gt} data-caption-id="{hit.caption_id}"><span class="aoq-rank">#{hit.rank}</span> '
-            f"{escape(hit.text)}{tick} <span class=\"aoq-rank\">({_score(hit.score)})</span></li>"
+            f'<li{gt} data-caption-id="{hit.caption_id}">{picture}<span><span class="aoq-rank">#{hit.rank}</span> '
+            f"{escape(hit.text)}{copies}{_tick(hit.is_ground_truth)} <span class=\"aoq-rank\">"
+            f"(score {hit.score:.3f})</span>{_split_badge(hit.split, eval_split)}</span></li>"
         )
     body = '<ol class="aoq-list">' + "".join(items) + "</ol>" if items else render_notice("No results.")
-    return f'<div class="aoq-col">{_header(title, meta, answer.latency_ms)}{body}</div>'
+    return f'<div class="aoq-col">{_header(title, answer, "caption")}{body}</div>'
 
 
-def render_query_text(query: str) -> str:
-    return f'<div class="aoq-query">Query: <q>{escape(query)}</q></div>'
+def _figure(item: GalleryImage, eval_split: str) -> str:
+    name = escape(item.name)
+    return (f'<figure><img src="{escape(item.thumbnail_url)}" alt="{name}" title="{name}">'
+            f'<figcaption class="aoq-name">{name}{_split_badge(item.split, eval_split)}</figcaption></figure>')
 
 
-def render_query_image(public_url: str, url: str, label: str) -> str:
-    return (f'<div class="aoq-query">Query: {escape(label)}<br>'
-            f'<img src="{escape(media_url(public_url, url))}" alt="{escape(label)}"></div>')
+def _notices(left: SearchTextOut | SearchImageOut, right: SearchTextOut | SearchImageOut) -> str:
+    """What a newcomer needs to read the two columns right: the same model twice, a search of
+    the test split alone, and a better match outside it."""
+    out = []
+    if left.model == right.model:
+        out.append(render_notice(f"Both columns show the same model ({left.model}): pick another model on one "
+                                 "side to compare two."))
+    context = left.context
+    if context.scope == "test":
+        message = (f"Searching the {context.eval_split} split only ({context.searched:,} items); the training "
+                   "and dev splits are left out.")
+        outside = left.outside or right.outside
+        if outside is not None:
+            name = getattr(outside, "name", None) or getattr(outside, "text", "")
+            message += (f" The whole catalogue has a better match outside it: \u201c{name}\u201d "
+                        f"({outside.split} split, #{outside.rank} in the whole catalogue). Switch the scope to "
+                        f"\u2018{SCOPE_LABELS['all']}\u2019 to see it.")
+        out.append(f'<div class="aoq-notice" role="status">{escape(message)}</div>')
+    return "".join(out)
 
 
-def failure_choices(failures: FailuresOut) -> list[tuple[str, int]]:
-    """Dropdown entries (label, query id) for the listed failure cases."""
-    choices = []
-    for item in failures.items:
-        what = item.query_text if failures.direction == "t2i" else f"image {item.query_id}"
-        what = what or f"query {item.query_id}"
-        short = what if len(what) <= 70 else what[:67] + "..."
-        choices.append((f"{short}  [{failures.left}: rank {format_rank(item.left_rank)}, "
-                        f"{failures.right}: rank {format_rank(item.right_rank)}]", item.query_id))
-    return choices
-
-
-def render_failures_summary(failures: FailuresOut) -> str:
-    """How many cases of the asked kind exist, and how many are listed."""
-    kind = WHICH_LABELS.get(failures.which, failures.which)
-    direction = DIRECTION_LABELS.get(failures.direction, failures.direction)
-    return (f'<div class="aoq-meta">{direction}, {escape(kind)} (left = {escape(failures.left)}, '
-            f"right = {escape(failures.right)}): <b>{failures.total}</b> case(s) in the test split, "
-            f"{len(failures.items)} listed. Pick one to see both rankings.</div>")
-
-
-def _negative_item(public_url: str, item: NegativeItem, kind: str) -> str:
-    if item.rank is not None:
-        badge = f"#{item.rank}"
-    elif item.score is not None:
-        badge = _score(item.score)
+def render_text_query(left: SearchTextOut, right: SearchTextOut, links: str = "") -> str:
+    """The query line of a text search: the query, notices, the correct pictures (named) or why
+    there are none, then ``links`` (share, export)."""
+    context = left.context
+    head = (f'<div class="aoq-query">Query: <q>{escape(left.query)}</q> \u00b7 scope: '
+            f"{escape(SCOPE_LABELS[context.scope])}</div>")
+    if left.ground_truth:
+        truth = (f'<div class="aoq-meta">Correct answers by the positives rule {context.positives} '
+                 f"({escape(RULES[context.positives])}):</div><div class=\"aoq-truth\">"
+                 + "".join(_figure(g, context.eval_split) for g in left.ground_truth) + "</div>")
+    elif left.caption_id is not None:
+        truth = render_notice(f"The query is a caption of the {left.query_split} split; its pictures lie outside "
+                              f"the {SCOPE_LABELS[context.scope]}, so no answer here is correct.")
     else:
-        badge = ""
-    badge_html = f'<span class="aoq-rank">{badge}</span> ' if badge else ""
-    if kind == "image" or item.image_url:
-        url = item.image_url or f"/images/{item.id}"
-        return (f'<div class="aoq-card" data-id="{item.id}"><img src="{escape(media_url(public_url, url))}" '
-                f'alt="image {item.id}"><div class="aoq-caption">{badge_html}id {item.id}</div></div>')
-    return f'<li data-id="{item.id}">{badge_html}{escape(item.text or "")}</li>'
+        truth = ('<div class="aoq-meta">Free text: no picture of the catalogue has this caption, so no answer '
+                 "is marked correct.</div>")
+    return head + _notices(left, right) + truth + links
 
 
-def _negative_block(public_url: str, title: str, items: Sequence[NegativeItem], kind: str) -> str:
-    if not items:
-        inner = render_notice("none")
-    elif kind == "image":
-        inner = '<div class="aoq-grid">' + "".join(_negative_item(public_url, i, kind) for i in items) + "</div>"
+def render_image_query(left: SearchImageOut, right: SearchImageOut, label: str, image_url: str,
+                       links: str = "") -> str:
+    """The query line of an image search: the picture, its name and own captions in full (its
+    ground truth), notices, then ``links``."""
+    context = left.context
+    query = left.query
+    name = escape(query.name) if query else escape(label)
+    head = (f'<div class="aoq-query">Query: {escape(label)} \u00b7 scope: {escape(SCOPE_LABELS[context.scope])}<br>'
+            f'<img class="aoq-queryimg" src="{escape(image_url)}" alt="{name}" title="{name}"></div>')
+    legend = ('<div class="aoq-meta">Each caption text is listed once, at the rank of its best copy; \u00d7n: n '
+              "captions of the searched scope have this text, so the next row's rank is n places on.</div>"
+              if context.positives == "text" else "")
+    if query is None:
+        truth = '<div class="aoq-meta">An uploaded picture: no caption of the catalogue is marked correct.</div>'
     else:
-        inner = '<ol class="aoq-list">' + "".join(_negative_item(public_url, i, kind) for i in items) + "</ol>"
-    return f'<div class="aoq-col"><h4>{escape(title)}</h4>{inner}</div>'
-
-
-def render_negatives(answer: NegativesOut, public_url: str) -> tuple[str, str, str]:
-    """(anchor, offline column, online column) for the offline-negatives tab (paper Fig. 3).
-
-    A caption anchor has image negatives and an image anchor has caption negatives.
-    """
-    if answer.kind == "caption":
-        anchor = f'<div class="aoq-query">Anchor caption {answer.id}: <q>{escape(answer.text or "")}</q></div>'
-        negative_kind = "image"
-    else:
-        anchor = render_query_image(public_url, answer.image_url or f"/images/{answer.id}", f"anchor image {answer.id}")
-        negative_kind = "caption"
-    offline = _negative_block(public_url, "Offline hard negatives (mined from the whole training set; rank)",
-                              answer.offline, negative_kind)
-    online = _negative_block(public_url, "Online hard negatives (hardest in a random batch of 128; score)",
-                             answer.online, negative_kind)
-    return anchor, offline, online
-
-
-_TABLE_COLUMNS = {"r1": "R@1", "r5": "R@5", "r10": "R@10", "medr": "medr", "meanr": "meanr"}
-
-
-def render_metrics_table(all_metrics: Sequence[MetricsOut]) -> str:
-    """The R@K table of every model under every protocol it was evaluated with."""
-    head = "".join(f"<th>{d} {label}</th>" for d in ("i2t", "t2i") for label in _TABLE_COLUMNS.values())
-    rows = []
-    for metrics in all_metrics:
-        if not metrics.tables:
-            rows.append(f"<tr><td>{escape(metrics.model)}</td><td colspan=\"12\">not evaluated</td></tr>")
-        for protocol, table in metrics.tables.items():
-            cells = "".join(f"<td>{getattr(getattr(table, d), c):.1f}</td>"
-                            for d in ("i2t", "t2i") for c in _TABLE_COLUMNS)
-            rows.append(f"<tr><td>{escape(metrics.model)}</td><td>{escape(protocol)}</td>{cells}"
-                        f"<td>{table.rsum:.1f}</td></tr>")
-    table = (f'<table class="aoq-table"><tr><th>model</th><th>protocol</th>{head}<th>rsum</th></tr>'
-             + "".join(rows) + "</table>")
-    return table + render_label_table(all_metrics)
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}"
-
-
-def render_label_table(all_metrics: Sequence[MetricsOut]) -> str:
-    """mAP@R and NDCG@k of the models whose gallery has labels; empty when none has."""
-    rows = [
-        f"<tr><td>{escape(m.model)}</td><td>{m.labels.n_labels}</td>"
-        + "".join(f"<td>{_percent(getattr(getattr(m.labels, d), c))}</td>"
-                  for d in ("i2t", "t2i") for c in ("map_at_r", "ndcg"))
-        + f"<td>{m.labels.k}</td></tr>"
-        for m in all_metrics
-        if m.labels is not None
-    ]
-    if not rows:
-        return ""
-    head = "".join(f"<th>{d} {c}</th>" for d in ("i2t", "t2i") for c in ("mAP@R", "NDCG@k"))
-    return ('<p>Label-wise retrieval (relevance = shared labels, percent)</p>'
-            f'<table class="aoq-table aoq-labels"><tr><th>model</th><th>labels</th>{head}<th>k</th></tr>'
-            + "".join(rows) + "</table>")
+        own = "".join(f"<li>{escape(t)}</li>" for t in left.ground_truth_texts)
+        truth = (f'<div class="aoq-meta"><b>{name}</b>{_split_badge(query.split, context.eval_split)}: its own '
+                 f"captions, correct by the positives rule {context.positives} ({escape(RULES[context.positives])}):"
+                 f'</div><ul class="aoq-meta">{own}</ul>')
+    return head + _notices(left, right) + truth + legend + links

@@ -2,13 +2,16 @@
 
 For each checkpoint (one subfolder of the models directory), in this order:
 
-1. its dataset's gallery split is catalogued (images with paths relative to the data directory
-   and sizes, captions); the training split too when the checkpoint names mined negatives
-   (``/negatives`` shows training items);
-2. the gallery images and captions are embedded with the model, and both FAISS indexes are
-   written atomically to ``<out>/<model>/`` with their manifest;
+1. its dataset's splits are catalogued (images with paths relative to the data directory and
+   sizes, captions): the training, dev and evaluation splits (``gallery="all"``, what the
+   service searches by default), or the evaluation split alone (``gallery="eval"``; the training
+   split is then catalogued too when the checkpoint names mined negatives, which ``/negatives``
+   shows);
+2. the gallery's images and captions are embedded with the model, and both FAISS indexes are
+   written atomically to ``<out>/<model>/`` with their manifest (which names the splits);
 3. in one transaction: the model row (role, loss, checkpoint hash, metrics, the report of
-   :mod:`aoq_serve.index.reports`), its index records and its full-gallery test ranks (failure cases).
+   :mod:`aoq_serve.index.reports`, computed on the evaluation split with the checkpoint's
+   positives rule), its index records and the evaluation split's ground-truth ranks (failure cases).
 
 ``<out>/index.json`` is rewritten last, after every commit: a running server sees the new
 generation and swaps to the new indexes; until then it keeps answering from the old ones.
@@ -19,14 +22,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm.auto import tqdm
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
-from aoq.config import DataConfig, load_config
+from aoq.config import DataConfig, ExperimentConfig, load_config
 from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
 from aoq.data.karpathy import read_karpathy
 from aoq.data.load import load_split
@@ -54,7 +58,10 @@ class IndexJob:
     data_dir: Path
     out: Path
     catalogue_url: str
+    #: the evaluation split: ground-truth ranks, failure cases, the /metrics report.
     split: str = "test"
+    #: what the service searches: every split of the data (train, dev and ``split``) or ``split`` alone.
+    gallery: Literal["all", "eval"] = "all"
     spec: IndexSpec = field(default_factory=IndexSpec)
     #: use this run configuration's data section instead of each checkpoint's own.
     config: Path | None = None
@@ -171,6 +178,21 @@ def _metrics_logs(extra: dict[str, Any], role: str, checkpoint_dir: Path) -> lis
     return [(p, r) for p, r in pairs if p is not None]
 
 
+def gallery_splits(job: IndexJob, data_cfg: DataConfig) -> list[str]:
+    """The splits a model's gallery holds: the evaluation split, and the training and dev splits
+    unless the job indexes the evaluation split alone."""
+    if job.gallery == "eval":
+        return [job.split]
+    return list(dict.fromkeys([data_cfg.train_split, data_cfg.dev_split, job.split]))
+
+
+def measured(split: str, n_images: int | None, cfg: ExperimentConfig, seed: int,
+             protocol: str | None = None) -> dict[str, Any]:
+    """What a figure of the report is measured on (``aoq_serve.schemas.Measured``)."""
+    return {"split": split, "n_images": n_images, "protocol": protocol, "positives": cfg.eval.positives,
+            "seeds": [seed]}
+
+
 def _role(ckpt: Checkpoint) -> str:
     role = str(ckpt.extra.get("role") or ckpt.path.name)
     return ROLE_ALIASES.get(role, role)
@@ -187,18 +209,29 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
         log.warning("%s: mined_dir %r not found; /negatives will answer 404 for this model", name, ckpt.extra["mined_dir"])
     if mined_dir is not None:
         registry.split(cfg.data, TRAIN_SPLIT)
-
-    img_emb, cap_emb = encode_split(ckpt.model, ckpt.vocab, split, batch_size=job.batch_size,
-                                    image_size=cfg.data.image_size, progress=True)
+    # every split's ids are one contiguous run: in id order the parts are the gallery's positions
+    parts = sorted((registry.split(cfg.data, s) for s in gallery_splits(job, cfg.data)),
+                   key=lambda part: int(part[0].image_ids[0]) if part[0].n_images else 0)
+    embedded = [encode_split(ckpt.model, ckpt.vocab, part, batch_size=job.batch_size,
+                             image_size=cfg.data.image_size, progress=True) for _, part in parts]
+    img_emb, cap_emb = next(e for (p, _), e in zip(parts, embedded) if p.split == job.split)
+    gallery = catalogue.joined_ids([p for p, _ in parts])
     meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
-            "gallery_hash": catalogue.gallery_digest(ids, split.captions)}
-    manifest = write_model_index(job.out / name, {"images": img_emb, "captions": cap_emb},
-                                 {"images": ids.image_ids, "captions": ids.caption_ids}, job.spec, meta)
+            "splits": [p.split for p, _ in parts],
+            "gallery_hash": catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions])}
+    manifest = write_model_index(job.out / name, {"images": np.concatenate([e[0] for e in embedded]),
+                                                  "captions": np.concatenate([e[1] for e in embedded])},
+                                 {"images": gallery.image_ids, "captions": gallery.caption_ids}, job.spec, meta)
     cpi = split.captions_per_image
     texts = split.captions if cfg.eval.positives == "text" else None
     ranks = gallery_ranks(img_emb, cap_emb, cpi, texts)
     labels = None if split.labels is None else multi_hot(split.labels, label_vocabulary(split.labels))
     report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels, texts)
+    seed = cfg.round2.seed if ckpt.extra.get("mined_dir") else cfg.train.seed
+    report["measured"] = measured(job.split, split.n_images, cfg, seed)
+    report["curves_measured"] = measured(cfg.data.dev_split, None, cfg, seed)
+    report["selected_on"] = measured(cfg.data.dev_split, ckpt.metrics.get("n_images"), cfg, seed,
+                                     ckpt.metrics.get("protocol"))
     loss = ckpt.extra.get("loss") or (cfg.round2.loss if role == "aoq" else cfg.train.loss)
     with sessions() as session, session.begin():
         record_model(session, name, role, str(loss), ckpt, ids, manifest, ranks, report, mined_dir)

@@ -337,6 +337,17 @@ def tied_rank(negatives: np.ndarray, positives: np.ndarray) -> float:
     return float(np.count_nonzero(negatives > best) + tied / (peers + 1) + 1)
 
 
+def indexed_splits(path: Path, eval_split: str) -> tuple[str, ...]:
+    """The splits a model's index holds, from its manifest (an index of the evaluation split
+    alone names none). The files are verified when the index is loaded.
+
+    Raises:
+        ArtefactError: no readable manifest.
+    """
+    config = read_manifest(path, kind=KIND, verify=False)["config"]
+    return tuple(config.get("splits") or (eval_split,))
+
+
 def read_generation(index_dir: Path) -> dict[str, Any] | None:
     """The content of ``index.json`` (None when the directory was never indexed)."""
     path = index_dir / GENERATION_FILE

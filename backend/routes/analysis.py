@@ -48,26 +48,32 @@ def get_failures(
         raise ServiceError(422, f"models {left.name!r} and {right.name!r} are indexed over different galleries")
     total, rows = failure_cases(session, left.model_id, right.model_id, direction, which, limit, offset)
     gallery = left.gallery
+    view = gallery.view
     items = []
     for query_id, left_rank, right_rank in rows:
         if direction == "t2i":
             p = gallery.caption_position(query_id)
+            owner = None if p is None else int(view.caption_owner[p])
             text = gallery.captions[p] if p is not None else None
-            image_id = int(gallery.ids.caption_image_ids[p]) if p is not None else None
-            items.append(FailureItem(query_id=query_id, query_text=text, image_id=image_id,
-                                     left_rank=left_rank, right_rank=right_rank))
         else:
-            items.append(FailureItem(query_id=query_id, image_url=urls.image(query_id), image_id=query_id,
-                                     left_rank=left_rank, right_rank=right_rank))
+            owner, text = gallery.image_position(query_id), None
+        image_id = None if owner is None else int(gallery.ids.image_ids[owner])
+        items.append(FailureItem(
+            query_id=query_id, query_text=text, image_id=image_id,
+            image_url=None if image_id is None else urls.image(image_id),
+            thumbnail_url=None if image_id is None else urls.thumbnail(image_id),
+            image_name=None if owner is None else view.name(owner), left_rank=left_rank, right_rank=right_rank))
     service.querylog.record("/failures", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", limit)
-    return FailuresOut(direction=direction, which=which, left=left.name, right=right.name, total=total, items=items)
+    return FailuresOut(direction=direction, which=which, left=left.name, right=right.name, total=total,
+                       offset=offset, measured=left.report.get("measured"), items=items)
 
 
 @router.get("/metrics/{model}", response_model=MetricsOut, responses=ERRORS)
 def get_metrics(model: Annotated[str, Path(min_length=1, max_length=200)], snapshot: SnapshotDep) -> MetricsOut:
     """Evaluation tables on the gallery split, training curves, cross-retrieval rank histogram."""
     report = snapshot.get(model).report
-    return MetricsOut(model=model, tables=report.get("tables", {}), curves=report.get("curves", []),
+    return MetricsOut(model=model, measured=report.get("measured"), curves_measured=report.get("curves_measured"),
+                      tables=report.get("tables", {}), curves=report.get("curves", []),
                       rank_histogram=report.get("rank_histogram"), labels=report.get("labels"))
 
 
@@ -85,13 +91,10 @@ def get_negatives(
     result = service.negatives.negatives(snapshot.get(model), kind, id, n, seed)
 
     def item(neg, **extra) -> NegativeItem:
-        if neg.text is None:
-            return NegativeItem(id=neg.id, image_url=urls.image(neg.id), **extra)
-        return NegativeItem(id=neg.id, text=neg.text, **extra)
+        return NegativeItem(id=neg.id, text=neg.text, image_url=urls.thumbnail(neg.image_id), **extra)
 
     out = NegativesOut(
-        model=model, kind=kind, id=id, text=result.anchor_text,
-        image_url=urls.image(id) if kind == "image" else None,
+        model=model, kind=kind, id=id, text=result.anchor_text, image_url=urls.image(result.anchor_image_id),
         offline=[item(x, rank=x.rank) for x in result.offline],
         online=[item(x, score=x.score) for x in result.online],
     )

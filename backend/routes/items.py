@@ -14,13 +14,21 @@ from aoq_serve.errors import ServiceError
 from aoq_serve.images import checked_file, media_type, thumbnail_png
 from aoq_serve.paths import safe_path
 from aoq_serve.schemas import (
+    MAX_GALLERY_PAGE,
     MAX_ID,
+    MAX_IMAGE_SIZE,
+    MIN_IMAGE_SIZE,
+    MAX_QUERY_CHARS,
+    SCOPE_HELP,
     CaptionOut,
     ErrorOut,
     ExampleCaption,
     ExampleImage,
     ExamplesOut,
+    GalleryPageOut,
+    Scope,
 )
+from aoq_serve.search import gallery_image
 
 router = APIRouter(tags=["items"])
 ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
@@ -34,7 +42,8 @@ ItemId = Annotated[int, Path(ge=0, le=MAX_ID)]
 )
 def get_image(
     image_id: ItemId, service: ServiceDep, session: SessionDep,
-    size: Annotated[int | None, Query(ge=16, le=512, description="thumbnail: longer side in pixels (PNG)")] = None,
+    size: Annotated[int | None, Query(ge=MIN_IMAGE_SIZE, le=MAX_IMAGE_SIZE,
+                                      description="thumbnail: longer side in pixels (PNG)")] = None,
 ) -> Response:
     """The image file (its own format), or a PNG thumbnail when ``size`` is given; either only
     after the file was checked to decode (404 when it is missing or damaged)."""
@@ -86,5 +95,27 @@ def get_examples(
         dataset=dataset, split=split,
         captions=[ExampleCaption(id=c.id, text=c.text, image_id=c.image_id)
                   for c in (firsts.get(i.id) for i in images) if c is not None],
-        images=[ExampleImage(id=i.id, image_url=urls.image(i.id), thumbnail_url=urls.thumbnail(i.id)) for i in images],
+        images=[ExampleImage(id=i.id, image_url=urls.image(i.id), thumbnail_url=urls.thumbnail(i.id),
+                             name=firsts[i.id].text if i.id in firsts else None) for i in images],
     )
+
+
+@router.get("/gallery", response_model=GalleryPageOut, responses=ERRORS)
+def get_gallery(
+    snapshot: SnapshotDep, urls: UrlsDep,
+    scope: Annotated[Scope, Query(description=SCOPE_HELP)] = "all",
+    q: Annotated[str, Query(max_length=MAX_QUERY_CHARS, description="keep images one of whose captions "
+                                                                     "contains this (case folded)")] = "",
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_GALLERY_PAGE)] = 24,
+    model: Annotated[str | None, Query(max_length=200, description="whose gallery; default the aoq-role model")] = None,
+) -> GalleryPageOut:
+    """A page of the searchable images, in catalogue order, named, optionally filtered by caption text."""
+    served = snapshot.get(model) if model else snapshot.by_role("aoq") or next(iter(snapshot.models.values()), None)
+    if served is None:
+        raise ServiceError(404, "no model is served, so there is no gallery to browse")
+    view = served.gallery.view
+    matching = view.matching(q, view.image_range(scope))
+    page = matching[offset:offset + limit]
+    return GalleryPageOut(dataset=served.gallery.dataset, scope=scope, query=q, total=len(matching), offset=offset,
+                          images=[gallery_image(served, int(p), urls) for p in page])

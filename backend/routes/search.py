@@ -20,6 +20,8 @@ from aoq_serve.schemas import (
     CompareTextIn,
     CompareTextOut,
     ErrorOut,
+    SCOPE_HELP,
+    Scope,
     SearchImageOut,
     SearchTextIn,
     SearchTextOut,
@@ -32,6 +34,7 @@ ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 413, 415, 422)}
 ModelForm = Annotated[str, Form(min_length=1, max_length=200, description="model name")]
 KForm = Annotated[int, Form(ge=1, le=MAX_K)]
 ImageIdForm = Annotated[int | None, Form(ge=0, le=MAX_ID, description="a gallery image id (or upload a file)")]
+ScopeForm = Annotated[Scope, Form(description=SCOPE_HELP)]
 FileForm = Annotated[UploadFile | None, File(description=f"PNG or JPEG, at most {DEFAULT_MAX_UPLOAD_BYTES // 2**20} MB by default (or give image_id)")]
 
 
@@ -59,20 +62,20 @@ def _pair(snapshot: Snapshot, models: list[str] | None) -> tuple[str, str]:
 @router.post("/search/text", response_model=SearchTextOut, responses=ERRORS)
 def post_search_text(body: SearchTextIn, service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep) -> SearchTextOut:
     """Rank the gallery images of ``model`` for a sentence."""
-    out = search_text(snapshot.get(body.model), body.query, body.k, urls)
+    out = search_text(snapshot.get(body.model), body.query, body.k, urls, body.scope)
     service.querylog.record("/search/text", out.latency_ms, body.model, body.k)
     return out
 
 
 @router.post("/search/image", response_model=SearchImageOut, responses=ERRORS)
 def post_search_image(
-    service: ServiceDep, snapshot: SnapshotDep, model: ModelForm, k: KForm = 10,
-    image_id: ImageIdForm = None, file: FileForm = None,
+    service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep, model: ModelForm, k: KForm = 10,
+    image_id: ImageIdForm = None, file: FileForm = None, scope: ScopeForm = "all",
 ) -> SearchImageOut:
     """Rank the gallery captions of ``model`` for a gallery image or an uploaded one."""
     served = snapshot.get(model)
     upload = _read_query_image(service, image_id, file)
-    out = search_image(served, k, image_id=image_id, upload=upload)
+    out = search_image(served, k, urls, image_id=image_id, upload=upload, scope=scope)
     service.querylog.record("/search/image", out.latency_ms, model, k)
     return out
 
@@ -82,17 +85,17 @@ def post_compare_text(body: CompareTextIn, service: ServiceDep, snapshot: Snapsh
     """The same sentence on two models (default: the baseline-role and the aoq-role model)."""
     start = time.perf_counter()
     left, right = (snapshot.get(name) for name in _pair(snapshot, body.models))
-    out = CompareTextOut(query=body.query, left=search_text(left, body.query, body.k, urls),
-                         right=search_text(right, body.query, body.k, urls))
+    out = CompareTextOut(query=body.query, left=search_text(left, body.query, body.k, urls, body.scope),
+                         right=search_text(right, body.query, body.k, urls, body.scope))
     service.querylog.record("/compare/text", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", body.k)
     return out
 
 
 @router.post("/compare/image", response_model=CompareImageOut, responses=ERRORS)
 def post_compare_image(
-    service: ServiceDep, snapshot: SnapshotDep, k: KForm = 10,
+    service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep, k: KForm = 10,
     models: Annotated[str | None, Form(max_length=401, description='"left,right"; default baseline and aoq roles')] = None,
-    image_id: ImageIdForm = None, file: FileForm = None,
+    image_id: ImageIdForm = None, file: FileForm = None, scope: ScopeForm = "all",
 ) -> CompareImageOut:
     """The same image on two models, each with its rank of the ground truth."""
     start = time.perf_counter()
@@ -103,7 +106,7 @@ def post_compare_image(
             raise ServiceError(422, f'models must be two names separated by a comma ("left,right"), got {models!r}')
     left, right = (snapshot.get(name) for name in _pair(snapshot, names))
     upload = _read_query_image(service, image_id, file)
-    out = CompareImageOut(left=search_image(left, k, image_id=image_id, upload=upload),
-                          right=search_image(right, k, image_id=image_id, upload=upload))
+    out = CompareImageOut(left=search_image(left, k, urls, image_id=image_id, upload=upload, scope=scope),
+                          right=search_image(right, k, urls, image_id=image_id, upload=upload, scope=scope))
     service.querylog.record("/compare/image", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", k)
     return out

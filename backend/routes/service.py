@@ -33,7 +33,8 @@ def list_models(snapshot: SnapshotDep) -> list[ModelOut]:
     return [
         ModelOut(name=i.name, role=i.role, loss=i.loss, image_encoder=i.image_encoder, image_input=i.image_input,
                  checkpoint_hash=i.checkpoint_hash, dataset=i.dataset, enabled=i.enabled,
-                 disabled_reason=i.disabled_reason, metrics=i.metrics)
+                 disabled_reason=i.disabled_reason, metrics=i.metrics, metrics_measured=i.metrics_measured,
+                 evaluated=i.evaluated)
         for i in sorted(snapshot.infos, key=lambda i: i.name)
     ]
 

@@ -53,6 +53,18 @@ class SplitIds:
         return len(self.image_ids)
 
 
+def joined_ids(parts: list[SplitIds]) -> SplitIds:
+    """Splits of one dataset as one gallery, in the given order (its ``split`` names them, joined
+    by ``+``)."""
+    return SplitIds(
+        dataset_id=parts[0].dataset_id,
+        split="+".join(p.split for p in parts),
+        image_ids=np.concatenate([p.image_ids for p in parts]),
+        caption_ids=np.concatenate([p.caption_ids for p in parts]),
+        caption_image_ids=np.concatenate([p.caption_image_ids for p in parts]),
+    )
+
+
 def split_content_hash(split: SplitData, image_paths: list[str] | None) -> str:
     """Identity of a split's content: its captions, captions per image and image files."""
     h = hashlib.sha256()
@@ -228,7 +240,7 @@ def add_index_record(
 def store_ranks(session: Session, model: Model, direction: str, query_ids: np.ndarray, ranks: np.ndarray) -> None:
     """Store 1-based full-gallery ranks of the ground truth of each test query."""
     rows = [
-        {"model_id": model.id, "direction": direction, "query_id": int(q), "rank": int(r)}
+        {"model_id": model.id, "direction": direction, "query_id": int(q), "rank": float(r)}
         for q, r in zip(query_ids, ranks)
     ]
     for start in range(0, len(rows), _CHUNK):

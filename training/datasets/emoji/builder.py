@@ -87,6 +87,7 @@ def build_emoji_dataset(
     split_by: str = "base",
     limit: int | None = None,
     seed: int = 0,
+    include: tuple[str, ...] = (),
     sources: EmojiSources | None = None,
     progress: bool = True,
 ) -> dict:
@@ -99,6 +100,7 @@ def build_emoji_dataset(
         limit: keep whole base emoji, in seeded-hash order, until ``limit`` emoji are chosen
             (at most ``limit``; at least one base); None keeps all.
         seed: seeds the split hash and the ``limit`` choice.
+        include: CLDR short names whose bases ``limit`` keeps first (a demo whose tests name them).
         sources: the inputs (default: :func:`locate_sources` with its defaults/environment).
         progress: show a progress bar while rendering.
 
@@ -106,7 +108,7 @@ def build_emoji_dataset(
         The manifest written, with ``stats``: images per vendor and split, drops by reason.
 
     Raises:
-        ValueError: a bad ``split_by``, ``limit`` or ``seed``.
+        ValueError: a bad ``split_by``, ``limit`` or ``seed``, or an ``include`` name of no emoji.
         DataError: a missing source, naming the package to install.
         ArtefactError: ``out`` holds something that is not an emoji dataset.
     """
@@ -121,14 +123,14 @@ def build_emoji_dataset(
     sources = sources or locate_sources()
     catalogue = load_catalogue(sources.emoji_test, [sources.cldr_annotations, sources.cldr_derived],
                                sources.unicode_data)
-    chosen = select_emoji(catalogue, limit, seed)
+    chosen = select_emoji(catalogue, limit, seed, include)
     pictures, dropped = render_all(chosen, sources, progress)
     pictures, shared = drop_shared_artwork(pictures)
     for vendor, n in shared.items():
         dropped[vendor][DROP_SHARED] += n
     splits = assign_splits(pictures, split_by, seed)
 
-    config = build_config(sources, split_by, limit, seed)
+    config = build_config(sources, split_by, limit, seed, include)
     stats = _stats(chosen, pictures, dropped, splits)
     with atomic_dir(out) as tmp:
         tmp.chmod(0o755)  # a temporary folder is private (0700); a dataset is meant to be shared
@@ -140,9 +142,10 @@ def build_emoji_dataset(
         )
 
 
-def build_config(sources: EmojiSources, split_by: str, limit: int | None, seed: int) -> dict:
+def build_config(sources: EmojiSources, split_by: str, limit: int | None, seed: int,
+                 include: tuple[str, ...] = ()) -> dict:
     """The manifest ``config`` of a build: its arguments, the builder version and the sources."""
-    return {
+    config = {
         "split_by": split_by,
         "limit": limit,
         "seed": seed,
@@ -151,11 +154,15 @@ def build_config(sources: EmojiSources, split_by: str, limit: int | None, seed: 
         "builder_version": BUILDER_VERSION,
         "sources": sources.fingerprint(),
     }
+    # only when given: the datasets built before the option existed keep their manifests
+    if include:
+        config["include"] = list(include)
+    return config
 
 
 def ensure_emoji_dataset(
     out: str | Path, *, split_by: str = "base", limit: int | None = None, seed: int = 0,
-    sources: EmojiSources | None = None, progress: bool = True,
+    include: tuple[str, ...] = (), sources: EmojiSources | None = None, progress: bool = True,
 ) -> bool:
     """Build the dataset into ``out`` unless it already holds one built from these sources with
     these arguments (``make demo``). Returns True when it built, False when it skipped.
@@ -166,23 +173,31 @@ def ensure_emoji_dataset(
     sources = sources or locate_sources()
     try:
         config = read_manifest(out, kind=MANIFEST_KIND, verify=False)["config"]
-        if config == json.loads(json.dumps(build_config(sources, split_by, limit, seed))):
+        if config == json.loads(json.dumps(build_config(sources, split_by, limit, seed, include))):
             log.info("dataset %s: up to date, skipped", out)
             return False
     except ArtefactError:
         pass
-    build_emoji_dataset(out, split_by=split_by, limit=limit, seed=seed, sources=sources, progress=progress)
+    build_emoji_dataset(out, split_by=split_by, limit=limit, seed=seed, include=include, sources=sources,
+                        progress=progress)
     return True
 
 
-def select_emoji(catalogue: list[Emoji], limit: int | None, seed: int) -> list[Emoji]:
-    """Whole bases in seeded-hash order until ``limit`` emoji; catalogue order is kept."""
+def select_emoji(catalogue: list[Emoji], limit: int | None, seed: int, include: tuple[str, ...] = ()
+                 ) -> list[Emoji]:
+    """Whole bases, those of the ``include`` names first, then in seeded-hash order, until
+    ``limit`` emoji; catalogue order is kept."""
     if limit is None:
         return catalogue
     members: dict[str, int] = Counter(e.base for e in catalogue)
+    by_name = {e.name: e.base for e in catalogue}
+    unknown = [name for name in include if name not in by_name]
+    if unknown:
+        raise ValueError(f"include: no emoji is called {', '.join(map(repr, unknown))}")
+    first = list(dict.fromkeys(by_name[name] for name in include))
     keep: set[str] = set()
     total = 0
-    for base in sorted(members, key=lambda b: (_unit_hash(seed, "limit", b), b)):
+    for base in first + sorted(set(members) - set(first), key=lambda b: (_unit_hash(seed, "limit", b), b)):
         if keep and total + members[base] > limit:
             continue
         keep.add(base)
