@@ -31,7 +31,7 @@ from aoq.data.load import load_split
 from aoq.data.loaders import load_pixels
 from aoq.embed import encode_caption_inputs, encode_image_inputs, encode_texts
 from aoq.io import ArtefactError
-from aoq.mined import MinedNegatives, load_mined
+from aoq.mined import UNCHECKED, MinedNegatives, load_mined, removed_by
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.errors import ServiceError
@@ -55,6 +55,8 @@ class Negative:
     image_id: int
     rank: int | None = None
     score: float | None = None
+    #: filtered lists: the false-negative filter that removed this mined candidate (None: kept)
+    removed_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class NegativesResult:
     anchor_image_id: int
     offline: list[Negative]
     online: list[Negative]
+    #: the false-negative filters of the mined lists (empty: unfiltered)
+    filters: list[str]
 
 
 @dataclass(frozen=True)
@@ -182,8 +186,7 @@ class NegativesService:
             return Negative(int(ids.caption_ids[p]), captions[p], int(ids.image_ids[p // cpi]), **measure)
 
         if kind == "caption":
-            offline_pos = np.asarray(training.mined.cap_top_imgs[position][:n], dtype=np.int64)
-            offline = [image(int(p), rank=r + 1) for r, p in enumerate(offline_pos)]
+            offline = [image(p, rank=r, removed_by=why) for p, r, why in _mined(training.mined, "cap", position, n)]
             own_image = position // cpi
             others = rng.choice(n_captions - 1, size=min(BATCH_SIZE - 1, n_captions - 1), replace=False)
             batch_images = np.unique((others + (others >= position)) // cpi)
@@ -192,14 +195,28 @@ class NegativesService:
             scores = encode_image_inputs(ckpt.model, self._image_inputs(served, training, batch_images)) @ query
             order = np.argsort(-scores, kind="stable")[:n]
             online = [image(int(batch_images[j]), score=float(scores[j])) for j in order]
-            return NegativesResult(kind, item_id, captions[position], int(ids.image_ids[own_image]), offline, online)
+            return NegativesResult(kind, item_id, captions[position], int(ids.image_ids[own_image]), offline, online,
+                                   training.mined.filters)
 
-        offline_pos = np.asarray(training.mined.img_top_caps[position][:n], dtype=np.int64)
-        offline = [caption(int(p), rank=r + 1) for r, p in enumerate(offline_pos)]
+        offline = [caption(p, rank=r, removed_by=why) for p, r, why in _mined(training.mined, "img", position, n)]
         others = rng.choice(n_captions, size=min(BATCH_SIZE - 1, n_captions), replace=False)
         batch_captions = others[others // cpi != position]
         query = encode_image_inputs(ckpt.model, self._image_inputs(served, training, np.array([position])))[0]
         scores = self._caption_embeddings(served, training, batch_captions) @ query
         order = np.argsort(-scores, kind="stable")[:n]
         online = [caption(int(batch_captions[j]), score=float(scores[j])) for j in order]
-        return NegativesResult(kind, item_id, captions[position * cpi], item_id, offline, online)
+        return NegativesResult(kind, item_id, captions[position * cpi], item_id, offline, online,
+                               training.mined.filters)
+
+
+def _mined(mined: MinedNegatives, side: str, position: int, n: int) -> list[tuple[int, int, str | None]]:
+    """(training position, 1-based rank in the mined list, filter that removed it) of the first
+    ``n`` mined candidates of an anchor: of the raw list when the lists were filtered (up to the
+    candidates the filters were evaluated on), else of the list round 2 samples from."""
+    if mined.filtered is None:
+        top = mined.cap_top_imgs if side == "cap" else mined.img_top_caps
+        return [(int(p), r + 1, None) for r, p in enumerate(np.asarray(top[position][:n]))]
+    raw, flags = mined.filtered[f"{side}_raw"][position][:n], mined.filtered[f"{side}_flags"][position][:n]
+    checked = np.flatnonzero(np.asarray(flags) & UNCHECKED)
+    stop = int(checked[0]) if len(checked) else len(flags)
+    return [(int(p), r + 1, why) for r, (p, why) in enumerate(zip(raw[:stop], removed_by(flags[:stop], mined.filters)))]

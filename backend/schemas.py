@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from aoq.names import PositiveRule
+from aoq.names import FalseNegativeFilter, PositiveRule
 
 MAX_QUERY_CHARS = 1000
 MAX_K = 100
@@ -302,8 +302,11 @@ class NegativeItem(BaseModel):
     id: int
     text: str | None = Field(None, description="a caption's text, or an image's name")
     image_url: str | None = Field(None, description="an image, or a caption's image")
-    rank: int | None = Field(None, description="offline: 1-based position in the mined list")
+    rank: int | None = Field(None, description="offline: 1-based position in the mined list (before filtering)")
     score: float | None = Field(None, description="online: the model's score against the anchor")
+    removed_by: FalseNegativeFilter | None = Field(
+        None, description="offline, filtered lists: the false-negative filter that removed this candidate from the "
+                          "lists round 2 samples from; null when it was kept")
 
 
 class NegativesOut(BaseModel):
@@ -314,6 +317,9 @@ class NegativesOut(BaseModel):
     image_url: str | None = Field(None, description="the anchor image, or the anchor caption's image")
     offline: list[NegativeItem]
     online: list[NegativeItem]
+    filters: list[FalseNegativeFilter] = Field(
+        default_factory=list, description="the false-negative filters of the mined lists, in the order they apply; "
+                                          "empty when the lists were not filtered")
 
 
 class ReloadOut(BaseModel):

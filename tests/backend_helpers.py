@@ -7,8 +7,8 @@ Usable by any test module (backend, UI, end-to-end)::
     with run_server(fx.settings()) as base_url:
         httpx.get(f"{base_url}/health")
 
-Models: ``baseline`` (role baseline) and ``aoq`` (role aoq, with a mined-negatives artefact and
-a metrics log) read region features; ``pixels`` (role other) is a small CNN on raw images of a
+Models: ``baseline`` (role baseline) and ``aoq`` (role aoq, with a mined-negatives artefact
+filtered for false negatives, and a metrics log) read region features; ``pixels`` (role other) is a small CNN on raw images of a
 second dataset (the same pictures read through the Karpathy JSON).
 """
 
@@ -41,9 +41,15 @@ from aoq.models.joint import build_model
 from aoq_serve.index.build import IndexJob, index_models
 from aoq_serve.config import Settings
 from aoq_train.mining import mine_offline_negatives, save_mined
+from aoq_train.mining.false_negatives import filtered_lists
+from aoq_train.mining.filters import FilterInputs, text_ids
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"train": 24, "dev": 4, "test": 12}
+#: the false-negative filters of the ``aoq`` model's mined lists
+MINED_FILTERS = ["identity"]
+#: training images whose first caption repeats image 0's first caption (region-feature dataset)
+DUPLICATED_BY = (1, 2)
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
@@ -101,6 +107,11 @@ def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, inde
     data_dir = tmp_path / "data"
     synth = data_dir / "synth"
     write_dataset(synth, SIZES, seed=0, workers=1, progress=False)
+    captions_file = synth / "precomp" / "train_caps.txt"
+    captions = captions_file.read_text().splitlines()
+    for image in DUPLICATED_BY:  # a text of image 0 repeated, for the identity filter to find
+        captions[image * len(captions) // SIZES["train"]] = captions[0]
+    captions_file.write_text("\n".join(captions) + "\n")
     features = DataConfig(format="precomp", path=str(synth / "precomp"), name="synth", vocab_threshold=1)
     pixels = DataConfig(format="karpathy", path=str(synth / "dataset_synth.json"), name="synth_pixels",
                         vocab_threshold=1, image_size=32)
@@ -115,8 +126,16 @@ def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, inde
 
     miner = load_checkpoint(models_dir / "baseline")
     img_emb, cap_emb = encode_split(miner.model, miner.vocab, train)
-    tops = mine_offline_negatives(img_emb, cap_emb, train.captions_per_image, 20, 8, progress=False)
-    save_mined(run_dir / "mined", *tops, {"checkpoint_hash": miner.content_hash})
+    cpi = train.captions_per_image
+
+    def mine(top_captions: int, top_images: int):
+        return mine_offline_negatives(img_emb, cap_emb, cpi, top_captions, top_images, progress=False)
+
+    # filtered as ``aoq mine --set mining.filters=[identity]`` does, so /negatives has removals to show
+    inputs = FilterInputs(cpi, text_ids(train.captions), img_emb=img_emb, cap_emb=cap_emb, rho=0.95)
+    *tops, filtered = filtered_lists(mine, 20, 8, train.n_images, cpi, inputs, MINED_FILTERS)
+    save_mined(run_dir / "mined", *tops, {"checkpoint_hash": miner.content_hash, "filters": MINED_FILTERS},
+               filtered=filtered)
     _metrics_log(run_dir / "metrics.jsonl")
     aoq_extra = {"role": "aoq", "mined_dir": str(run_dir / "mined"), "metrics_log": str(run_dir / "metrics.jsonl")}
     write_checkpoint(models_dir / "aoq", _config("aoq", features, "vse"), vocab, train.feature_dim, 2, aoq_extra)

@@ -198,6 +198,18 @@ def test_the_check_catches_a_renamed_and_an_invented_field(openapi):
         'models: "aoq" is not of type "array"']
 
 
+def test_a_removed_negative_names_one_of_the_filters(openapi):
+    """``removed_by`` is checked against the filters' names, not merely as a string."""
+    seen: list[Exchange] = []
+    _recorded(FakeBackend(), seen).negatives("caption", 3, "aoq", 5)
+    request, response = seen[0]
+    body = response.json()
+    assert body["offline"][0]["removed_by"] == "identity" and _response_problems(openapi, request, response) == []
+    body["offline"][0]["removed_by"] = "duplicate"
+    problems = _response_problems(openapi, request, httpx.Response(200, json=body))
+    assert problems == ['offline/0/removed_by: "duplicate" is not valid under any of the schemas listed in the \'anyOf\' keyword']
+
+
 def test_the_fake_models_record_real_loss_names():
     """``loss`` is a plain string in the schema: its values are checked against the training
     configuration's names (what ``aoq index`` records) here."""

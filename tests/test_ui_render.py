@@ -282,8 +282,22 @@ def test_negatives_show_text_and_picture_of_every_item():
     anchor, offline, online = render_negatives(image)
     assert "training image 4, <b>owl</b>" in anchor and _srcs(anchor) == ["/media/images/4"]
     assert '<li data-id="7"><img src="/media/images/8" alt="t1" title="t1"><span><span class="aoq-rank">mined #2</span> ' \
-           "t1</span></li>" in offline
-    assert "none" in online
+           '<span class="aoq-text">t1</span></span></li>' in offline
+    assert "none" in online and "struck through" not in offline
+
+
+def test_negatives_strike_through_what_the_filters_removed_and_name_the_filter():
+    answer = NegativesOut.model_validate({
+        "model": "aoq", "kind": "image", "id": 4, "text": "owl", "image_url": "/media/images/4",
+        "filters": ["identity", "semantic"], "online": [],
+        "offline": [{"id": 7, "text": "an owl", "image_url": "/media/images/4", "rank": 1, "removed_by": "semantic"},
+                    {"id": 8, "text": "a cat", "image_url": "/media/images/5", "rank": 2}]})
+    _, offline, _ = render_negatives(answer)
+    assert "struck through: removed as a likely false negative by the filters identity, semantic" in offline
+    assert re.findall(r'<li( class="aoq-removed")? data-id="(\d+)"', offline) == [(' class="aoq-removed"', "7"), ("", "8")]
+    assert offline.count("removed: ") == 1 and "removed: semantic</span>" in offline
+    cards = render_negatives(answer.model_copy(update={"kind": "caption"}))[1]  # image negatives: cards
+    assert '<figure class="aoq-card aoq-removed" data-id="7">' in cards and '<figure class="aoq-card" data-id="8">' in cards
 
 
 def test_metrics_table_says_where_each_row_comes_from():

@@ -253,8 +253,11 @@ class FakeBackend:
         kind, item_id = params["kind"], int(params["id"])
         if kind == "caption":
             anchor = {"text": "a red square", "image_url": "/images/100"}
-            offline = [{"id": 3, "text": "yellow square", "image_url": "/images/3?size=64", "rank": 1}]
+            offline = [{"id": 5, "text": "red square", "image_url": "/images/5?size=64", "rank": 1,
+                        "removed_by": "identity"},
+                       {"id": 3, "text": "yellow square", "image_url": "/images/3?size=64", "rank": 2}]
             online = [{"id": 2, "text": "blue square", "image_url": "/images/2?size=64", "score": 0.41}]
+            anchor["filters"] = ["identity", "semantic"]
         else:
             anchor = {"text": "red square", "image_url": f"/images/{item_id}"}
             offline = [{"id": 7, "text": "a blue <b>square</b>", "image_url": "/images/1?size=64", "rank": 1}]

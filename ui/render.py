@@ -50,6 +50,9 @@ CSS = """
                display: flex; gap: .5em; align-items: center; }
 .aoq-list li img { width: 40px; height: 40px; flex: none; border-radius: 4px; }
 .aoq-rank { font-variant-numeric: tabular-nums; opacity: .8; }
+.aoq-removed { opacity: .55; }
+.aoq-removed .aoq-name, .aoq-removed .aoq-text { text-decoration: line-through; }
+.aoq-why { font-size: .8em; color: #b03a2e; }
 .aoq-error { border: 1px solid #c0392b; background: rgba(192,57,43,.1); color: inherit;
              padding: .6em .8em; border-radius: 6px; }
 .aoq-notice { border: 1px solid #888; padding: .6em .8em; border-radius: 6px; margin: .3em 0; }

@@ -68,10 +68,15 @@ def _negative_item(item: NegativeItem, kind: str) -> str:
     badge_html = f'<span class="aoq-rank">{badge}</span> ' if badge else ""
     text = escape(item.text or "")
     picture = f'<img src="{escape(item.image_url)}" alt="{text}" title="{text}">' if item.image_url else ""
+    removed = "" if item.removed_by is None else " aoq-removed"
+    why = "" if item.removed_by is None else \
+        f' <span class="aoq-why" title="not among the negatives round 2 samples from">removed: {item.removed_by}</span>'
     if kind == "image":
-        return (f'<figure class="aoq-card" data-id="{item.id}">{picture}<figcaption class="aoq-caption">{badge_html}'
-                f'<span class="aoq-name">{text}</span></figcaption></figure>')
-    return f'<li data-id="{item.id}">{picture}<span>{badge_html}{text}</span></li>'
+        return (f'<figure class="aoq-card{removed}" data-id="{item.id}">{picture}<figcaption class="aoq-caption">'
+                f'{badge_html}{why}<span class="aoq-name">{text}</span></figcaption></figure>')
+    li_class = f' class="{removed.strip()}"' if removed else ""
+    return f'<li{li_class} data-id="{item.id}">{picture}<span>{badge_html}<span class="aoq-text">{text}</span>{why}' \
+           '</span></li>'
 
 
 def _negative_block(title: str, items: Sequence[NegativeItem], kind: str) -> str:
@@ -99,8 +104,10 @@ def render_negatives(answer: NegativesOut) -> tuple[str, str, str]:
     else:
         anchor = f'<div class="aoq-query">Anchor: training image {answer.id}, <b>{text}</b><br>{picture}</div>'
         negative_kind = "caption"
-    offline = _negative_block("Offline hard negatives (mined from the whole training set; rank in the mined list)",
-                              answer.offline, negative_kind)
+    filtered = "" if not answer.filters else \
+        f"; struck through: removed as a likely false negative by the filters {', '.join(answer.filters)}"
+    offline = _negative_block("Offline hard negatives (mined from the whole training set; rank in the mined list"
+                              f"{filtered})", answer.offline, negative_kind)
     online = _negative_block("Online hard negatives (hardest in a random batch of 128; the model's score)",
                              answer.online, negative_kind)
     return anchor, offline, online

@@ -95,8 +95,8 @@ def get_negatives(
 
     out = NegativesOut(
         model=model, kind=kind, id=id, text=result.anchor_text, image_url=urls.image(result.anchor_image_id),
-        offline=[item(x, rank=x.rank) for x in result.offline],
-        online=[item(x, score=x.score) for x in result.online],
+        offline=[item(x, rank=x.rank, removed_by=x.removed_by) for x in result.offline],
+        online=[item(x, score=x.score) for x in result.online], filters=result.filters,
     )
     service.querylog.record("/negatives", (time.perf_counter() - start) * 1000, model, n)
     return out
