@@ -100,6 +100,22 @@ def _metrics_log(path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
+def _repeat_a_caption(synth: Path) -> None:
+    """Images ``DUPLICATED_BY`` of the training split take image 0's first caption, for the
+    identity filter to find: in the precomp captions and in the Karpathy JSON that serves the
+    same pictures (the index pairs the two by their captions)."""
+    captions_file, json_file = synth / "precomp" / "train_caps.txt", synth / "dataset_synth.json"
+    captions = captions_file.read_text().splitlines()
+    doc = json.loads(json_file.read_text())
+    train = [entry for entry in doc["images"] if entry["split"] == "train"]
+    cpi = len(captions) // len(train)
+    for image in DUPLICATED_BY:
+        captions[image * cpi] = captions[0]
+        train[image]["sentences"][0] = dict(train[0]["sentences"][0])
+    captions_file.write_text("\n".join(captions) + "\n")
+    json_file.write_text(json.dumps(doc))
+
+
 def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, index: bool = True) -> ServiceFixture:
     """Generate the data, checkpoints and mined negatives under ``tmp_path``; index them unless told not to."""
     from aoq_train.datasets.synth.writer import write_dataset
@@ -107,11 +123,7 @@ def build_service_fixture(tmp_path: Path, catalogue_url: str | None = None, inde
     data_dir = tmp_path / "data"
     synth = data_dir / "synth"
     write_dataset(synth, SIZES, seed=0, workers=1, progress=False)
-    captions_file = synth / "precomp" / "train_caps.txt"
-    captions = captions_file.read_text().splitlines()
-    for image in DUPLICATED_BY:  # a text of image 0 repeated, for the identity filter to find
-        captions[image * len(captions) // SIZES["train"]] = captions[0]
-    captions_file.write_text("\n".join(captions) + "\n")
+    _repeat_a_caption(synth)
     features = DataConfig(format="precomp", path=str(synth / "precomp"), name="synth", vocab_threshold=1)
     pixels = DataConfig(format="karpathy", path=str(synth / "dataset_synth.json"), name="synth_pixels",
                         vocab_threshold=1, image_size=32)
