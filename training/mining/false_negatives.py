@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 #: the raw lists are mined this many times deeper than the lists round 2 reads (nearly free: the
 #: miner's cost is the score matrix, not the depth), then flagged a slice at a time
 DEPTH_FACTOR = 8
-#: the first slice every row is flagged over, as a multiple of the lists' depth; a row that keeps
-#: too few is flagged over a slice as wide again, and again, while it needs more
-SLICE_FACTOR = 2
+#: the first slice every row is flagged over, as a multiple of the lists' depth (a few candidates
+#: per list are flagged); a row that keeps too few is flagged over a slice twice as wide, and so on
+SLICE_FACTOR = 1.25
 #: the cache folder (and artefact kind) of the near-duplicate text pairs
 NEAR_DUPLICATES = "near-duplicate-pairs"
 #: ``mine(top_captions, top_images) -> (img_top_caps, cap_top_imgs)``
@@ -121,10 +121,11 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
         codes = first_flag(bits, filters)
         lists = deep.copy()
         short = np.flatnonzero((codes == KEPT).sum(axis=1) < top)
-        gallery = len(inputs.text_ids) if image_anchors else n_images
-        step = max(1, BLOCK_ELEMENTS // gallery)
+        gallery = (inputs.cap_emb if image_anchors else inputs.img_emb).astype(np.float64) if len(short) else None
+        step = max(1, BLOCK_ELEMENTS // (len(inputs.text_ids) if image_anchors else n_images))
         for block in (short[i:i + step] for i in range(0, len(short), step)):  # their first ``top`` slots
-            lists[block, :top] = _whole_gallery(block, deep[block], codes[block], top, inputs, filters, image_anchors)
+            lists[block, :top] = _whole_gallery(block, deep[block], codes[block], top, inputs, filters, image_anchors,
+                                                gallery)
             codes[block] = KEPT
             log.info("filters %s: %d %s lists needed more than %d candidates; ranked over the whole gallery",
                      list(filters), len(short), "image" if image_anchors else "caption", deep.shape[1])
@@ -134,23 +135,24 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
 
 
 def _whole_gallery(rows: np.ndarray, deep: np.ndarray, codes: np.ndarray, top: int, inputs: FilterInputs,
-                   filters: Sequence[str], image_anchors: bool) -> np.ndarray:
+                   filters: Sequence[str], image_anchors: bool, gallery: np.ndarray) -> np.ndarray:
     """The first ``top`` unflagged candidates of the anchors ``rows``: those of their deep lists,
-    then the rest of the gallery in score order (float64 products, ties by id), ranked and
-    flagged over heads four times deeper each time a row still keeps too few."""
+    then the rest of the gallery (``gallery``: its embeddings in float64) in score order (float64
+    products, ties by id), ranked and flagged over heads as deep as the deep lists, four times
+    deeper each time a row still keeps too few."""
     img, cap, cpi = inputs.img_emb, inputs.cap_emb, inputs.captions_per_image
     if image_anchors:
-        scores, own = img[rows].astype(np.float64) @ cap.T.astype(np.float64), rows[:, None] * cpi + np.arange(cpi)
+        scores, own = img[rows].astype(np.float64) @ gallery.T, rows[:, None] * cpi + np.arange(cpi)
     else:
-        scores, own = cap[rows].astype(np.float64) @ img.T.astype(np.float64), (rows // cpi)[:, None]
+        scores, own = cap[rows].astype(np.float64) @ gallery.T, (rows // cpi)[:, None]
     np.put_along_axis(scores, np.concatenate([own, deep], axis=1), -np.inf, axis=1)  # ranked last, never taken
     available = scores.shape[1] - own.shape[1] - deep.shape[1]
     kept = codes == KEPT
     needs = top - kept.sum(axis=1)
     out = np.empty((len(rows), top), dtype=np.int32)
-    todo, depth = np.arange(len(rows)), min(available, SLICE_FACTOR * top)
+    todo, depth = np.arange(len(rows)), min(available, deep.shape[1])  # these rows needed more than that
     while len(todo):
-        head = _ranked_head(scores[todo], depth)
+        head = _ranked_head(scores if len(todo) == len(rows) else scores[todo], depth)
         more = first_flag(_flag_progressively(head, needs[todo], inputs, filters, image_anchors, rows[todo])[0],
                           filters) == KEPT
         done = more.sum(axis=1) >= needs[todo]  # unchecked candidates lie past a row's needs only
@@ -169,7 +171,7 @@ def _whole_gallery(rows: np.ndarray, deep: np.ndarray, codes: np.ndarray, top: i
 def _ranked_head(scores: np.ndarray, k: int) -> np.ndarray:
     """(R, k) ids of every row's ``k`` best scores, by score then id: the k-th score found by a
     partition, and only the scores at or above it sorted (all of them, so ties there go by id)."""
-    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+    kth = np.partition(scores, scores.shape[1] - k, axis=1)[:, scores.shape[1] - k]
     r, c = np.nonzero(scores >= kth[:, None])  # row-major: r ascending
     order = np.lexsort((c, -scores[r, c], r))
     starts = np.searchsorted(r[order], np.arange(len(scores)))
@@ -185,7 +187,7 @@ def _flag_progressively(lists: np.ndarray, needs: np.ndarray, inputs: FilterInpu
     anchors = np.arange(lists.shape[0]) if rows is None else np.asarray(rows)
     bits = np.full(lists.shape, UNCHECKED, dtype=np.uint8)
     todo = np.flatnonzero(needs > 0)
-    start, width = 0, SLICE_FACTOR * max(1, int(needs.max(initial=1)))
+    start, width = 0, int(np.ceil(SLICE_FACTOR * max(1, int(needs.max(initial=1)))))
     while len(todo) and start < lists.shape[1]:
         stop = min(lists.shape[1], start + width)
         bits[todo, start:stop] = flag_rows(lists[todo, start:stop], anchors[todo], inputs, filters, image_anchors)

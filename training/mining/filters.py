@@ -133,14 +133,21 @@ def flag_rows(lists: np.ndarray, rows: np.ndarray, inputs: FilterInputs, filters
         raise ValueError(f"unknown false-negative filters {unknown}; expected some of {list(ORDER)}")
     lists, rows = np.asarray(lists, dtype=np.int64), np.asarray(rows, dtype=np.int64)
     bits = np.zeros(lists.shape, dtype=np.uint8)
-    dim = inputs.img_emb.shape[1] if inputs.img_emb is not None else 1
+    dim = inputs.img_emb.shape[1] if "teacher" in filters and inputs.img_emb is not None else 1
     step = max(1, BLOCK_ELEMENTS // (max(1, lists.shape[1]) * inputs.captions_per_image * dim))
     for start in range(0, len(rows), step):
         block = slice(start, min(start + step, len(rows)))
+        hits = {name: _TESTS[name](rows[block], lists[block], inputs, image_anchors)
+                for name in ("semantic", "teacher") if name in filters}
+        if "identity" in filters and "semantic" in hits:  # identical texts are near-identical too:
+            r, c = np.nonzero(hits["semantic"])  # test identity only where semantic flagged
+            hits["identity"] = np.zeros_like(hits["semantic"])
+            hits["identity"][r, c] = _identity(rows[block][r], lists[block][r, c][:, None], inputs, image_anchors)[:, 0]
+        elif "identity" in filters:
+            hits["identity"] = _identity(rows[block], lists[block], inputs, image_anchors)
         for k, name in enumerate(ORDER):
-            if name in filters:
-                hit = _TESTS[name](rows[block], lists[block], inputs, image_anchors)
-                bits[block] |= hit.astype(np.uint8) << k
+            if name in hits:
+                bits[block] |= hits[name].astype(np.uint8) << k
     return bits
 
 
