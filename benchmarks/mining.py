@@ -4,11 +4,11 @@ Measured in one run on random unit vectors (default 20,000 images x 100,000 capt
 H = 2000 captions per image / 400 images per caption, like the public AOQ code):
 
 (a) ``aoq_train.mining.mine_offline_negatives``, both directions, torch backend on the CPU (the
-    fused pass: every score computed once, both directions selected from it), in its default
-    precision ("auto": the bf16 filter with float32 re-scoring where this CPU's bf16 products
-    pay, else float32; exact lists either way), with its resumable per-block files written to a
-    temporary folder (as ``aoq mine`` does). Where the default is the bf16 filter, the float32
-    mode is timed as well, and the two modes' lists compared;
+    fused pass: every score computed once, both directions selected from it), in both precision
+    modes (the bf16 filter and float32 products; the canonical scores decide either way), with
+    its resumable per-block files written to a temporary folder (as ``aoq mine`` does). The
+    default ("auto": the bf16 filter where this CPU's bf16 products pay, else float32) is run
+    first; the two modes' lists are compared byte for byte;
 (b) the public AOQ mining loop: one anchor at a time, ``(anchor * gallery).sum(1)``, own
     positives set to -inf, ``torch.topk``; timed on a subset of anchors per direction and
     extrapolated to all anchors. The same loop with a matrix-vector product instead of the
@@ -28,9 +28,12 @@ used instead (an upper bound only if nothing before (a) peaked higher, so (a) ru
 
 The miner's compiled kernels are warmed on a tiny case first (a fresh clone compiles them once,
 ~10 s, then loads them from numba's cache). Wall and CPU (process) time are both printed: on a shared machine the CPU time is the less
-load-sensitive figure. Last line: ``RESULT precision=<(a)'s products> speedup_vs_loop=<(b)/(a)>
-ratio_to_matmul=<(a)/(c), wall> ratio_to_matmul_cpu=<(a)/(c), CPU time> fp32_mode_ratio=<the
-float32 mode's, wall> fp32_mode_ratio_cpu=<.., CPU time> peak_mb=<(a)'s>``.
+load-sensitive figure. Last line: ``RESULT precision=<the default's products>
+identical_lists=<share of the lists, both directions, byte-identical between the two modes>
+speedup_vs_loop=<(b)/(a)> ratio_to_matmul=<(a)/(c), wall, the default mode>
+ratio_to_matmul_cpu=<(a)/(c), CPU time> fp32_mode_ratio=<the float32 mode's, wall>
+fp32_mode_ratio_cpu=<.., CPU time> bf16_mode_ratio=<the bf16 filter's, wall> peak_mb=<the
+default's>``.
 
 ``--coco``: the COCO shape (113,287 images x 566,435 captions, d = 1024, H = 2000 / 400) on a
 slice, in fp32 (exact) and bf16 (filter) mode: the fused pass is built at full size and runs its
@@ -149,6 +152,13 @@ def tiled_matmul(queries: np.ndarray, gallery: np.ndarray) -> None:
 
     with fused.worker_pool() as (ex, _):
         list(ex.map(rows, range(0, len(q), fused.ROW_TILE)))
+
+
+def identical_lists(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """The share of the lists (image lists and caption lists together) that two miners' results
+    hold byte for byte: same ids in the same order."""
+    same = [(x == y).all(axis=1) for x, y in zip(a, b)]
+    return float(np.concatenate(same).mean())
 
 
 def agreement(img: np.ndarray, cap: np.ndarray, a: tuple[np.ndarray, np.ndarray],
@@ -336,18 +346,19 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     products = product_precision(torch.device("cpu"), "torch", "auto")
+    default = "fp32" if products == "float32" else "bf16"
     runs = {}
-    for mode in ("auto", "fp32") if products != "float32" else ("auto",):
+    for mode in (default, ({"fp32", "bf16"} - {default}).pop()):
         with tempfile.TemporaryDirectory() as work, PeakMemory() as mem, Clock() as clock:
             lists = mine_offline_negatives(img, cap, cpi, args.top_captions, args.top_images, args.block_size, "cpu",
                                            work_dir=work, progress=False, precision=mode)
         runs[mode] = clock, mem, lists
-        print(f"(a{'' if mode == 'auto' else ' fp32'}) fused miner, both directions, "
-              f"{products if mode == 'auto' else 'float32'} products{' (the default here)' if mode == 'auto' else ''}: "
-              f"{clock.wall:.2f} s ({clock.cpu:.2f} s CPU); extra peak memory {mem.mb:.0f} MB ({mem.method})")
-    ours, mem, lists = runs["auto"]
-    if "fp32" in runs:
-        print(f"    {agreement(img, cap, lists, runs['fp32'][2])}")
+        print(f"(a {mode}) fused miner, both directions, {mode} products{' (the default here)' if mode == default else ''}"
+              f": {clock.wall:.2f} s ({clock.cpu:.2f} s CPU); extra peak memory {mem.mb:.0f} MB ({mem.method})")
+    ours, mem, lists = runs[default]
+    identical = identical_lists(runs["fp32"][2], runs["bf16"][2])
+    print(f"    bf16 mode {agreement(img, cap, runs['bf16'][2], runs['fp32'][2])}; {identical:.4%} of all lists "
+          "byte-identical")
 
     products_timed = {}
     for name, fn in (("blocks of 4096 x 16384, torch's threads", blocked_matmul),
@@ -360,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_mm = min(c.cpu for c in products_timed.values())
     ratios = {mode: (clock.wall / wall_mm, clock.cpu / cpu_mm) for mode, (clock, _, _) in runs.items()}
     for mode, (wall_ratio, cpu_ratio) in ratios.items():
-        print(f"ratio (a{'' if mode == 'auto' else ' fp32'})/(c): {wall_ratio:.2f} wall, {cpu_ratio:.2f} CPU time "
+        print(f"ratio (a {mode})/(c): {wall_ratio:.2f} wall, {cpu_ratio:.2f} CPU time "
               "(against the faster product; CPU time is less sensitive to other processes)")
 
     loops = {}
@@ -373,11 +384,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{per_cap * 1e3:.2f} ms/caption anchor ({args.loop_captions} timed) -> {loops[form]:.0f} s extrapolated"
         )
     print(f"speedup vs the matrix-vector loop: {loops['matvec'] / ours.wall:.1f}x")
-    fp32_mode = ratios.get("fp32", ratios["auto"])
     print(
-        f"RESULT precision={products} speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
-        f"ratio_to_matmul={ratios['auto'][0]:.2f} ratio_to_matmul_cpu={ratios['auto'][1]:.2f} "
-        f"fp32_mode_ratio={fp32_mode[0]:.2f} fp32_mode_ratio_cpu={fp32_mode[1]:.2f} peak_mb={mem.mb:.0f}"
+        f"RESULT precision={products} identical_lists={identical:.4f} speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
+        f"ratio_to_matmul={ratios[default][0]:.2f} ratio_to_matmul_cpu={ratios[default][1]:.2f} "
+        f"fp32_mode_ratio={ratios['fp32'][0]:.2f} fp32_mode_ratio_cpu={ratios['fp32'][1]:.2f} "
+        f"bf16_mode_ratio={ratios['bf16'][0]:.2f} peak_mb={mem.mb:.0f}"
     )
     return 0
 
