@@ -51,9 +51,11 @@ what grows with the pools' fill over a whole run (the column thresholds' re-esti
 sorts of full pools, the part files): whole runs measured 4-18% (fp32) and 16-37% (bf16) above it.
 
 ``--coco-full fp32|bf16``: the whole COCO shape mined once (part files in a temporary folder),
-64 image and 64 caption lists checked against a float64 brute force. Last line: ``RESULT
-coco_full_precision=.. coco_full_wall_s=.. coco_full_cpu_s=.. peak_mb=.. checked_same_ids=<share>
-checked_worst_swap=<largest float64 score by which a brute-force id beats a mined one>``.
+64 image and 64 caption lists checked against a brute force of canonical scores and one of
+float64 products. Last line: ``RESULT coco_full_precision=.. coco_full_wall_s=.. coco_full_cpu_s=..
+peak_mb=.. checked_identical=<share byte-identical to the canonical brute force>
+checked_same_ids=<share holding the float64 brute force's ids> checked_worst_swap=<largest
+float64 score by which a float64 brute-force id beats a mined one>``.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aoq_train.mining import fused, mine_offline_negatives  # noqa: E402
+from aoq_train.mining.canonical import canonical_pairs  # noqa: E402
 from aoq_train.mining.driver import product_precision  # noqa: E402
 
 COCO_IMAGES, COCO_CPI, COCO_DIM = 113_287, 5, 1024
@@ -124,6 +127,7 @@ def warm_kernels() -> None:
     for precision in ("fp32", "bf16"):
         with tempfile.TemporaryDirectory() as work:
             mine_offline_negatives(img, cap, 5, 200, 40, 512, "cpu", work_dir=work, progress=False, precision=precision)
+    canonical_pairs(img, cap, np.arange(4), np.arange(4))  # the redone lists' signature (int64 ids)
 
 
 def blocked_matmul(queries: np.ndarray, gallery: np.ndarray, dtype: torch.dtype = torch.float32,
@@ -279,9 +283,23 @@ def brute_force(queries: np.ndarray, gallery: np.ndarray, own: list[slice], k: i
     return out
 
 
+def canonical_brute_force(queries: np.ndarray, gallery: np.ndarray, own: list[slice], k: int) -> np.ndarray:
+    """Top-k gallery ids of each query by canonical scores (the miner's rule: every pair scored by
+    :func:`aoq_train.mining.canonical.canonical_pairs`, ties to the lower id), ``own`` excluded."""
+    out = np.empty((len(queries), k), dtype=np.int64)
+    ids = np.arange(len(gallery))
+    for n, q in enumerate(queries):
+        scores = canonical_pairs(q[None], gallery, np.zeros(len(gallery), np.int64), ids)
+        scores[own[n]] = -np.inf
+        out[n] = np.argsort(-scores, kind="stable")[:k]
+    return out
+
+
 def coco_full(precision: str, top_captions: int, top_images: int, block_size: int, checked: int = 64) -> str:
     """Mine the whole COCO shape once (both directions, part files in a temporary folder, as
-    ``aoq mine`` does) and check ``checked`` image and caption lists against a float64 brute force."""
+    ``aoq mine`` does) and check ``checked`` image and caption lists against a brute force of
+    canonical scores (byte for byte) and of float64 products (the same ids, but where two scores
+    round to the same float32 value at the k-th place)."""
     gen = torch.Generator().manual_seed(0)
     img = unit_vectors(COCO_IMAGES, COCO_DIM, gen)
     cap = unit_vectors(COCO_IMAGES * COCO_CPI, COCO_DIM, gen)
@@ -292,17 +310,21 @@ def coco_full(precision: str, top_captions: int, top_images: int, block_size: in
                                                   work_dir=work, progress=True, precision=precision)
     print(f"  {run.wall:.0f} s wall, {run.cpu:.0f} s CPU; extra peak memory {mem.mb:.0f} MB")
     rng = np.random.default_rng(0)
-    same, swaps = 0, [0.0]
+    same, identical, swaps = 0, 0, [0.0]
     for queries, gallery, got, own_of in ((img, cap, img_top, lambda i: slice(i * COCO_CPI, (i + 1) * COCO_CPI)),
                                           (cap, img, cap_top, lambda j: slice(j // COCO_CPI, j // COCO_CPI + 1))):
         picked = rng.choice(len(queries), checked, replace=False)
-        exact = brute_force(queries[picked], gallery, [own_of(q) for q in picked], got.shape[1])
+        own = [own_of(q) for q in picked]
+        identical += int((canonical_brute_force(queries[picked], gallery, own, got.shape[1]) == got[picked])
+                         .all(axis=1).sum())
+        exact = brute_force(queries[picked], gallery, own, got.shape[1])
         same += int((np.sort(exact, axis=1) == np.sort(got[picked], axis=1)).all(axis=1).sum())
         swaps.append(worst_swap(queries[picked], gallery, exact, got[picked]))
-    print(f"  {same} of {2 * checked} checked lists hold the float64 brute force's ids; where not, an id the brute force "
-          f"kept beats one the miner kept by at most {max(swaps):.1e}")
+    print(f"  {identical} of {2 * checked} checked lists are the canonical brute force's, byte for byte; {same} hold the "
+          f"float64 brute force's ids; where not, an id it kept beats one the miner kept by at most {max(swaps):.1e}")
     return (f"RESULT coco_full_precision={precision} coco_full_wall_s={run.wall:.0f} coco_full_cpu_s={run.cpu:.0f} "
-            f"peak_mb={mem.mb:.0f} checked_same_ids={same / (2 * checked):.4f} checked_worst_swap={max(swaps):.1e}")
+            f"peak_mb={mem.mb:.0f} checked_identical={identical / (2 * checked):.4f} "
+            f"checked_same_ids={same / (2 * checked):.4f} checked_worst_swap={max(swaps):.1e}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,11 +64,11 @@ def canonical_reference(img: np.ndarray, cap: np.ndarray, cpi: int, ht: int, hi:
 
 def near_tie_embeddings(rng: np.random.Generator, n_img: int, cpi: int, d: int = 64
                         ) -> tuple[np.ndarray, np.ndarray]:
-    """Data on which no two float32 summation orders rank alike: every caption's first d/2
-    entries are pairs +-v (v uniform in [0.5, 1), full float32 significands) in a random order,
-    every image's are 1, so they cancel exactly in the true score but leave a float32 sum an
-    order-dependent rounding residue of ~1e-6; the true scores come from the last d/2 entries
-    (uniform in +-1e-3 on both sides), ~3e-6 apart at most."""
+    """Data on which no two float32 summation orders rank alike (d a multiple of 4): every
+    caption's first d/2 entries are pairs +-v (v uniform in [0.5, 1), full float32 significands)
+    in a random order, every image's are 1, so they cancel exactly in the true score but leave a
+    float32 sum an order-dependent rounding residue of ~1e-6; the true scores come from the last
+    d/2 entries (uniform in +-1e-3 on both sides), a few 1e-6 apart."""
     half = d // 2
     v = rng.uniform(0.5, 1.0, (n_img * cpi, half // 2)).astype(np.float32)
     big = np.concatenate([v, -v], axis=1)

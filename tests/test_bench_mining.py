@@ -40,3 +40,12 @@ def test_identical_lists_counts_lists_that_differ_anywhere() -> None:
     swapped = a[0].copy()
     swapped[1, [2, 3]] = swapped[1, [3, 2]]  # the same ids, another order: not identical
     assert bench.identical_lists(a, (swapped, a[1])) == 7 / 8
+
+
+def test_canonical_brute_force_is_the_miners_rule() -> None:
+    from tests.mining_helpers import canonical_reference, near_tie_embeddings
+
+    img, cap = near_tie_embeddings(np.random.default_rng(1), 12, 3)
+    ref = canonical_reference(img, cap, 3, 10, 4)
+    got = bench.canonical_brute_force(img[[2, 7]], cap, [slice(6, 9), slice(21, 24)], 10)
+    np.testing.assert_array_equal(got, ref[0][[2, 7]])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from aoq_train.mining import canonical, fused, mine_offline_negatives
+from aoq_train.mining import canonical, fused, mine_offline_negatives, topk
 from aoq_train.mining.keys import LOWEST
 from tests.mining_helpers import canonical_reference, exact_embeddings, near_tie_embeddings, reference
 
@@ -236,6 +236,24 @@ def test_products_outside_the_bound_are_refused(monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="float32 products are further"):
         mine_offline_negatives(img, cap, 3, 20, 5, precision="fp32", progress=False)
     monkeypatch.undo()
+    direction, margin = driver.directions(img, cap, 3, 20, 5)[0], canonical.float32_margin(img, cap)
+    coarse_gallery = torch.from_numpy(cap).bfloat16().float()
     with pytest.raises(RuntimeError, match="canonical scores than the"):
-        driver.check_products(driver.directions(img, cap, 3, 20, 5)[0], torch.device("cpu"),
-                              torch.from_numpy(cap).bfloat16().float(), canonical.float32_margin(img, cap))
+        driver.check_products(direction, torch.device("cpu"), coarse_gallery, margin)
+    with pytest.raises(RuntimeError, match="canonical scores than the"):
+        topk.exact_rows(direction, torch.from_numpy(img), np.arange(40), coarse_gallery, margin)
+    driver.check_products(direction, torch.device("cpu"), torch.from_numpy(cap), margin)  # float32 products pass
+
+
+def test_the_device_scorer_gives_the_host_kernel_bits() -> None:
+    """The per-direction path scores candidates on the GPU by elementwise torch operations
+    (``Scorer`` with a gallery tensor); run here on the CPU, in pieces of 7 pairs, it gives the
+    compiled kernel's bits."""
+    img, cap = near_tie_embeddings(np.random.default_rng(7), 20, 3, d=72)
+    direction = topk.directions(img, cap, 3, 10, 4)[1]  # captions against images
+    rng = np.random.default_rng(0)
+    qids, gids = rng.integers(0, 60, 500), rng.integers(0, 20, 500)
+    host = topk.Scorer(direction, 0.0)(qids, gids)
+    device = topk.Scorer(direction, 0.0, torch.from_numpy(img), pairs_at_once=7)(qids, gids)
+    np.testing.assert_array_equal(device.view(np.uint32), host.view(np.uint32))
+    np.testing.assert_array_equal(host, canonical.canonical_pairs(cap, img, qids, gids))

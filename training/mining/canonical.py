@@ -116,25 +116,35 @@ def _float32_levels(levels: np.ndarray, margin: float, out: np.ndarray) -> None:
 
 
 @intrinsic
-def _lanes(typingctx, qrow, b, blocks, tail):
+def _lanes(typingctx, qrow, b, blocks, tail, ahead):
     """float64 lanes of ``qrow . b``, in the order of the module docstring, rounded to float32:
     ``qrow`` the query as float64 values, ``b`` the gallery row (float32), ``blocks`` the number
     of whole 32-wide blocks, ``tail`` 32 float64 products of the last, partial block (zeros past
     its end; adding +0.0 changes no lane, none of which is ever -0.0). Written as LLVM vector
     operations: four 8-wide float64 accumulators stay in registers (numba's loops kept them in
-    memory, 2-3x slower)."""
-    sig = types.float32(qrow, b, blocks, tail)
+    memory, 2-3x slower). Each product is added with a fused multiply-add, which rounds once,
+    like the add alone: the product is exact. ``ahead``, a gallery row scored soon after, is
+    prefetched as this one is read (the rows are not in the L1/L2 caches; 20-30% faster here)."""
+    sig = types.float32(qrow, b, blocks, tail, ahead)
 
     def codegen(context, builder, signature, args):
         q_p = context.make_array(signature.args[0])(context, builder, args[0]).data
         b_p = context.make_array(signature.args[1])(context, builder, args[1]).data
         t_p = context.make_array(signature.args[3])(context, builder, args[3]).data
+        a_p = context.make_array(signature.args[4])(context, builder, args[4]).data
         n = args[2]
-        i64, f64 = ir.IntType(64), ir.DoubleType()
-        v8d, v8f = ir.VectorType(f64, 8), ir.VectorType(ir.FloatType(), 8)
+        i64, i32, f64 = ir.IntType(64), ir.IntType(32), ir.DoubleType()
+        v8d, v8f, byte_ptr = ir.VectorType(f64, 8), ir.VectorType(ir.FloatType(), 8), ir.IntType(8).as_pointer()
 
         def vec(ptr, offset, vtype, align):
             return builder.load(builder.bitcast(builder.gep(ptr, [offset]), vtype.as_pointer()), align=align)
+
+        def declared(name, fnty):
+            return builder.module.globals.get(name) or ir.Function(builder.module, fnty, name=name)
+
+        fma = declared("llvm.fma.v8f64", ir.FunctionType(v8d, [v8d, v8d, v8d]))
+        prefetch = builder.module.declare_intrinsic("llvm.prefetch", [byte_ptr],
+                                                    ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]))
 
         entry = builder.block
         head = builder.append_basic_block("lanes.head")
@@ -150,11 +160,14 @@ def _lanes(typingctx, qrow, b, blocks, tail):
         builder.cbranch(builder.icmp_signed("<", t, n), body, done)
         builder.position_at_end(body)
         base = builder.mul(t, ir.Constant(i64, LANES))
+        for line in (0, 16):  # the two 64-byte lines of this block, in the row ahead (read, keep in caches)
+            where = builder.bitcast(builder.gep(a_p, [builder.add(base, ir.Constant(i64, line))]), byte_ptr)
+            builder.call(prefetch, [where, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
         new = []
         for k in range(4):
             off = builder.add(base, ir.Constant(i64, 8 * k))
-            product = builder.fmul(builder.fpext(vec(b_p, off, v8f, 4), v8d), vec(q_p, off, v8d, 8))
-            new.append(builder.fadd(accs[k], product))
+            x, y = builder.fpext(vec(b_p, off, v8f, 4), v8d), vec(q_p, off, v8d, 8)
+            new.append(builder.call(fma, [x, y, accs[k]]))
         t.add_incoming(builder.add(t, ir.Constant(i64, 1)), body)
         for a, v in zip(accs, new):
             a.add_incoming(v, body)
@@ -184,12 +197,12 @@ def rescore(q: np.ndarray, g: np.ndarray, p0: int, c0: int, rows: np.ndarray, co
     """Canonical scores of ``q[p0 + rows[i]]`` and ``g[c0 + cols[i]]`` into ``out[i]`` (float32
     C-contiguous matrices). A query row is converted to float64 once for a run of equal
     ``rows`` (the scan's row-major order)."""
-    d = q.shape[1]
+    d, n = q.shape[1], rows.shape[0]
     full = d - d % LANES
     qrow = np.zeros(d, np.float64)
     tail = np.zeros(LANES, np.float64)
     last = -1
-    for i in range(rows.shape[0]):
+    for i in range(n):
         r = p0 + rows[i]
         if r != last:
             for j in range(d):
@@ -198,7 +211,7 @@ def rescore(q: np.ndarray, g: np.ndarray, p0: int, c0: int, rows: np.ndarray, co
         b = g[c0 + cols[i]]
         for j in range(full, d):
             tail[j - full] = qrow[j] * np.float64(b[j])
-        out[i] = _lanes(qrow, b, full // LANES, tail)
+        out[i] = _lanes(qrow, b, full // LANES, tail, g[c0 + cols[min(i + 2, n - 1)]])
 
 
 def canonical_pairs(queries: np.ndarray, gallery: np.ndarray, qi: np.ndarray, gi: np.ndarray) -> np.ndarray:

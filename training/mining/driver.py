@@ -306,7 +306,7 @@ def _mine_direction(run: _Run, direction: Direction, devs: list[torch.device], b
             if margin is None:
                 margin = fast_margin(direction, half)
             check_products(direction, dev, gallery_t, margin)
-            scorer = Scorer(direction, margin, gallery32 if dev.type == "cuda" else None)  # canonical on the GPU
+            scorer = Scorer(direction, margin, gallery32 if dev.type != "cpu" else None)  # canonical on the GPU
             galleries[slot] = (gallery_t, faiss_index(direction.gallery) if backend == "faiss" else None, scorer)
         gallery_t, index, scorer = galleries[slot]
         if index is not None:

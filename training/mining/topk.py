@@ -51,21 +51,24 @@ class Scorer:
     """Canonical scores of one direction's (query id, gallery id) pairs, with ``margin``, the
     bound on how far its fast products lie from them. On the host by default (the compiled
     kernel, from the direction's float32 arrays); with ``gallery`` (the float32 gallery on a
-    CUDA device), on that device (:func:`aoq_train.mining.canonical.canonical_rows`: the same bits)."""
+    device: the GPU's copy), on that device by elementwise operations
+    (:func:`aoq_train.mining.canonical.canonical_rows`: the same bits), ``pairs_at_once`` pairs
+    at a time (default: 256 MB of gathered float32 rows a side)."""
 
     direction: Direction
     margin: float
     gallery: torch.Tensor | None = None
+    pairs_at_once: int = 0
 
     def __call__(self, query_ids: np.ndarray, gallery_ids: np.ndarray) -> np.ndarray:
         d = self.direction
-        if self.gallery is None or self.gallery.device.type == "cpu":
+        if self.gallery is None:
             return canonical_pairs(d.queries, d.gallery, query_ids, gallery_ids)
         dev = self.gallery.device
         unique, inverse = np.unique(query_ids, return_inverse=True)
         q = torch.from_numpy(d.queries[unique]).to(dev)
         qi, gi = torch.from_numpy(inverse.reshape(-1)).to(dev), torch.from_numpy(gallery_ids).to(dev)
-        step = max(1, 2**26 // q.shape[1])  # gathered float32 rows at once: 256 MB a side
+        step = self.pairs_at_once or max(1, 2**26 // q.shape[1])
         parts = [canonical_rows(q[qi[s : s + step]], self.gallery[gi[s : s + step]]) for s in range(0, len(qi), step)]
         return torch.cat(parts).cpu().numpy() if parts else np.empty(0, dtype=np.float32)
 
@@ -296,11 +299,28 @@ def exact_rows(direction: Direction, queries: torch.Tensor, query_ids: np.ndarra
         group = query_ids[s : s + len(q)]
         own = direction.own_start(group)[:, None] + np.arange(direction.own_count)
         scores[np.arange(len(q))[:, None], own] = -np.inf
+        if s == 0:
+            _check_premise(direction, group[0], scores[0], margin)
         kth = np.partition(scores, n_gal - k, axis=1)[:, n_gal - k]
         rows, cols = np.nonzero(scores >= float32_levels(kth, 2 * margin)[:, None])
         values = canonical_pairs(direction.queries, direction.gallery, group[rows], cols)
         ids[s : s + len(q)] = _best_keys(len(q), rows, cols, values, k)
     return ids
+
+
+def _check_premise(direction: Direction, query_id: int, fast: np.ndarray, margin: float, width: int = 256) -> None:
+    """The margin's premise on one row of fast scores (its first ``width`` gallery ids): within
+    ``margin`` of the canonical scores (own positives, at -inf, aside).
+
+    Raises:
+        RuntimeError: they are further off (float32 products of lowered precision).
+    """
+    cols = np.arange(min(width, len(fast)))
+    canon = canonical_pairs(direction.queries, direction.gallery, np.full(len(cols), query_id), cols)
+    shown = np.isfinite(fast[cols])
+    if (np.abs(fast[cols][shown].astype(np.float64) - canon[shown]) > margin).any():
+        raise RuntimeError("products further from the canonical scores than the proven bound allows "
+                           "(aoq_train.mining.canonical): is TF32 or a lowered float32 matmul precision on?")
 
 
 def _estimate_threshold(sample: torch.Tensor, k: int, n_gallery: int, rank: int = 100) -> np.ndarray:
