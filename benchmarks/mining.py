@@ -320,8 +320,8 @@ def coco_full(precision: str, top_captions: int, top_images: int, block_size: in
         exact = brute_force(queries[picked], gallery, own, got.shape[1])
         same += int((np.sort(exact, axis=1) == np.sort(got[picked], axis=1)).all(axis=1).sum())
         swaps.append(worst_swap(queries[picked], gallery, exact, got[picked]))
-    print(f"  {identical} of {2 * checked} checked lists are the canonical brute force's, byte for byte; {same} hold the "
-          f"float64 brute force's ids; where not, an id it kept beats one the miner kept by at most {max(swaps):.1e}")
+    print(f"  {identical} of {2 * checked} checked lists are the canonical brute force's, byte for byte; {same} hold "
+          f"the float64 brute force's ids; where not, an id it kept beats one the miner kept by at most {max(swaps):.1e}")
     return (f"RESULT coco_full_precision={precision} coco_full_wall_s={run.wall:.0f} coco_full_cpu_s={run.cpu:.0f} "
             f"peak_mb={mem.mb:.0f} checked_identical={identical / (2 * checked):.4f} "
             f"checked_same_ids={same / (2 * checked):.4f} checked_worst_swap={max(swaps):.1e}")
@@ -375,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             lists = mine_offline_negatives(img, cap, cpi, args.top_captions, args.top_images, args.block_size, "cpu",
                                            work_dir=work, progress=False, precision=mode)
         runs[mode] = clock, mem, lists
-        print(f"(a {mode}) fused miner, both directions, {mode} products{' (the default here)' if mode == default else ''}"
-              f": {clock.wall:.2f} s ({clock.cpu:.2f} s CPU); extra peak memory {mem.mb:.0f} MB ({mem.method})")
+        note = " (the default here)" if mode == default else ""
+        print(f"(a {mode}) fused miner, both directions, {mode} products{note}: {clock.wall:.2f} s ({clock.cpu:.2f} s "
+              f"CPU); extra peak memory {mem.mb:.0f} MB ({mem.method})")
     ours, mem, lists = runs[default]
     identical = identical_lists(runs["fp32"][2], runs["bf16"][2])
     print(f"    bf16 mode {agreement(img, cap, runs['bf16'][2], runs['fp32'][2])}; {identical:.4%} of all lists "
@@ -407,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"speedup vs the matrix-vector loop: {loops['matvec'] / ours.wall:.1f}x")
     print(
-        f"RESULT precision={products} identical_lists={identical:.4f} speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
+        f"RESULT precision={products} identical_lists={identical:.4f} "
+        f"speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
         f"ratio_to_matmul={ratios[default][0]:.2f} ratio_to_matmul_cpu={ratios[default][1]:.2f} "
         f"fp32_mode_ratio={ratios['fp32'][0]:.2f} fp32_mode_ratio_cpu={ratios['fp32'][1]:.2f} "
         f"bf16_mode_ratio={ratios['bf16'][0]:.2f} peak_mb={mem.mb:.0f}"

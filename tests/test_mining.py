@@ -321,7 +321,8 @@ def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Pat
 
     # other products give the same canonical lists: still up to date
     other, products = ("fp32", "float32") if auto == "bfloat16+float32" else ("bf16", "bfloat16+float32")
-    other_products = ["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress", "--set", f"mining.precision={other}"]
+    other_products = ["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress",
+                      "--set", f"mining.precision={other}"]
     assert cli_main(other_products) == 0
     assert "up to date" in capsys.readouterr().out
     # an artefact ranked by another rule (an older version's) is mined again

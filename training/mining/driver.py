@@ -38,7 +38,7 @@ from aoq_train.mining.topk import (
 
 log = logging.getLogger(__name__)
 
-BF16_FILTER = "bfloat16+float32"  # products of the bf16 filter: bf16 tiles, float32 re-scoring
+BF16_FILTER = "bfloat16+float32"  # the bf16 filter's products: bf16 tiles, float32 embeddings re-scored canonically
 
 def _array_hash(a: np.ndarray) -> str:
     h = hashlib.sha256(str((a.shape, str(a.dtype))).encode())
@@ -232,7 +232,9 @@ def check_products(direction: Direction, dev: torch.device, gallery_t: torch.Ten
 
 def product_precision(device: torch.device, backend: str, precision: str, fused: bool = True) -> str:
     """The products a mining job runs (recorded with the job and the mined artefact):
-    ``float32``, ``bfloat16+float32`` (CPU filter, float32 decision) or ``float16`` (CUDA).
+    ``float32``, ``bfloat16+float32`` (the CPU's bf16 filter; the name is from when candidates
+    were re-scored in float32, now canonically) or ``float16`` (CUDA). The lists do not depend
+    on it.
     ``auto`` picks the bf16 filter for the fused CPU pass (``fused``: one CPU device, torch
     backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else float32.
 
