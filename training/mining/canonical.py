@@ -35,6 +35,8 @@ float32 score ``s`` of a pair whose canonical score reaches a level ``L`` has ``
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from llvmlite import ir
@@ -66,14 +68,18 @@ def float32_error(d: int, norm_q: float, norm_g: float) -> float:
     return _gamma(d, UNIT_ROUNDOFF) * norm_q * norm_g + 2 * d * FLOAT32_TINY
 
 
-def max_norm(x: np.ndarray | torch.Tensor, rows: int = 2048) -> float:
-    """The largest row norm of a float32 matrix, in float64, a few rows at a time (their float64
-    copies stay small)."""
-    x = torch.as_tensor(x)
+def max_norm(x: np.ndarray | torch.Tensor, rows: int = 8192) -> float:
+    """An upper bound on the largest row norm of a float32 matrix: squared norms summed in float32
+    (a few rows at a time, any order: nonnegative terms, so each sum is within ``gamma_d(u)`` of
+    its exact value, relatively, plus ``d 2**-126`` for flushed subnormals), the largest one
+    divided by ``1 - gamma_d(u)``, its square root taken in float64 and rounded up a little."""
+    x = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    d = x.shape[1]
     top = 0.0
     for s in range(0, x.shape[0], rows):
-        top = max(top, float(torch.linalg.vector_norm(x[s : s + rows], dim=1, dtype=torch.float64).max()))
-    return top
+        part = x[s : s + rows]
+        top = max(top, float(np.einsum("ij,ij->i", part, part).max()))
+    return math.sqrt((top + d * FLOAT32_TINY) / (1 - _gamma(d, UNIT_ROUNDOFF))) * (1 + 2**-50)
 
 
 def float32_margin(queries: np.ndarray | torch.Tensor, gallery: np.ndarray | torch.Tensor) -> float:
@@ -224,23 +230,23 @@ def canonical_pairs(queries: np.ndarray, gallery: np.ndarray, qi: np.ndarray, gi
 
 
 @njit(nogil=True, cache=True)
-def _inspect(x: np.ndarray) -> tuple[bool, bool]:
-    """(every entry finite, some entry subnormal) of a flat float32 array, in one read."""
-    finite, subnormal = True, False
-    for v in x:
-        a = abs(v)
-        if not a <= np.float32(3.4028234663852886e38):
-            finite = False
-        elif a != 0 and a < np.float32(FLOAT32_TINY):
-            subnormal = True
-    return finite, subnormal
+def _inspect(bits: np.ndarray) -> tuple[bool, bool]:
+    """(every entry finite, some entry subnormal) of a flat float32 array read as its bit
+    patterns, in one vectorised read (an all-ones exponent: inf or NaN; a zero exponent with a
+    nonzero significand: a subnormal)."""
+    bad, subnormal = np.uint32(0), np.uint32(0)
+    for u in bits:
+        e = u & np.uint32(0x7F800000)
+        bad |= np.uint32(e == np.uint32(0x7F800000))
+        subnormal |= np.uint32((e == np.uint32(0)) & ((u & np.uint32(0x7FFFFF)) != np.uint32(0)))
+    return bad == 0, subnormal != 0
 
 
 def canonical_inputs(x: np.ndarray) -> tuple[np.ndarray, bool]:
     """(``x`` with subnormal entries replaced by zeros, whether ``x`` is all finite). ``x`` itself
     when it holds no subnormal (the usual case); otherwise a copy, so that no denormals-are-zero
     mode can read the inputs differently (module docstring)."""
-    finite, subnormal = _inspect(np.ascontiguousarray(x).reshape(-1))
+    finite, subnormal = _inspect(np.ascontiguousarray(x, dtype=np.float32).reshape(-1).view(np.uint32))
     if subnormal:
         x = np.where(np.abs(x) < FLOAT32_TINY, np.float32(0), x).astype(np.float32)
     return x, finite

@@ -56,6 +56,7 @@ The per-score work (the scan of a tile, the appends to the pools) is compiled
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -144,11 +145,11 @@ class FusedPass:
         self.own = cap_pos[cpi * self.img_order[:, None] + np.arange(cpi)]  # own captions' positions, per row
         self.q, self.g = _permuted(img, self.img_order), _permuted(cap, self.cap_order)
         self.bf16 = precision == "bf16"
-        self.f32_margin = canonical.float32_margin(self.q, self.g)  # float32 products (also the redone lists')
-        self.margin = self.f32_margin  # the tiles' products against canonical scores
-        if self.bf16:
+        if self.bf16:  # the tiles' products against canonical scores
             self.q16, self.g16 = self.q.bfloat16(), self.g.bfloat16()
             self.margin = bf16_filter.error_bound(self.q, self.g, self.q16, self.g16)
+        else:
+            self.margin = self.f32_margin
         self.bounds = [*range(0, self.n_cap, chunk), self.n_cap]
         self.sample_chunks = -(-sample_width(self.n_cap, k_rows + cpi, ROW_HITS) // chunk)
         self.sample_rows = sample_width(self.n_img, k_cols + 1, COL_HITS)
@@ -161,6 +162,12 @@ class FusedPass:
         self.tc = np.full(self.n_cap, LOWEST, dtype=np.float32)  # column thresholds, by position
         self.workers = 1
         self.local = threading.local()
+
+    @functools.cached_property
+    def f32_margin(self) -> float:
+        """The float32 products' margin (:func:`aoq_train.mining.canonical.float32_margin`): the
+        tiles' in fp32 mode, the redone lists' in both."""
+        return canonical.float32_margin(self.q, self.g)
 
     # ------------------------------------------------------------------ one tile
 
