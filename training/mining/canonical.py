@@ -72,7 +72,9 @@ def max_norm(x: np.ndarray | torch.Tensor, rows: int = 8192) -> float:
     """An upper bound on the largest row norm of a float32 matrix: squared norms summed in float32
     (a few rows at a time, any order: nonnegative terms, so each sum is within ``gamma_d(u)`` of
     its exact value, relatively, plus ``d 2**-126`` for flushed subnormals), the largest one
-    divided by ``1 - gamma_d(u)``, its square root taken in float64 and rounded up a little."""
+    divided by ``1 - gamma_d(u)``, its square root taken in float64 and rounded up a little.
+    (Entries above ~1e19 square to float32's infinity: the bound, and the margin with it, is then
+    infinite, so every score is a candidate: slow, still exact.)"""
     x = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
     d = x.shape[1]
     top = 0.0
