@@ -4,11 +4,11 @@ Measured in one run on random unit vectors (default 20,000 images x 100,000 capt
 H = 2000 captions per image / 400 images per caption, like the public AOQ code):
 
 (a) ``aoq_train.mining.mine_offline_negatives``, both directions, torch backend on the CPU (the
-    fused pass: every score computed once, both directions selected from it), in its default
-    precision ("auto": the bf16 filter with float32 re-scoring where this CPU's bf16 products
-    pay, else float32; exact lists either way), with its resumable per-block files written to a
-    temporary folder (as ``aoq mine`` does). Where the default is the bf16 filter, the float32
-    mode is timed as well, and the two modes' lists compared;
+    fused pass: every score computed once, both directions selected from it), in both precision
+    modes (the bf16 filter and float32 products; the canonical scores decide either way), with
+    its resumable per-block files written to a temporary folder (as ``aoq mine`` does). The
+    default ("auto": the bf16 filter where this CPU's bf16 products pay, else float32) is run
+    first; the two modes' lists are compared byte for byte;
 (b) the public AOQ mining loop: one anchor at a time, ``(anchor * gallery).sum(1)``, own
     positives set to -inf, ``torch.topk``; timed on a subset of anchors per direction and
     extrapolated to all anchors. The same loop with a matrix-vector product instead of the
@@ -28,9 +28,12 @@ used instead (an upper bound only if nothing before (a) peaked higher, so (a) ru
 
 The miner's compiled kernels are warmed on a tiny case first (a fresh clone compiles them once,
 ~10 s, then loads them from numba's cache). Wall and CPU (process) time are both printed: on a shared machine the CPU time is the less
-load-sensitive figure. Last line: ``RESULT precision=<(a)'s products> speedup_vs_loop=<(b)/(a)>
-ratio_to_matmul=<(a)/(c), wall> ratio_to_matmul_cpu=<(a)/(c), CPU time> fp32_mode_ratio=<the
-float32 mode's, wall> fp32_mode_ratio_cpu=<.., CPU time> peak_mb=<(a)'s>``.
+load-sensitive figure. Last line: ``RESULT precision=<the default's products>
+identical_lists=<share of the lists, both directions, byte-identical between the two modes>
+speedup_vs_loop=<(b)/(a)> ratio_to_matmul=<(a)/(c), wall, the default mode>
+ratio_to_matmul_cpu=<(a)/(c), CPU time> fp32_mode_ratio=<the float32 mode's, wall>
+fp32_mode_ratio_cpu=<.., CPU time> bf16_mode_ratio=<the bf16 filter's, wall> peak_mb=<the
+default's>``.
 
 ``--coco``: the COCO shape (113,287 images x 566,435 captions, d = 1024, H = 2000 / 400) on a
 slice, in fp32 (exact) and bf16 (filter) mode: the fused pass is built at full size and runs its
@@ -48,9 +51,11 @@ what grows with the pools' fill over a whole run (the column thresholds' re-esti
 sorts of full pools, the part files): whole runs measured 4-18% (fp32) and 16-37% (bf16) above it.
 
 ``--coco-full fp32|bf16``: the whole COCO shape mined once (part files in a temporary folder),
-64 image and 64 caption lists checked against a float64 brute force. Last line: ``RESULT
-coco_full_precision=.. coco_full_wall_s=.. coco_full_cpu_s=.. peak_mb=.. checked_same_ids=<share>
-checked_worst_swap=<largest float64 score by which a brute-force id beats a mined one>``.
+64 image and 64 caption lists checked against a brute force of canonical scores and one of
+float64 products. Last line: ``RESULT coco_full_precision=.. coco_full_wall_s=.. coco_full_cpu_s=..
+peak_mb=.. checked_identical=<share byte-identical to the canonical brute force>
+checked_same_ids=<share holding the float64 brute force's ids> checked_worst_swap=<largest
+float64 score by which a float64 brute-force id beats a mined one>``.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aoq_train.mining import fused, mine_offline_negatives  # noqa: E402
+from aoq_train.mining.canonical import canonical_pairs  # noqa: E402
 from aoq_train.mining.driver import product_precision  # noqa: E402
 
 COCO_IMAGES, COCO_CPI, COCO_DIM = 113_287, 5, 1024
@@ -121,6 +127,7 @@ def warm_kernels() -> None:
     for precision in ("fp32", "bf16"):
         with tempfile.TemporaryDirectory() as work:
             mine_offline_negatives(img, cap, 5, 200, 40, 512, "cpu", work_dir=work, progress=False, precision=precision)
+    canonical_pairs(img, cap, np.arange(4), np.arange(4))  # the redone lists' signature (int64 ids)
 
 
 def blocked_matmul(queries: np.ndarray, gallery: np.ndarray, dtype: torch.dtype = torch.float32,
@@ -149,6 +156,13 @@ def tiled_matmul(queries: np.ndarray, gallery: np.ndarray) -> None:
 
     with fused.worker_pool() as (ex, _):
         list(ex.map(rows, range(0, len(q), fused.ROW_TILE)))
+
+
+def identical_lists(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """The share of the lists (image lists and caption lists together) that two miners' results
+    hold byte for byte: same ids in the same order."""
+    same = [(x == y).all(axis=1) for x, y in zip(a, b)]
+    return float(np.concatenate(same).mean())
 
 
 def agreement(img: np.ndarray, cap: np.ndarray, a: tuple[np.ndarray, np.ndarray],
@@ -269,9 +283,23 @@ def brute_force(queries: np.ndarray, gallery: np.ndarray, own: list[slice], k: i
     return out
 
 
+def canonical_brute_force(queries: np.ndarray, gallery: np.ndarray, own: list[slice], k: int) -> np.ndarray:
+    """Top-k gallery ids of each query by canonical scores (the miner's rule: every pair scored by
+    :func:`aoq_train.mining.canonical.canonical_pairs`, ties to the lower id), ``own`` excluded."""
+    out = np.empty((len(queries), k), dtype=np.int64)
+    ids = np.arange(len(gallery))
+    for n, q in enumerate(queries):
+        scores = canonical_pairs(q[None], gallery, np.zeros(len(gallery), np.int64), ids)
+        scores[own[n]] = -np.inf
+        out[n] = np.argsort(-scores, kind="stable")[:k]
+    return out
+
+
 def coco_full(precision: str, top_captions: int, top_images: int, block_size: int, checked: int = 64) -> str:
     """Mine the whole COCO shape once (both directions, part files in a temporary folder, as
-    ``aoq mine`` does) and check ``checked`` image and caption lists against a float64 brute force."""
+    ``aoq mine`` does) and check ``checked`` image and caption lists against a brute force of
+    canonical scores (byte for byte) and of float64 products (the same ids, but where two scores
+    round to the same float32 value at the k-th place)."""
     gen = torch.Generator().manual_seed(0)
     img = unit_vectors(COCO_IMAGES, COCO_DIM, gen)
     cap = unit_vectors(COCO_IMAGES * COCO_CPI, COCO_DIM, gen)
@@ -282,17 +310,21 @@ def coco_full(precision: str, top_captions: int, top_images: int, block_size: in
                                                   work_dir=work, progress=True, precision=precision)
     print(f"  {run.wall:.0f} s wall, {run.cpu:.0f} s CPU; extra peak memory {mem.mb:.0f} MB")
     rng = np.random.default_rng(0)
-    same, swaps = 0, [0.0]
+    same, identical, swaps = 0, 0, [0.0]
     for queries, gallery, got, own_of in ((img, cap, img_top, lambda i: slice(i * COCO_CPI, (i + 1) * COCO_CPI)),
                                           (cap, img, cap_top, lambda j: slice(j // COCO_CPI, j // COCO_CPI + 1))):
         picked = rng.choice(len(queries), checked, replace=False)
-        exact = brute_force(queries[picked], gallery, [own_of(q) for q in picked], got.shape[1])
+        own = [own_of(q) for q in picked]
+        identical += int((canonical_brute_force(queries[picked], gallery, own, got.shape[1]) == got[picked])
+                         .all(axis=1).sum())
+        exact = brute_force(queries[picked], gallery, own, got.shape[1])
         same += int((np.sort(exact, axis=1) == np.sort(got[picked], axis=1)).all(axis=1).sum())
         swaps.append(worst_swap(queries[picked], gallery, exact, got[picked]))
-    print(f"  {same} of {2 * checked} checked lists hold the float64 brute force's ids; where not, an id the brute force "
-          f"kept beats one the miner kept by at most {max(swaps):.1e}")
+    print(f"  {identical} of {2 * checked} checked lists are the canonical brute force's, byte for byte; {same} hold "
+          f"the float64 brute force's ids; where not, an id it kept beats one the miner kept by at most {max(swaps):.1e}")
     return (f"RESULT coco_full_precision={precision} coco_full_wall_s={run.wall:.0f} coco_full_cpu_s={run.cpu:.0f} "
-            f"peak_mb={mem.mb:.0f} checked_same_ids={same / (2 * checked):.4f} checked_worst_swap={max(swaps):.1e}")
+            f"peak_mb={mem.mb:.0f} checked_identical={identical / (2 * checked):.4f} "
+            f"checked_same_ids={same / (2 * checked):.4f} checked_worst_swap={max(swaps):.1e}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -336,18 +368,20 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     products = product_precision(torch.device("cpu"), "torch", "auto")
+    default = "fp32" if products == "float32" else "bf16"
     runs = {}
-    for mode in ("auto", "fp32") if products != "float32" else ("auto",):
+    for mode in (default, ({"fp32", "bf16"} - {default}).pop()):
         with tempfile.TemporaryDirectory() as work, PeakMemory() as mem, Clock() as clock:
             lists = mine_offline_negatives(img, cap, cpi, args.top_captions, args.top_images, args.block_size, "cpu",
                                            work_dir=work, progress=False, precision=mode)
         runs[mode] = clock, mem, lists
-        print(f"(a{'' if mode == 'auto' else ' fp32'}) fused miner, both directions, "
-              f"{products if mode == 'auto' else 'float32'} products{' (the default here)' if mode == 'auto' else ''}: "
-              f"{clock.wall:.2f} s ({clock.cpu:.2f} s CPU); extra peak memory {mem.mb:.0f} MB ({mem.method})")
-    ours, mem, lists = runs["auto"]
-    if "fp32" in runs:
-        print(f"    {agreement(img, cap, lists, runs['fp32'][2])}")
+        note = " (the default here)" if mode == default else ""
+        print(f"(a {mode}) fused miner, both directions, {mode} products{note}: {clock.wall:.2f} s ({clock.cpu:.2f} s "
+              f"CPU); extra peak memory {mem.mb:.0f} MB ({mem.method})")
+    ours, mem, lists = runs[default]
+    identical = identical_lists(runs["fp32"][2], runs["bf16"][2])
+    print(f"    bf16 mode {agreement(img, cap, runs['bf16'][2], runs['fp32'][2])}; {identical:.4%} of all lists "
+          "byte-identical")
 
     products_timed = {}
     for name, fn in (("blocks of 4096 x 16384, torch's threads", blocked_matmul),
@@ -360,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu_mm = min(c.cpu for c in products_timed.values())
     ratios = {mode: (clock.wall / wall_mm, clock.cpu / cpu_mm) for mode, (clock, _, _) in runs.items()}
     for mode, (wall_ratio, cpu_ratio) in ratios.items():
-        print(f"ratio (a{'' if mode == 'auto' else ' fp32'})/(c): {wall_ratio:.2f} wall, {cpu_ratio:.2f} CPU time "
+        print(f"ratio (a {mode})/(c): {wall_ratio:.2f} wall, {cpu_ratio:.2f} CPU time "
               "(against the faster product; CPU time is less sensitive to other processes)")
 
     loops = {}
@@ -373,11 +407,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{per_cap * 1e3:.2f} ms/caption anchor ({args.loop_captions} timed) -> {loops[form]:.0f} s extrapolated"
         )
     print(f"speedup vs the matrix-vector loop: {loops['matvec'] / ours.wall:.1f}x")
-    fp32_mode = ratios.get("fp32", ratios["auto"])
     print(
-        f"RESULT precision={products} speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
-        f"ratio_to_matmul={ratios['auto'][0]:.2f} ratio_to_matmul_cpu={ratios['auto'][1]:.2f} "
-        f"fp32_mode_ratio={fp32_mode[0]:.2f} fp32_mode_ratio_cpu={fp32_mode[1]:.2f} peak_mb={mem.mb:.0f}"
+        f"RESULT precision={products} identical_lists={identical:.4f} "
+        f"speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
+        f"ratio_to_matmul={ratios[default][0]:.2f} ratio_to_matmul_cpu={ratios[default][1]:.2f} "
+        f"fp32_mode_ratio={ratios['fp32'][0]:.2f} fp32_mode_ratio_cpu={ratios['fp32'][1]:.2f} "
+        f"bf16_mode_ratio={ratios['bf16'][0]:.2f} peak_mb={mem.mb:.0f}"
     )
     return 0
 

@@ -1,5 +1,6 @@
-"""The exactness checks that benchmarks/mining.py reports (brute force and worst swap) must be able
-to say no: a swapped id shows as the score gap it costs, identical lists as 0."""
+"""The exactness checks that benchmarks/mining.py reports (brute force, worst swap, identical lists)
+must be able to say no: a swapped id shows as the score gap it costs, identical lists as 0, and
+one list in another order lowers the share of identical lists."""
 
 from __future__ import annotations
 
@@ -31,3 +32,20 @@ def test_worst_swap_is_zero_for_equal_sets_and_the_gap_for_a_wrong_member() -> N
     scores = gallery.astype(np.float64) @ queries[1].astype(np.float64)
     assert np.isclose(bench.worst_swap(queries, gallery, exact, wrong), scores[exact[1, 4]] - scores[wrong[1, 4]])
     assert bench.worst_swap(queries, gallery, exact, wrong) > 0
+
+
+def test_identical_lists_counts_lists_that_differ_anywhere() -> None:
+    a = (np.arange(12, dtype=np.int32).reshape(3, 4), np.arange(10, dtype=np.int32).reshape(5, 2))
+    assert bench.identical_lists(a, (a[0].copy(), a[1].copy())) == 1.0
+    swapped = a[0].copy()
+    swapped[1, [2, 3]] = swapped[1, [3, 2]]  # the same ids, another order: not identical
+    assert bench.identical_lists(a, (swapped, a[1])) == 7 / 8
+
+
+def test_canonical_brute_force_is_the_miners_rule() -> None:
+    from tests.mining_helpers import canonical_reference, near_tie_embeddings
+
+    img, cap = near_tie_embeddings(np.random.default_rng(1), 12, 3)
+    ref = canonical_reference(img, cap, 3, 10, 4)
+    got = bench.canonical_brute_force(img[[2, 7]], cap, [slice(6, 9), slice(21, 24)], 10)
+    np.testing.assert_array_equal(got, ref[0][[2, 7]])

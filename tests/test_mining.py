@@ -24,10 +24,11 @@ from aoq_train.mining import (
     mine_offline_negatives,
     save_mined,
 )
+from aoq_train.mining import canonical, job
 from aoq_train.mining import topk as mining
 from aoq_train.mining.driver import product_precision
 from aoq_train.mining.keys import LOWEST
-from tests.mining_helpers import Stop, exact_embeddings, reference, stop_at
+from tests.mining_helpers import Stop, canonical_reference, exact_embeddings, reference, stop_at
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,9 +109,9 @@ def test_candidate_cap_compacts_rows_exactly() -> None:
     compactions = []
     original = mining.Candidates.compact
 
-    def counting(self, k):
+    def counting(self, k, slack=0.0):
         compactions.append(k)
-        return original(self, k)
+        return original(self, k, slack)
 
     mining.Candidates.compact = counting
     try:
@@ -279,7 +280,7 @@ def test_cuda_matches_on_exact_data(precision: str) -> None:
 # --------------------------------------------------------------------------- aoq mine
 
 
-def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Path, capsys) -> None:
+def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Path, capsys, monkeypatch) -> None:
     from aoq.checkpoint import save_checkpoint
     from aoq_cli.main import main as cli_main
     from aoq.config import config_from_dict
@@ -316,12 +317,23 @@ def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Pat
     auto = product_precision(torch.device("cpu"), "torch", "auto")  # this CPU's choice
     assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == auto
 
-    # other products, another artefact (same lists here, but not in general)
+    assert load_mined(tmp_path / "run" / "mined").manifest["ranking"] == canonical.RULE
+
+    # other products give the same canonical lists: still up to date
     other, products = ("fp32", "float32") if auto == "bfloat16+float32" else ("bf16", "bfloat16+float32")
-    assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress",
-                     "--set", f"mining.precision={other}"]) == 0
+    other_products = ["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress",
+                      "--set", f"mining.precision={other}"]
+    assert cli_main(other_products) == 0
+    assert "up to date" in capsys.readouterr().out
+    # an artefact ranked by another rule (an older version's) is mined again
+    monkeypatch.setattr(job, "RULE", "float32 scores, then id")
+    assert cli_main(other_products) == 0
     assert "mined in" in capsys.readouterr().out
-    assert load_mined(tmp_path / "run" / "mined").manifest["precision"] == products
+    again = load_mined(tmp_path / "run" / "mined")
+    assert again.manifest["precision"] == products and again.manifest["ranking"] == "float32 scores, then id"
+    np.testing.assert_array_equal(again.img_top_caps, ref[0])
+    np.testing.assert_array_equal(again.cap_top_imgs, ref[1])
+    monkeypatch.undo()
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--set", "mining.precision=fp16"]) == 2
     assert "mining precision fp16 does not run on cpu" in capsys.readouterr().err
 
@@ -348,21 +360,19 @@ def test_bf16_filter_gives_the_brute_force_ids(cpi: int) -> None:
     np.testing.assert_array_equal(got[1], ref[1])
 
 
-def test_bf16_filter_on_random_vectors_keeps_the_same_ids() -> None:
+def test_bf16_filter_on_random_vectors_gives_the_canonical_lists() -> None:
     """On ordinary float data the bf16 error is far above float32's: the margin must still let
-    every member of the float32 top-k through. The re-scoring sums in another order than the
-    big product, so two scores within float32 round-off may swap places; the sets are equal."""
+    every member of the canonical top-k through, and the canonical re-scoring decides the order,
+    so the lists are the canonical brute force's, byte for byte, like fp32 mode's."""
     gen = torch.Generator().manual_seed(0)
     img = torch.nn.functional.normalize(torch.randn(600, 48, generator=gen), dim=1).numpy()
     cap = torch.nn.functional.normalize(torch.randn(3000, 48, generator=gen), dim=1).numpy()
-    ref = reference(img, cap, 5, 100, 20)
-    got = mine_offline_negatives(img, cap, 5, 100, 20, block_size=256, gallery_chunk=1024, precision="bf16",
-                                 progress=False)
-    for a, b in zip(got, ref):
-        np.testing.assert_array_equal(np.sort(a, axis=1), np.sort(b, axis=1))
-        s = img @ cap.T if a.shape[1] == 100 else cap @ img.T
-        rows = np.arange(len(a))[:, None]
-        np.testing.assert_allclose(s[rows, a], s[rows, b], atol=1e-6)  # swaps only among near-equal scores
+    ref = canonical_reference(img, cap, 5, 100, 20)
+    for precision in ("bf16", "fp32"):
+        got = mine_offline_negatives(img, cap, 5, 100, 20, block_size=256, gallery_chunk=1024, precision=precision,
+                                     progress=False)
+        np.testing.assert_array_equal(got[0], ref[0])
+        np.testing.assert_array_equal(got[1], ref[1])
     with pytest.raises(ValueError, match="precision"):
         mine_offline_negatives(img, cap, 5, 100, 20, precision="fp16", progress=False)
 

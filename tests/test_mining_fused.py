@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.mining_helpers import Stop, exact_embeddings, reference, stop_at
-from aoq_train.mining import fused, kernels, mine_offline_negatives
+from aoq_train.mining import canonical, fused, kernels, mine_offline_negatives
 from aoq_train.mining.bf16 import filter_levels
 from aoq_train.mining.keys import LOWEST, PAD, decode_ids
 from aoq_train.mining.pools import Pool, sampled_threshold
@@ -105,7 +105,8 @@ def test_bf16_filter_margin_is_a_bound_not_what_a_first_tile_shows(small_tiles, 
 
 def test_every_score_is_computed_once(small_tiles, monkeypatch) -> None:
     """Both directions come from one pass: the scores computed are the matrix once, plus the
-    sample rows' threshold tiles (the sample phase reads its rows' thresholds first)."""
+    sample rows' threshold tiles (the sample phase reads its rows' thresholds first) and the
+    first tile the bound's premise is checked on."""
     rng = np.random.default_rng(5)
     img, cap = exact_embeddings(rng, 70, 8, 8), exact_embeddings(rng, 350, 8, 8)
     computed = []
@@ -119,7 +120,8 @@ def test_every_score_is_computed_once(small_tiles, monkeypatch) -> None:
     mine_offline_negatives(img, cap, 5, 40, 9, block_size=16, gallery_chunk=30, precision="fp32", progress=False)
     miner = fused.FusedPass(img, cap, 5, 40, 9, chunk=30)
     prepass = miner.sample_height * miner.bounds[miner.sample_chunks]
-    assert sum(computed) == 70 * 350 + prepass
+    premise = min(miner.sample_height, fused.ROW_TILE) * miner.bounds[1]
+    assert sum(computed) == 70 * 350 + prepass + premise
     assert prepass < 70 * 350 // 4
 
 
@@ -261,14 +263,15 @@ def test_bf16_scan_compares_bit_patterns_exactly_as_float32_would() -> None:
         assert (r == 3).sum() == np.isin(c[r == 3], np.arange(0, 70, 3)).sum()  # +inf: only column levels
 
 
-def test_rescore_gives_float32_products_at_the_positions() -> None:
+def test_rescore_gives_canonical_scores_at_the_positions() -> None:
     rng = np.random.default_rng(8)
     q, g = rng.standard_normal((30, 64)).astype(np.float32), rng.standard_normal((50, 64)).astype(np.float32)
     rows, cols = np.array([0, 0, 3, 9], np.int32), np.array([1, 40, 2, 0], np.int32)
     out = np.empty(4, np.float32)
-    kernels.rescore(q, g, 10, 5, rows, cols, out)
+    canonical.rescore(q, g, 10, 5, rows, cols, out)
+    np.testing.assert_array_equal(out, canonical.canonical_pairs(q, g, 10 + rows, 5 + cols))
     exact = (q[10 + rows].astype(np.float64) * g[5 + cols]).sum(axis=1)
-    np.testing.assert_allclose(out, exact, rtol=0, atol=64 * 8 * np.finfo(np.float32).eps)
+    np.testing.assert_array_equal(out, exact.astype(np.float32))  # here the float32 rounding of the exact sum
 
 
 def test_sampled_threshold_of_the_whole_population_lets_k_through() -> None:

@@ -9,31 +9,33 @@ How it is computed (torch backend)
     On the CPU, one pass for both directions (:mod:`aoq_train.mining.fused`): both lists read the
     same matrix ``img @ cap.T`` (rows: an image's top captions; columns: a caption's top images),
     so every tile of it is computed once, 512 image rows x 1024 captions at a time, and both
-    directions select from it. A score enters a row's (column's) candidate pool when it reaches
-    the row's (column's) threshold, first estimated from a fair sample of the scores, then raised
-    as the pools fill (to a k-th best, exact, or to a new estimate from the larger sample). The
-    candidates are kept as packed keys and sorted once at the end. Lists whose estimate was too
-    high are redone with no threshold, so the result is exact. ``precision="bf16"`` scores the
-    tiles with bfloat16 products, filters them with a proven bound on their error
-    (:mod:`aoq_train.mining.bf16`) and re-scores only the candidates in float32: the same exact
-    lists. ``precision="auto"`` (the default) does so where this CPU's bf16 products pay.
-    On CUDA, each direction on its own (:mod:`aoq_train.mining.topk`): a block of ``block_size``
-    queries against the gallery one chunk at a time, float32 products (``precision="fp16"``:
-    float16 products with float32 results, faster, not exact), the compare on the GPU; only the
-    passing scores travel to the host.
+    directions select from it. A score is a candidate when its tile product reaches a list's
+    threshold minus a proven bound on that product's distance to the pair's canonical score
+    (below); candidates are re-scored canonically and enter the row's (column's) candidate pool
+    when the canonical score reaches the threshold, first estimated from a fair sample, then
+    raised as the pools fill (to a k-th best, exact, or to a new estimate from the larger
+    sample). The candidates are kept as packed keys and sorted once at the end. Lists whose
+    estimate was too high are redone with no threshold, so the result is exact.
+    ``precision="bf16"`` scores the tiles with bfloat16 products (:mod:`aoq_train.mining.bf16`
+    bounds their error); ``precision="auto"`` (the default) does so where this CPU's bf16
+    products pay. On CUDA, each direction on its own (:mod:`aoq_train.mining.topk`): a block of
+    ``block_size`` queries against the gallery one chunk at a time, float32 (or float16)
+    products, the compare on the GPU; the candidates within the bound of each list's k-th best
+    are re-scored canonically on the GPU.
 
 FAISS backend
-    ``IndexFlatIP`` searched with ``k = H + own positives``, own positives dropped. A row whose
-    lowest returned score equals its k-th kept score (a tie may continue past FAISS's cut) is
-    redone by the torch path, so both backends follow the same tie rule.
+    ``IndexFlatIP`` searched with ``k = H + own positives + 64``, own positives dropped, the
+    candidates within the bound of the k-th re-scored canonically. A row where near-equal scores
+    may continue past FAISS's cut is redone by the torch path.
 
-Tie rule (deterministic)
-    Higher score first; among equal scores, the lower gallery id first. Scores are compared as
-    float32 values (``-0.0 == +0.0``). Implemented by ranking a packed int64 key
-    ``(order-preserving int32 of the score) << 32 | (2**31 - 1 - id)``, so the ids equal those of
-    a brute-force reference (full matrix, stable argsort on ``-score``) whenever both see the
-    same float32 scores (always on exactly representable data; float16 products on the GPU give
-    slightly different scores, hence a different order among near-ties).
+Tie rule (deterministic, the same on every machine)
+    Higher canonical score first; among equal scores, the lower gallery id first. The canonical
+    score (:mod:`aoq_train.mining.canonical`) is a float64 sum of the float32 embeddings'
+    products in a fixed order, rounded to float32: bit for bit the same whatever the CPU, the
+    BLAS, the precision mode or the device, so the lists are too. Implemented by ranking a
+    packed int64 key ``(order-preserving int32 of the score) << 32 | (2**31 - 1 - id)``
+    (:mod:`aoq_train.mining.keys`). The rule is recorded with every job and artefact
+    (``ranking``): artefacts of another rule are mined again.
 
 Resuming
     With ``work_dir``, every finished block is saved atomically as

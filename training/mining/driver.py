@@ -22,11 +22,14 @@ from aoq.io import (
     stamp_matches,
     write_stamp,
 )
-from aoq_train.mining.bf16 import bf16_pays
+from aoq_train.mining.bf16 import bf16_pays, canonical_tile, error_bound, tile_within_bound
+from aoq_train.mining.canonical import RULE, canonical_inputs, float32_margin
 from aoq_train.mining.fused import CHUNK, FusedPass, processing_order
 from aoq_train.mining.pools import fresh_array
 from aoq_train.mining.topk import (
     Direction,
+    Scorer,
+    half_product,
     block_topk_faiss,
     block_topk_torch,
     directions,
@@ -35,7 +38,7 @@ from aoq_train.mining.topk import (
 
 log = logging.getLogger(__name__)
 
-BF16_FILTER = "bfloat16+float32"  # products of the bf16 filter: bf16 tiles, float32 re-scoring
+BF16_FILTER = "bfloat16+float32"  # the bf16 filter's products: bf16 tiles, float32 embeddings re-scored canonically
 
 def _array_hash(a: np.ndarray) -> str:
     h = hashlib.sha256(str((a.shape, str(a.dtype))).encode())
@@ -81,7 +84,10 @@ class _Parts:
                 path.unlink(missing_ok=True)
 
 
-def _check_inputs(img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captions: int, top_images: int) -> None:
+def _check_inputs(img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captions: int,
+                  top_images: int) -> tuple[np.ndarray, np.ndarray]:
+    """The embeddings as mined (subnormal entries flushed to zero: the canonical score's inputs,
+    :func:`aoq_train.mining.canonical.canonical_inputs`), once shapes, H and values are checked."""
     if img_emb.ndim != 2 or cap_emb.ndim != 2 or img_emb.shape[1] != cap_emb.shape[1]:
         raise ValueError(f"embeddings must be (N, d) with the same d, got {img_emb.shape} and {cap_emb.shape}")
     if cap_emb.shape[0] != img_emb.shape[0] * cpi:
@@ -92,9 +98,13 @@ def _check_inputs(img_emb: np.ndarray, cap_emb: np.ndarray, cpi: int, top_captio
         raise ValueError(f"top_captions={top_captions} must be in [1, {cap_emb.shape[0] - cpi}] (captions minus own)")
     if not 1 <= top_images <= img_emb.shape[0] - 1:
         raise ValueError(f"top_images={top_images} must be in [1, {img_emb.shape[0] - 1}] (images minus own)")
+    out = []
     for name, a in (("image", img_emb), ("caption", cap_emb)):
-        if not np.isfinite(a).all():
+        a, finite = canonical_inputs(a)
+        if not finite:
             raise ValueError(f"{name} embeddings contain NaN or infinite values")
+        out.append(a)
+    return out[0], out[1]
 
 
 def mine_offline_negatives(
@@ -113,7 +123,9 @@ def mine_offline_negatives(
     progress: bool = True,
     on_block: Callable[[str, int], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-H offline negatives for every image and every caption, own positives excluded.
+    """Top-H offline negatives for every image and every caption, own positives excluded, ranked
+    by canonical scores (:mod:`aoq_train.mining.canonical`): the same lists whatever the
+    precision, device, backend or CPU.
 
     Args:
         img_emb: (N_i, d) image embeddings (float32; L2-normalised for cosine models).
@@ -132,14 +144,15 @@ def mine_offline_negatives(
         backend: "torch" (exact tie rule) or "faiss" (IndexFlatIP on the CPU).
         gallery_chunk: gallery columns scored at once (torch backend); default 1024 on the CPU
             (``aoq_train.mining.fused.CHUNK``), 16384 on CUDA.
-        precision: ``fp32`` scores everything in float32 (exact lists; on CUDA as torch's float32
-            products are set, IEEE unless the caller enabled TF32). CPU torch backend: ``bf16``
-            filters with bfloat16 products, with a proven error bound, and re-scores the
-            candidates in float32 (``aoq_train.mining.bf16``), same lists. ``auto``: ``bf16``
-            where it pays (the fused CPU pass on a CPU whose bf16 products are at least 1.5x
-            faster, :func:`aoq_train.mining.bf16.bf16_pays`), else ``fp32``: exact either way.
-            CUDA: ``fp16`` uses float16 products with float32 results, faster but not exact
-            (near-ties reorder; docs/mining.md).
+        precision: the products that find the candidates; the canonical scores decide, so every
+            choice gives the same lists. ``fp32``: float32 products (on CUDA a first block is
+            checked against the bound, which TF32 would break). CPU torch backend: ``bf16``
+            filters with bfloat16 products within a proven error bound
+            (``aoq_train.mining.bf16``). ``auto``: ``bf16`` where it pays (the fused CPU pass on
+            a CPU whose bf16 products are at least 1.5x faster,
+            :func:`aoq_train.mining.bf16.bf16_pays`), else ``fp32``. CUDA: ``fp16``, float16
+            products with float32 results and the same kind of bound (a float32 copy of the
+            gallery is kept on the device for the canonical scores).
         work_dir: folder for resumable per-block results; None keeps everything in memory.
         progress: show a tqdm bar over the blocks.
         on_block: called with (direction, first row) after each block is finished and saved
@@ -147,7 +160,7 @@ def mine_offline_negatives(
 
     Returns:
         ``(img_top_caps, cap_top_imgs)``: int32 arrays (N_i, H_t) and (N_c, H_i), each row
-        sorted by the tie rule (higher score first, then lower id).
+        sorted by the tie rule (higher canonical score first, then lower id).
 
     Raises:
         ValueError: inconsistent shapes, H larger than the gallery minus own positives, or
@@ -155,7 +168,7 @@ def mine_offline_negatives(
     """
     img_emb = np.asarray(img_emb, dtype=np.float32)
     cap_emb = np.asarray(cap_emb, dtype=np.float32)
-    _check_inputs(img_emb, cap_emb, captions_per_image, top_captions, top_images)
+    img_emb, cap_emb = _check_inputs(img_emb, cap_emb, captions_per_image, top_captions, top_images)
     # FAISS runs on the CPU; there the torch gallery only serves the exact re-ranking of tied rows.
     devs = _devices(device) if backend == "torch" else [torch.device("cpu")]
     fused = backend == "torch" and len(devs) == 1 and devs[0].type == "cpu"  # one pass for both directions
@@ -169,7 +182,7 @@ def mine_offline_negatives(
         "top_images": top_images,
         "block_size": block_size,
         "backend": backend,
-        "precision": products,
+        "ranking": RULE,  # parts of any precision are the same lists; another rule discards them
         "layout": "fused" if fused else "per-direction",
     }
     run = _Run(_Parts(None if work_dir is None else Path(work_dir), job), block_size,
@@ -181,9 +194,47 @@ def mine_offline_negatives(
     return img_top_caps, cap_top_imgs
 
 
+def fast_margin(direction: Direction, half: bool) -> float:
+    """A proven bound on how far the per-direction path's products (float32, or float16 with
+    float32 accumulation) lie from the canonical scores, for every pair of ``direction``. For
+    float16 the bf16 filter's bound with float16 roundings (:func:`aoq_train.mining.bf16.error_bound`),
+    plus a float16 rounding of the result (where torch has no float32 output for it).
+
+    Raises:
+        ValueError: float16 cannot hold the embeddings (the bound is not finite).
+    """
+    if not half:
+        return float32_margin(direction.queries, direction.gallery)
+    q, g = torch.from_numpy(direction.queries), torch.from_numpy(direction.gallery)
+    q16, g16 = q.half(), g.half()
+    result = 2.0**-11 * float(q16.float().norm(dim=1).max()) * float(g16.float().norm(dim=1).max()) * 1.001
+    margin = error_bound(q, g, q16, g16) + result
+    if not np.isfinite(margin):
+        raise ValueError("float16 cannot hold these embeddings (norms too large): mine with precision fp32")
+    return margin
+
+
+def check_products(direction: Direction, dev: torch.device, gallery_t: torch.Tensor, margin: float) -> None:
+    """The bound's premise on a first tile of this device's products (256 queries x 1024 gallery
+    rows): every product within ``margin`` of its canonical score.
+
+    Raises:
+        RuntimeError: the products are further off (TF32 or reduced-precision reductions on).
+    """
+    q32, g32 = torch.from_numpy(direction.queries[:256]), torch.from_numpy(direction.gallery[:1024])
+    q = q32.to(dev, gallery_t.dtype)
+    fast = (half_product(q, gallery_t[:1024]) if q.dtype == torch.float16 else q @ gallery_t[:1024].T)
+    if not tile_within_bound(fast.float().cpu().numpy(), canonical_tile(q32, g32), margin, 0.0):
+        raise RuntimeError(f"{dev}'s {gallery_t.dtype} products are further from the canonical scores than the "
+                           "proven bound allows (aoq_train.mining.canonical): is TF32 or a reduced-precision "
+                           "reduction enabled? Mine with precision fp32 and full-precision float32 products.")
+
+
 def product_precision(device: torch.device, backend: str, precision: str, fused: bool = True) -> str:
     """The products a mining job runs (recorded with the job and the mined artefact):
-    ``float32``, ``bfloat16+float32`` (CPU filter, float32 decision) or ``float16`` (CUDA).
+    ``float32``, ``bfloat16+float32`` (the CPU's bf16 filter; the name is from when candidates
+    were re-scored in float32, now canonically) or ``float16`` (CUDA). The lists do not depend
+    on it.
     ``auto`` picks the bf16 filter for the fused CPU pass (``fused``: one CPU device, torch
     backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else float32.
 
@@ -245,20 +296,27 @@ def _mine_direction(run: _Run, direction: Direction, devs: list[torch.device], b
     Blocks are stored, counted and reported (``on_block``) in order, from this thread."""
     n_q, block_size, parts = direction.queries.shape[0], run.block_size, run.parts
     out = np.empty((n_q, direction.k), dtype=np.int32)
-    galleries: dict[int, tuple[torch.Tensor, Any]] = {}
+    galleries: dict[int, tuple[torch.Tensor, Any, Scorer]] = {}
+    margin = None
 
     def compute(slot: int, first: int) -> np.ndarray:
+        nonlocal margin
         dev, last = devs[slot], min(n_q, first + block_size)
         if slot not in galleries:  # made by the device's own thread, once
-            dtype = torch.float16 if half else torch.float32
-            galleries[slot] = (torch.from_numpy(direction.gallery).to(dev, dtype),
-                               faiss_index(direction.gallery) if backend == "faiss" else None)
-        gallery_t, index = galleries[slot]
+            gallery32 = torch.from_numpy(direction.gallery).to(dev)
+            gallery_t = gallery32.half() if half else gallery32
+            if margin is None:
+                margin = fast_margin(direction, half)
+            check_products(direction, dev, gallery_t, margin)
+            scorer = Scorer(direction, margin, gallery32 if dev.type != "cpu" else None)  # canonical on the GPU
+            galleries[slot] = (gallery_t, faiss_index(direction.gallery) if backend == "faiss" else None, scorer)
+        gallery_t, index, scorer = galleries[slot]
         if index is not None:
-            part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first)
+            part = block_topk_faiss(direction, index, gallery_t, direction.queries[first:last], first, scorer)
         else:
             q = torch.from_numpy(direction.queries[first:last]).to(dev, gallery_t.dtype)
-            part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, run.gallery_chunk)
+            part = block_topk_torch(direction, q, np.arange(first, last), gallery_t, run.gallery_chunk,
+                                    scorer=scorer)
         parts.save(direction.name, first, part)
         return part
 
@@ -336,11 +394,13 @@ def _mine_fused(run: _Run, both: list[Direction], cpi: int,
         for first in cap_missing:
             cap_block_done(first)
         parts.drop_snapshots()
-    elif cap_missing:  # float32 whatever the precision: a few blocks, exact
+    elif cap_missing:  # float32 products whatever the precision (the same canonical lists): a few blocks
         gallery = torch.from_numpy(cols.gallery)
+        scorer = Scorer(cols, float32_margin(cols.queries, cols.gallery))
         for first in tqdm(cap_missing, desc="mining cap_top_imgs", unit="block", disable=not run.progress, leave=False):
             last = min(n_cap, first + block_size)
             q = torch.from_numpy(cols.queries[first:last])
-            cap_out[first:last] = block_topk_torch(cols, q, np.arange(first, last), gallery, run.gallery_chunk)
+            cap_out[first:last] = block_topk_torch(cols, q, np.arange(first, last), gallery, run.gallery_chunk,
+                                                   scorer=scorer)
             cap_block_done(first)
     return img_out, cap_out

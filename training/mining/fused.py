@@ -25,20 +25,23 @@ Thresholds
     quarter and after half of a row's chunks (of the image rows, for columns) the thresholds are
     estimated again from the pools, which by then hold a larger fair sample.
 
-bf16 filter (``precision="bf16"``)
-    Tiles are scored with bfloat16 products; a score is a candidate when it reaches the bf16
-    filter level of a threshold (:mod:`aoq_train.mining.bf16`: the threshold minus a proven bound
-    on the bf16 products' error, ``margin``, rounded down to a bfloat16 value), and only
-    candidates are re-scored in float32 (:func:`kernels.rescore` on the permuted float32
-    embeddings), so pools, keys and lists hold float32 scores. The row tiles' scan reads the bf16
-    products as they come out (:func:`kernels.scan_bf16`); only the sample tiles, whose
-    thresholds are read with numpy, are converted to float32. A first tile checks the bound's
-    premise on this CPU against float32 products.
+Canonical decision
+    The tiles' products (float32 BLAS, or bfloat16 with ``precision="bf16"``) only find the
+    candidates: a score is one when it reaches a threshold's *filter level*, the threshold minus
+    a proven bound ``margin`` on how far the tile's product may lie from the pair's canonical
+    score (:mod:`aoq_train.mining.canonical`; for bf16, :mod:`aoq_train.mining.bf16`), rounded
+    down to the tile's format. Every candidate is then re-scored canonically
+    (:func:`aoq_train.mining.canonical.rescore` on the permuted float32 embeddings, while the
+    chunk is still in the caches), and thresholds, pools, keys and lists hold canonical scores
+    only: the lists do not depend on the tiles' precision, blocking or CPU. The row tiles' bf16
+    scan reads the bf16 products as they come out (:func:`kernels.scan_bf16`); only the sample
+    tiles, whose thresholds are read with numpy, are converted to float32. A first tile checks
+    the bound's premise on this CPU against canonical scores.
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
 threshold (an estimate that was too high), is redone with no threshold
-(:func:`aoq_train.mining.topk.exact_rows`). Every other list equals the brute force: each member
-reached every threshold it met.
+(:func:`aoq_train.mining.topk.exact_rows`). Every other list equals the brute force of canonical
+scores: each member reached every threshold it met.
 
 Memory, beyond the inputs and the two returned id arrays: a permuted float32 copy of both
 embedding arrays (plus a bfloat16 copy with ``bf16``); the column pools, ``N_captions x (1.5
@@ -53,6 +56,7 @@ The per-score work (the scan of a tile, the appends to the pools) is compiled
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -67,11 +71,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-from aoq.io import atomic_open
 from aoq_train.mining import bf16 as bf16_filter
-from aoq_train.mining import kernels
+from aoq_train.mining import canonical, kernels
 from aoq_train.mining.keys import LOWEST, decode_ids, decode_scores
-from aoq_train.mining.pools import Pool, fresh_array, sample_rank, sampled_threshold
+from aoq_train.mining.pools import Pool, fresh_array, load_pools, sample_rank, sampled_threshold, save_pools
 from aoq_train.mining.topk import directions, exact_rows
 
 log = logging.getLogger(__name__)
@@ -142,10 +145,11 @@ class FusedPass:
         self.own = cap_pos[cpi * self.img_order[:, None] + np.arange(cpi)]  # own captions' positions, per row
         self.q, self.g = _permuted(img, self.img_order), _permuted(cap, self.cap_order)
         self.bf16 = precision == "bf16"
-        self.margin = 0.0
-        if self.bf16:
+        if self.bf16:  # the tiles' products against canonical scores
             self.q16, self.g16 = self.q.bfloat16(), self.g.bfloat16()
             self.margin = bf16_filter.error_bound(self.q, self.g, self.q16, self.g16)
+        else:
+            self.margin = self.f32_margin
         self.bounds = [*range(0, self.n_cap, chunk), self.n_cap]
         self.sample_chunks = -(-sample_width(self.n_cap, k_rows + cpi, ROW_HITS) // chunk)
         self.sample_rows = sample_width(self.n_img, k_cols + 1, COL_HITS)
@@ -158,6 +162,12 @@ class FusedPass:
         self.tc = np.full(self.n_cap, LOWEST, dtype=np.float32)  # column thresholds, by position
         self.workers = 1
         self.local = threading.local()
+
+    @functools.cached_property
+    def f32_margin(self) -> float:
+        """The float32 products' margin (:func:`aoq_train.mining.canonical.float32_margin`): the
+        tiles' in fp32 mode, the redone lists' in both."""
+        return canonical.float32_margin(self.q, self.g)
 
     # ------------------------------------------------------------------ one tile
 
@@ -188,9 +198,9 @@ class FusedPass:
 
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rows, columns and float32 values of the tile's scores reaching the row or the column
-        threshold (for bf16 scores, its filter level, :mod:`aoq_train.mining.bf16`; the candidates
-        are then re-scored). ``scores``: float32, or bf16 bit patterns (:meth:`_dense` with ``raw``)."""
+        """Rows, columns and canonical scores of the tile's scores reaching the filter level of the
+        row or the column threshold (module docstring). ``scores``: float32, or bf16 bit patterns
+        (:meth:`_dense` with ``raw``)."""
         rows, width = scores.shape
         out = getattr(self.local, "scan", None)
         if out is None or out[0].size < scores.size or out[3].size < width + 64:
@@ -202,13 +212,11 @@ class FusedPass:
         if scores.dtype == np.uint16:
             n = kernels.scan_bf16(scores, kernels.bf16_filter_keys(tr, self.margin),
                                   kernels.bf16_filter_keys(tc, self.margin), out[3], out[0], out[1])
-        else:
-            if self.bf16:  # a sample tile: bf16 products as float32
-                tr, tc = bf16_filter.filter_levels(tr, self.margin), bf16_filter.filter_levels(tc, self.margin)
-            n = kernels.scan(scores, tr, tc, *out[3:], *out[:3])
+        else:  # float32 products, or a sample tile's bf16 products as float32
+            levels = bf16_filter.filter_levels if self.bf16 else canonical.float32_levels
+            n = kernels.scan(scores, levels(tr, self.margin), levels(tc, self.margin), *out[3:], *out[:3])
         row, col, values = out[0][:n], out[1][:n], out[2][:n]
-        if self.bf16:  # float32 products at the candidates' positions only
-            kernels.rescore(self.q.numpy(), self.g.numpy(), p0, c0, row, col, values)
+        canonical.rescore(self.q.numpy(), self.g.numpy(), p0, c0, row, col, values)  # what decides
         return row, col, values
 
     def _select(self, scores: np.ndarray, ci: int, p0: int, tr: np.ndarray | None = None, first: int = 0,
@@ -278,13 +286,14 @@ class FusedPass:
         thresholds are read first, ROW_TILE rows at a time, from the row-sample chunks: a small
         extra product, of ``sample_height x sample_chunks`` tiles)."""
         h = self.sample_height
-        if self.bf16:  # the bound's premise (float32 accumulation, rounding to nearest), on a first tile
-            rows = min(h, ROW_TILE)
-            approx = self._dense(0, rows, 0)
-            exact = (self.q[:rows] @ self.g[: self.bounds[1]].T).numpy()
-            if not bf16_filter.tile_within_bound(approx, exact, self.margin):
-                raise RuntimeError("this CPU's bf16 products are further from float32 ones than the proven bound "
-                                   "allows (aoq_train.mining.bf16): mine with precision fp32")
+        rows = min(h, ROW_TILE)  # the bound's premise (float32 accumulation, rounding to nearest), on a first tile
+        exact = bf16_filter.canonical_tile(self.q[:rows], self.g[: self.bounds[1]])
+        unit = bf16_filter.BF16_UNIT_ROUNDOFF if self.bf16 else 0.0
+        if not bf16_filter.tile_within_bound(self._dense(0, rows, 0), exact, self.margin, unit):
+            raise RuntimeError(f"this CPU's {'bf16' if self.bf16 else 'float32'} products are further from the "
+                               "canonical scores than the proven bound allows (aoq_train.mining.canonical); "
+                               + ("mine with precision fp32" if self.bf16 else "is torch's float32 matmul "
+                                  "precision lowered (torch.set_float32_matmul_precision)?"))
         tr = None
         if rows_wanted:
             pieces = [(p, min(h, p + ROW_TILE)) for p in range(0, h, ROW_TILE)]
@@ -314,44 +323,17 @@ class FusedPass:
 
         pool_map(one, range(len(self.col_pools)))
 
-    # ------------------------------------------------------------------ the pass
-
     # ------------------------------------------------------------------ snapshots
 
     def save_columns(self, folder: Path, position: int) -> None:
         """Save the column pools and thresholds as they are once the rows below ``position`` are
-        scored: the keys first, then the small file naming them (its presence validates them)."""
-        width = max(int(p.fill.max()) for p in self.col_pools)
-        keys_file = folder / f"columns_{position:010d}.npy"
-        with atomic_open(keys_file) as fh:
-            np.lib.format.write_array_header_1_0(fh, {"descr": "<i8", "fortran_order": False,
-                                                      "shape": (self.n_cap, width)})
-            for p in self.col_pools:
-                fh.write(p.padded(width).tobytes())
-        with atomic_open(folder / "columns.npz") as fh:
-            np.savez(fh, keys_file=keys_file.name, position=position, width=width, tc=self.tc,
-                     fill=np.concatenate([p.fill for p in self.col_pools]))
-        for old in folder.glob("columns_*.npy"):
-            if old != keys_file:
-                old.unlink(missing_ok=True)
+        scored (:func:`aoq_train.mining.pools.save_pools`)."""
+        save_pools(folder, position, self.col_pools, self.tc)
 
     def load_columns(self, folder: Path, usable: Callable[[int], bool]) -> int:
         """Restore the state saved by :meth:`save_columns` if ``usable(position)`` (the rows below
         it have their lists); returns that position, or 0 (nothing restored)."""
-        try:
-            with np.load(folder / "columns.npz") as meta:
-                keys = np.load(folder / str(meta["keys_file"]), mmap_mode="r")
-                position, width = int(meta["position"]), int(meta["width"])
-                tc, fill = meta["tc"], meta["fill"]
-        except (OSError, ValueError, KeyError):
-            return 0
-        if (keys.shape != (self.n_cap, width) or tc.shape != (self.n_cap,) or fill.shape != (self.n_cap,)
-                or width > self.col_pools[0].cap or not usable(position)):
-            return 0
-        for p, c0, c1 in zip(self.col_pools, self.bounds[:-1], self.bounds[1:]):
-            p.load(keys[c0:c1], fill[c0:c1])
-        self.tc[:] = tc  # the bf16 margin is not saved: the embeddings give it again
-        return position
+        return load_pools(folder, self.col_pools, self.bounds, self.tc, usable)
 
     # ------------------------------------------------------------------ the pass
 
@@ -434,8 +416,9 @@ class FusedPass:
             short_rows.clear()
 
     def _redo(self, which: int, ids: np.ndarray, out: np.ndarray, pool_map: Callable | None = None) -> None:
-        """Lists that ended short, redone exactly with no threshold (float32 products,
-        :func:`aoq_train.mining.topk.exact_rows`), shared over the workers when ``pool_map`` is given."""
+        """Lists that ended short, redone exactly with no threshold (float32 products, canonical
+        decision: :func:`aoq_train.mining.topk.exact_rows`), shared over the workers when
+        ``pool_map`` is given."""
         if not ids.size:
             return
         log.info("%d %s lists redone exactly (their threshold estimate was too high)", ids.size,
@@ -444,7 +427,8 @@ class FusedPass:
         gallery = torch.from_numpy(direction.gallery)
 
         def redo(part: np.ndarray) -> None:
-            out[part] = exact_rows(direction, torch.from_numpy(direction.queries[part]), part, gallery)
+            out[part] = exact_rows(direction, torch.from_numpy(direction.queries[part]), part, gallery,
+                                   self.f32_margin)
 
         run = pool_map or (lambda fn, items: [fn(item) for item in items])
         run(redo, [p for p in np.array_split(np.sort(ids), self.workers if pool_map else 1) if p.size])

@@ -19,6 +19,7 @@ from aoq.io import (
     write_stamp,
 )
 from aoq.mined import MinedNegatives, load_mined, save_mined
+from aoq_train.mining.canonical import RULE
 from aoq_train.mining.depth import checked_depths
 from aoq_train.mining.diagnostics import diagnostics_settings, hardness_diagnostics
 from aoq_train.mining.driver import mine_offline_negatives, product_precision
@@ -87,8 +88,9 @@ def mine_with_checkpoint(
     :mod:`aoq_train.mining.diagnostics` at ``cfg.round2``'s batch size and depth (a warning is
     logged when the offline negatives are not harder than the in-batch ones).
     Nothing is done when ``out`` already holds an artefact mined by the same checkpoint (content
-    hash), data, H and products (:func:`aoq_train.mining.driver.product_precision`), with
-    diagnostics of the same round-2 settings; when only those settings changed, the lists are
+    hash), data and H under the same ranking rule (:data:`aoq_train.mining.canonical.RULE`; the
+    products, recorded as ``precision``, do not change the lists), with diagnostics of the same
+    round-2 settings; when only those settings changed, the lists are
     kept and only the diagnostics are recomputed. Work files (embeddings, per-block parts) live
     in a hidden sibling ``.<out>.work`` until the artefact is in place, so an interrupted run
     resumes.
@@ -117,7 +119,7 @@ def mine_with_checkpoint(
     except ValueError as exc:
         raise ConfigError(f"mining.precision: {exc}") from None
     want = {"checkpoint_hash": ckpt.content_hash, "top_captions": m.top_captions,
-            "top_images": m.top_images, "data": identity, "precision": products,  # fp16 lists differ a little
+            "top_images": m.top_images, "data": identity, "ranking": RULE,  # an older rule: re-mined
             "filters": list(m.filters)}
     if m.filters:
         want.update(semantic_tau=m.semantic_tau, teacher_rho=m.teacher_rho)
@@ -159,6 +161,7 @@ def mine_with_checkpoint(
         "checkpoint": str(checkpoint),
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
+        "precision": products,  # which products found the candidates (the lists are the same)
         "diagnostics_settings": settings,
     }, config=m.model_dump(mode="json"), diagnostics=diagnostics, filtered=filtered)
     shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Compiled per-score work of the fused pass (numba): the scan of a score tile and the pools' appends.
+"""Compiled per-score work of the fused pass (numba): the scan of a score tile and the pools' appends
+(the candidates' canonical re-scoring is :func:`aoq_train.mining.canonical.rescore`).
 
 The fused pass (:mod:`aoq_train.mining.fused`) looks at every score once. With numpy each look was
 several full passes over the tile (two compares, an or, a nonzero, gathers, a sort by column, a
@@ -126,23 +127,6 @@ def bf16_filter_keys(levels: np.ndarray, margin: float) -> np.ndarray:
         key = high if high < 0x8000 else 0x8000 - high
         out[i] = max(key, BF16_LOWEST_KEY)
     return out
-
-
-@njit(nogil=True, cache=True, fastmath=True)
-def rescore(q: np.ndarray, g: np.ndarray, p0: int, c0: int, rows: np.ndarray, cols: np.ndarray,
-            out: np.ndarray) -> None:
-    """float32 products ``q[p0 + rows[i]] . g[c0 + cols[i]]`` into ``out[i]``. fastmath lets the
-    sum be vectorised (reassociated, like a GEMM's), so a product may differ from ``q @ g.T``'s
-    in its last bits; the cost is the gathered rows of ``g``, with no CSR to build (against
-    ``torch.sparse.sampled_addmm``: docs/mining.md, "Measurements behind the code")."""
-    d = q.shape[1]
-    for i in range(rows.shape[0]):
-        a = q[p0 + rows[i]]
-        b = g[c0 + cols[i]]
-        s = np.float32(0.0)
-        for j in range(d):
-            s += a[j] * b[j]
-        out[i] = s
 
 
 @njit(nogil=True, cache=True)

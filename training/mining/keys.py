@@ -1,4 +1,5 @@
-"""Packed (score, id) keys: one int64 whose order is "higher score, then lower id" (the miner's tie rule)."""
+"""Packed (score, id) keys: one int64 whose order is "higher score, then lower id" (the miner's tie
+rule; the scores the lists are ranked by are canonical ones, :mod:`aoq_train.mining.canonical`)."""
 
 from __future__ import annotations
 

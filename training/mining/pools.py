@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
+from aoq.io import atomic_open
 from aoq_train.mining import kernels
 from aoq_train.mining.keys import LOWEST, PAD, decode_scores
 
@@ -130,3 +133,44 @@ def sample_rank(width: int, k: int, population: int) -> int:
     k of the ``population`` scores reach but for ~3 standard deviations (see :func:`sampled_threshold`)."""
     r0 = width * k / population
     return math.ceil(((3 + math.sqrt(9 + 4 * r0)) / 2) ** 2)
+
+
+def save_pools(folder: Path, position: int, pools: list[Pool], thresholds: np.ndarray) -> None:
+    """Save column pools (consecutive lists, in order) and their thresholds as they are once the
+    rows below ``position`` are scored: the keys first, then the small file naming them (its
+    presence validates them)."""
+    width = max(int(p.fill.max()) for p in pools)
+    n = sum(p.n for p in pools)
+    keys_file = folder / f"columns_{position:010d}.npy"
+    with atomic_open(keys_file) as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<i8", "fortran_order": False, "shape": (n, width)})
+        for p in pools:
+            fh.write(p.padded(width).tobytes())
+    with atomic_open(folder / "columns.npz") as fh:
+        np.savez(fh, keys_file=keys_file.name, position=position, width=width, tc=thresholds,
+                 fill=np.concatenate([p.fill[: p.n] for p in pools]))
+    for old in folder.glob("columns_*.npy"):
+        if old != keys_file:
+            old.unlink(missing_ok=True)
+
+
+def load_pools(folder: Path, pools: list[Pool], bounds: list[int], thresholds: np.ndarray,
+               usable: Callable[[int], bool]) -> int:
+    """Restore the state saved by :func:`save_pools` into ``pools`` (lists ``bounds[i]`` to
+    ``bounds[i + 1]``) and ``thresholds`` if ``usable(position)`` (the rows below it have their
+    lists); returns that position, or 0 (nothing restored)."""
+    n = bounds[-1]
+    try:
+        with np.load(folder / "columns.npz") as meta:
+            keys = np.load(folder / str(meta["keys_file"]), mmap_mode="r")
+            position, width = int(meta["position"]), int(meta["width"])
+            tc, fill = meta["tc"], meta["fill"]
+    except (OSError, ValueError, KeyError):
+        return 0
+    if (keys.shape != (n, width) or tc.shape != (n,) or fill.shape != (n,) or width > pools[0].cap
+            or not usable(position)):
+        return 0
+    for p, c0, c1 in zip(pools, bounds[:-1], bounds[1:]):
+        p.load(keys[c0:c1], fill[c0:c1])
+    thresholds[:] = tc  # the margins are not saved: the embeddings give them again
+    return position
