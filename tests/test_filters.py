@@ -81,6 +81,29 @@ def test_each_filter_alone_flags_exactly_its_planted_candidates(name, code, imag
     assert set(np.unique(np.concatenate([got_images.ravel(), got_captions.ravel()]))) <= {0, code}
 
 
+def test_the_semantic_bitmap_and_the_binary_search_flag_the_same(monkeypatch) -> None:
+    """Small sets look (image, text) keys up in a bitmap, large ones by binary search: same flags."""
+    from aoq_train.mining import filters
+
+    rng = np.random.default_rng(5)
+    texts = [f"t{rng.integers(0, 40)}" for _ in range(3 * 50)]
+    ids = text_ids(texts)
+    sentences = rng.normal(size=(int(ids.max()) + 1, 3))
+    sentences /= np.linalg.norm(sentences, axis=1, keepdims=True)
+    keys = near_duplicate_keys(sentences, 0.8)
+    lists, caption_lists = rng.integers(0, 150, size=(50, 30)), rng.integers(0, 50, size=(150, 10))
+    got = {}
+    for limit in (filters.NEAR_BITMAP_BITS, 0):
+        monkeypatch.setattr(filters, "NEAR_BITMAP_BITS", limit)
+        data = FilterInputs(3, ids, keys)
+        got[limit] = (flag_image_lists(lists, data, ["semantic"]), flag_caption_lists(caption_lists, data, ["semantic"]))
+        assert (data.image_near_bitmap is None) == (limit == 0)
+    (a, b), (c, d) = got.values()
+    np.testing.assert_array_equal(a, c)
+    np.testing.assert_array_equal(b, d)
+    assert 0 < (a > 0).mean() < 1 and 0 < (b > 0).mean() < 1
+
+
 def test_thresholds_move_what_the_model_based_filters_flag() -> None:
     # tau above 0.95: only identical texts remain semantic duplicates; rho 1.0: only candidates the
     # model scores above the positive itself (c2, c3, c4 above 0.7 for image 0; c0 0.85 > 0.8 for
@@ -201,33 +224,44 @@ def test_detector_scores_by_hand() -> None:
 
 
 @pytest.mark.parametrize("depth_factor", [1, 2, 16])
-def test_filtered_lists_equal_the_brute_force_whatever_the_mined_depth(monkeypatch, depth_factor) -> None:
-    """The lists equal filtering the whole float64 ranking (ties by id) of every anchor, whether a
-    row finds its candidates in the deep list or has to be ranked over the whole gallery."""
+@pytest.mark.parametrize("values", ["whole", "real", "near"])
+def test_filtered_lists_equal_the_brute_force_whatever_the_mined_depth(monkeypatch, depth_factor, values) -> None:
+    """The lists equal filtering every anchor's whole ranking in the miner's order (canonical
+    score, ties by id), whether a row finds its candidates in the deep list or has to be ranked
+    over the whole gallery: with whole-number embeddings (exact products, many ties) and with
+    real-valued ones, and with captions a few ulps apart (where a float32 product and the canonical
+    score order two captions differently)."""
     from aoq_train.mining import false_negatives
+    from aoq_train.mining.canonical import canonical_pairs
     from aoq_train.mining.filters import first_flag, flag_rows
 
     monkeypatch.setattr(false_negatives, "DEPTH_FACTOR", depth_factor)
     rng = np.random.default_rng(3)
     n_images, cpi, top_c, top_i = 30, 3, 4, 3
-    img = (2 * rng.normal(size=(n_images, 5))).round().astype(np.float32)  # whole numbers: exact ties
-    cap = (np.repeat(img, cpi, axis=0) + 2 * rng.normal(size=(n_images * cpi, 5))).round().astype(np.float32)
+    dim = 64 if values == "near" else 5  # long sums: float32 rounding differs from the canonical score's
+    img = (2 * rng.normal(size=(n_images, dim))).astype(np.float32)
+    cap = (np.repeat(img, cpi, axis=0) + 2 * rng.normal(size=(n_images * cpi, dim))).astype(np.float32)
+    if values == "whole":  # exact ties
+        img, cap = img.round(), cap.round()
+    if values == "near":  # captions a few ulps apart: float32 products and canonical scores order them apart
+        cap = np.repeat(cap[:6], len(cap) // 6, axis=0)
+        cap = np.nextafter(cap, np.where(rng.random(cap.shape) < 0.5, np.inf, -np.inf)).astype(np.float32)
     texts = [f"t{rng.integers(0, 25)}" for _ in range(n_images * cpi)]  # many repeated texts
-    filters = ["identity", "teacher"]
+    filters = ["identity"] if values == "near" else ["identity", "teacher"]  # near: the teacher flags all
     ids = text_ids(texts)
     sentences = rng.normal(size=(int(ids.max()) + 1, 4))
     sentences /= np.linalg.norm(sentences, axis=1, keepdims=True)
     data = FilterInputs(cpi, ids, near_duplicate_keys(sentences, 0.8), img, cap, 0.8)
 
-    def ranking(scores: np.ndarray, own: np.ndarray) -> np.ndarray:
+    def ranking(queries: np.ndarray, gallery: np.ndarray, row: int, own: np.ndarray) -> np.ndarray:
+        scores = canonical_pairs(queries, gallery, np.full(len(gallery), row), np.arange(len(gallery)))
         order = np.lexsort((np.arange(len(scores)), -scores))
         return order[~np.isin(order, own)]
 
     def mine(top_captions: int, top_images: int) -> tuple[np.ndarray, np.ndarray]:
-        i64, c64 = img.astype(np.float64), cap.astype(np.float64)
-        return (np.array([ranking(c64 @ i64[i], np.arange(i * cpi, (i + 1) * cpi))[:top_captions]
+        return (np.array([ranking(img, cap, i, np.arange(i * cpi, (i + 1) * cpi))[:top_captions]
                           for i in range(n_images)]),
-                np.array([ranking(i64 @ c64[c], [c // cpi])[:top_images] for c in range(len(cap))]))
+                np.array([ranking(cap, img, c, [c // cpi])[:top_images] for c in range(len(cap))]))
 
     got_img, got_cap, raw = false_negatives.filtered_lists(mine, top_c, top_i, n_images, cpi, data, filters)
     full_img, full_cap = mine(cpi * (n_images - 1), n_images - 1)

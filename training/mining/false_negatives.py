@@ -17,6 +17,7 @@ import numpy as np
 
 from aoq.data.dataset import SplitData
 from aoq.mined import UNCHECKED
+from aoq_train.mining.canonical import canonical_inputs, canonical_pairs, float32_margin
 from aoq_train.mining.filters import (
     BLOCK_ELEMENTS,
     KEPT,
@@ -90,8 +91,9 @@ def filter_inputs(split: SplitData, img_emb: np.ndarray, cap_emb: np.ndarray, ta
     """What the filters read for a training split mined with these embeddings; the near-duplicate
     pairs are read (or computed) whenever a filter runs, since every filter's flags are recorded."""
     ids = text_ids(split.captions)
-    return FilterInputs(split.captions_per_image, ids, near_duplicates(split.captions, ids, tau, progress),
-                        np.asarray(img_emb, dtype=np.float32), np.asarray(cap_emb, dtype=np.float32), rho)
+    img, cap = (canonical_inputs(np.asarray(x, dtype=np.float32))[0] for x in (img_emb, cap_emb))  # as mined
+    return FilterInputs(split.captions_per_image, ids, near_duplicates(split.captions, ids, tau, progress), img, cap,
+                        rho)
 
 
 def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int, cpi: int, inputs: FilterInputs,
@@ -104,8 +106,8 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
     first ``SLICE_FACTOR`` x depth candidates, and a row that keeps too few over the next slice,
     twice as wide, and so on; candidates a row did not need carry ``UNCHECKED``. The few rows that run
     out of the deep list (a generic caption with near-duplicates all over the gallery) are ranked
-    over the whole gallery (scores in float64, ties by id) and take their remaining candidates
-    from there.
+    over the whole gallery in the miner's order (canonical scores, ties by id) and take their
+    remaining candidates from there.
 
     Raises:
         ValueError: even the whole gallery leaves a row too few candidates.
@@ -121,11 +123,11 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
         codes = first_flag(bits, filters)
         lists = deep.copy()
         short = np.flatnonzero((codes == KEPT).sum(axis=1) < top)
-        gallery = (inputs.cap_emb if image_anchors else inputs.img_emb).astype(np.float64) if len(short) else None
+        margin = float32_margin(inputs.img_emb, inputs.cap_emb) if len(short) else 0.0
         step = max(1, BLOCK_ELEMENTS // (len(inputs.text_ids) if image_anchors else n_images))
         for block in (short[i:i + step] for i in range(0, len(short), step)):  # their first ``top`` slots
             lists[block, :top] = _whole_gallery(block, deep[block], codes[block], top, inputs, filters, image_anchors,
-                                                gallery)
+                                                margin)
             codes[block] = KEPT
             log.info("filters %s: %d %s lists needed more than %d candidates; ranked over the whole gallery",
                      list(filters), len(short), "image" if image_anchors else "caption", deep.shape[1])
@@ -135,16 +137,15 @@ def filtered_lists(mine: Mine, top_captions: int, top_images: int, n_images: int
 
 
 def _whole_gallery(rows: np.ndarray, deep: np.ndarray, codes: np.ndarray, top: int, inputs: FilterInputs,
-                   filters: Sequence[str], image_anchors: bool, gallery: np.ndarray) -> np.ndarray:
+                   filters: Sequence[str], image_anchors: bool, margin: float) -> np.ndarray:
     """The first ``top`` unflagged candidates of the anchors ``rows``: those of their deep lists,
-    then the rest of the gallery (``gallery``: its embeddings in float64) in score order (float64
-    products, ties by id), ranked and flagged over heads as deep as the deep lists, four times
-    deeper each time a row still keeps too few."""
+    then the rest of the gallery in the miner's order (canonical score, then id), ranked and
+    flagged over heads as deep as the deep lists, four times deeper each time a row still keeps
+    too few. ``margin``: :func:`aoq_train.mining.canonical.float32_margin` of the embeddings."""
     img, cap, cpi = inputs.img_emb, inputs.cap_emb, inputs.captions_per_image
-    if image_anchors:
-        scores, own = img[rows].astype(np.float64) @ gallery.T, rows[:, None] * cpi + np.arange(cpi)
-    else:
-        scores, own = cap[rows].astype(np.float64) @ gallery.T, (rows // cpi)[:, None]
+    queries, gallery = (img, cap) if image_anchors else (cap, img)
+    own = rows[:, None] * cpi + np.arange(cpi) if image_anchors else (rows // cpi)[:, None]
+    scores = queries[rows] @ gallery.T  # float32: finds the candidates, the canonical score ranks them
     np.put_along_axis(scores, np.concatenate([own, deep], axis=1), -np.inf, axis=1)  # ranked last, never taken
     available = scores.shape[1] - own.shape[1] - deep.shape[1]
     kept = codes == KEPT
@@ -152,7 +153,8 @@ def _whole_gallery(rows: np.ndarray, deep: np.ndarray, codes: np.ndarray, top: i
     out = np.empty((len(rows), top), dtype=np.int32)
     todo, depth = np.arange(len(rows)), min(available, deep.shape[1])  # these rows needed more than that
     while len(todo):
-        head = _ranked_head(scores if len(todo) == len(rows) else scores[todo], depth)
+        head = _ranked_head(scores if len(todo) == len(rows) else scores[todo], depth, margin,
+                            lambda r, c: canonical_pairs(queries, gallery, rows[todo][r], c))
         more = first_flag(_flag_progressively(head, needs[todo], inputs, filters, image_anchors, rows[todo])[0],
                           filters) == KEPT
         done = more.sum(axis=1) >= needs[todo]  # unchecked candidates lie past a row's needs only
@@ -168,12 +170,16 @@ def _whole_gallery(rows: np.ndarray, deep: np.ndarray, codes: np.ndarray, top: i
     return out
 
 
-def _ranked_head(scores: np.ndarray, k: int) -> np.ndarray:
-    """(R, k) ids of every row's ``k`` best scores, by score then id: the k-th score found by a
-    partition, and only the scores at or above it sorted (all of them, so ties there go by id)."""
+def _ranked_head(scores: np.ndarray, k: int, margin: float,
+                 exact: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """(R, k) ids of every row's ``k`` best exact scores, by exact score then id. ``scores`` are
+    float32 products within ``margin`` of the exact ones (``exact(rows, ids)``): every item of a
+    row's exact top k scores at least the k-th float32 score minus ``2 margin`` (at least k
+    items reach the k-th float32 score, so their exact scores are above any item below that),
+    so only those are scored exactly and sorted."""
     kth = np.partition(scores, scores.shape[1] - k, axis=1)[:, scores.shape[1] - k]
-    r, c = np.nonzero(scores >= kth[:, None])  # row-major: r ascending
-    order = np.lexsort((c, -scores[r, c], r))
+    r, c = np.nonzero(scores >= (kth.astype(np.float64) - 2 * margin)[:, None])  # row-major: r ascending
+    order = np.lexsort((c, -exact(r, c), r))
     starts = np.searchsorted(r[order], np.arange(len(scores)))
     return c[order][starts[:, None] + np.arange(k)]
 

@@ -35,6 +35,7 @@ from aoq.io import (
     sha256_json,
     write_manifest,
 )
+from aoq_train.mining.canonical import RULE
 from aoq_train.pipeline.arms import Arm, resolve_arm
 from aoq_train.pipeline.stages import Stage, StageLedger, run_stages
 
@@ -226,7 +227,7 @@ def run_pipeline(
     def mine_stage(name: str, mining_cfg: ExperimentConfig, teacher: Path, out: Path) -> Stage:
         def inputs() -> dict[str, Any]:
             return {"checkpoint": _content_hash(teacher), "data": data_id, "mining": _section(mining_cfg.mining),
-                    "diagnostics": {k: getattr(mining_cfg.round2, k) for k in DIAGNOSTIC_KEYS}}
+                    "ranking": RULE, "diagnostics": {k: getattr(mining_cfg.round2, k) for k in DIAGNOSTIC_KEYS}}
 
         return Stage(name, out, inputs, lambda: mine_with_checkpoint(teacher, mining_cfg, out, progress=progress_bar))
 
