@@ -9,6 +9,8 @@
 ARG BASE_IMAGE=aoq-base:bookworm
 
 FROM ${BASE_IMAGE} AS python
+# inherited by every stage: tests/test_compose_run.py prunes the untagged images it marks
+LABEL io.aoq.project=aoq-retrieval
 # an imported root file system has no PATH of its own (the ENV below extends it)
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 RUN apt-get update \

@@ -388,6 +388,14 @@ def test_base_image_is_one_build_argument_everywhere(compose):
         "BASE_IMAGE": "python:3.11-slim"}
 
 
+def test_both_images_carry_the_label_the_run_test_prunes_by():
+    # the first stage's label reaches every later stage, so stale generations of both are found
+    labels = [[args for ins, args in _stages(dockerfile)[0][1] if ins == "LABEL"]
+              for dockerfile in (REPO / "Dockerfile", REPO / "docker" / "postgres" / "Dockerfile")]
+    assert labels[0] == labels[1] == ["io.aoq.project=aoq-retrieval"]
+    assert 'PROJECT_LABEL = "io.aoq.project=aoq-retrieval"' in (REPO / "tests" / "test_compose_run.py").read_text()
+
+
 def test_build_inputs_stay_in_the_build_stage():
     stages = _stages()
     setup = [i for i, (_, instructions) in enumerate(stages)

@@ -5,7 +5,10 @@ Needs a Docker engine (``scripts/docker-engine.sh`` starts Debian's ``dockerd`` 
 answers) and docker-compose; skipped where neither can be had. ``scripts/docker-base.sh`` makes
 the base image and the build inputs. The stack runs the tiny demo (``docker/quick.yml``) under its
 own project name on free ports; ``down --volumes`` removes its containers, network and volumes
-afterwards, while the images and the build cache stay, so a second run rebuilds nothing.
+afterwards, while the current images and their layers stay, so a second run of the same tree
+rebuilds little; the project's images a rebuild left untagged (every earlier generation, each
+carrying a whole virtual environment) are pruned by their label, so repeated runs do not fill the
+disk.
 Phase times go to ``artifacts/compose/timings.json`` and the services' logs to ``logs.txt``
 (``AOQ_ARTIFACTS_DIR`` overrides the folder).
 """
@@ -36,6 +39,8 @@ UP_TIMEOUT_S = 900
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WAIT_S = 60
+# set on the base stage of both Dockerfiles, so every image built from them carries it
+PROJECT_LABEL = "io.aoq.project=aoq-retrieval"
 
 
 @dataclass
@@ -127,6 +132,9 @@ def stack() -> Iterator[Stack]:
         timings["total_s"] = time.monotonic() - start
         (_artifacts() / "timings.json").write_text(json.dumps({k: round(v, 1) for k, v in timings.items()}))
         _check(down, "docker-compose down")
+        prune = subprocess.run(["docker", "image", "prune", "--force", "--filter", f"label={PROJECT_LABEL}"],
+                               capture_output=True, text=True, timeout=300)
+        _check(prune, "docker image prune")
 
 
 def test_ports_are_published_on_loopback_only(stack):
