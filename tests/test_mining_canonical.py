@@ -176,9 +176,11 @@ def test_near_ties_where_float32_orders_disagree_give_one_canonical_list_everywh
     monkeypatch.undo()
     assert not np.array_equal(old["fp32"][0], old["bf16"][0])
     assert not np.array_equal(old["fp32"][1], old["bf16"][1])
-    float32_brute_force = reference(img, cap, 5, 60, 12)  # what the previous version was tested against
-    assert not np.array_equal(float32_brute_force[0], ref[0])
-    assert not np.array_equal(float32_brute_force[1], ref[1])
+    # what the previous version was tested against; its sums' order is the BLAS kernel's, so which
+    # direction's near-ties it decides otherwise depends on the CPU (both on Zen 5, only the image
+    # lists on Zen 4)
+    float32_brute_force = reference(img, cap, 5, 60, 12)
+    assert not all(np.array_equal(a, b) for a, b in zip(float32_brute_force, ref))
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
