@@ -15,12 +15,13 @@ Ties in a top-1 go to the lowest gallery position (``np.argmax``), the service's
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from aoq.names import Normalisation
-from aoq.ranks import BLOCK_ELEMENTS
+from aoq.ranks import BLOCK_ELEMENTS, SimsFn
 
 #: inverse temperature of the softmax over the bank: QB-Norm's published setting (Bogolin et al.,
 #: CVPR 2022), used for the plain inverted softmax too so that both share one denominator.
@@ -44,6 +45,16 @@ class Normaliser:
     #: whether the item is the top-1 of at least one bank query
     active: np.ndarray
     beta: float = BETA
+
+
+def bank_provenance(split: str, images: np.ndarray, captions: np.ndarray, beta: float = BETA) -> dict:
+    """What a normaliser was computed from: the bank's split, its size, a hash of its embeddings
+    (float32 bytes, images then captions) and the method's constants."""
+    digest = hashlib.sha256()
+    for part in (images, captions):
+        digest.update(np.ascontiguousarray(part, dtype=np.float32).tobytes())
+    return {"split": split, "images": int(len(images)), "captions": int(len(captions)),
+            "content_hash": digest.hexdigest(), "beta": beta, "k": ACTIVATION_K}
 
 
 def _rows_per_block(columns: int) -> int:
@@ -109,3 +120,31 @@ def hub_share(top1: np.ndarray, items: int = HUB_ITEMS) -> float:
     """The share of queries whose top-1 is one of the ``items`` most frequent top-1 items."""
     counts = np.bincount(np.asarray(top1, dtype=np.int64))
     return float(np.sort(counts)[::-1][:items].sum() / max(1, len(top1)))
+
+
+def direction_fns(img: np.ndarray, cap: np.ndarray, images: Normaliser, captions: Normaliser,
+                  method: Normalisation) -> tuple[SimsFn, SimsFn]:
+    """Sims functions (:mod:`aoq.metrics` layout, (n_images, n_captions)) of each direction under
+    ``method``: image queries against the captions normalised by ``captions`` (bank: training
+    images), caption queries against the images normalised by ``images`` (bank: training captions).
+    Each block scores its queries against the whole gallery first: QB-Norm needs every query's
+    raw top-1."""
+
+    def i2t_fn(rows: slice, cols: slice) -> np.ndarray:
+        return normalise_rows(img[rows] @ cap.T, captions, method)[:, cols]
+
+    def t2i_fn(rows: slice, cols: slice) -> np.ndarray:
+        return normalise_rows(cap[cols] @ img.T, images, method).T[rows]
+
+    return i2t_fn, t2i_fn
+
+
+def top1_per_query(i2t_fn: SimsFn, t2i_fn: SimsFn, n_images: int, n_captions: int) -> dict[str, np.ndarray]:
+    """Each query's top-1 gallery position under the two sims functions, read in blocks:
+    ``{"i2t": caption per image, "t2i": image per caption}``."""
+    step_images, step_captions = _rows_per_block(n_captions), _rows_per_block(n_images)
+    i2t = [np.argmax(i2t_fn(slice(lo, min(lo + step_images, n_images)), slice(0, n_captions)), axis=1)
+           for lo in range(0, n_images, step_images)]
+    t2i = [np.argmax(t2i_fn(slice(0, n_images), slice(lo, min(lo + step_captions, n_captions))), axis=0)
+           for lo in range(0, n_captions, step_captions)]
+    return {"i2t": np.concatenate(i2t), "t2i": np.concatenate(t2i)}

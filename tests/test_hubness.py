@@ -18,6 +18,7 @@ Query qb = (-1, 0): raw -1, 0, 1; its top-1 g2 is not active: QB-Norm keeps ``be
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -86,3 +87,45 @@ def test_rerank_breaks_ties_by_position() -> None:
 def test_hub_share_counts_the_most_frequent_top1_items() -> None:
     assert hub_share(np.array([5, 5, 5, 1, 1, 2, 3]), items=2) == pytest.approx(5 / 7)
     assert hub_share(np.array([0, 1, 2, 3]), items=10) == 1.0
+
+
+def _unit(n: int, d: int, seed: int) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _brute(scores: np.ndarray, bank_scores: np.ndarray, method: str) -> np.ndarray:
+    """Queries in rows: exp(20 s) / sum_b exp(20 s(b, g)) straight from the definition (small, so
+    nothing overflows), for every query (invsoftmax) or those whose raw top-1 some bank query
+    also ranks first (qbnorm); the others keep exp(20 s)."""
+    numerator = np.exp(20.0 * scores.astype(np.float64))
+    denominator = np.exp(20.0 * bank_scores.astype(np.float64)).sum(axis=0)
+    hubs = set(np.argmax(bank_scores, axis=1).tolist())
+    normalised = [method == "invsoftmax" or int(np.argmax(row)) in hubs for row in scores]
+    return np.log(np.where(np.array(normalised)[:, None], numerator / denominator, numerator))
+
+
+@pytest.mark.parametrize("method", ["qbnorm", "invsoftmax"])
+def test_the_evaluation_ranks_as_the_brute_force_normalisation_of_the_full_matrix(method) -> None:
+    from aoq.label_metrics import label_metrics_of_scores
+    from aoq.metrics import i2t, rsum, t2i
+    from aoq_train.evaluate import evaluate_hubness
+
+    img, cap, bank_img, bank_cap = _unit(20, 8, 1), _unit(100, 8, 2), _unit(40, 8, 3), _unit(200, 8, 4)
+    split = SimpleNamespace(captions=[f"c{i}" for i in range(100)], captions_per_image=5, labels=[[f"group:{i % 3}"] for i in range(20)])
+    bank = (bank_img, bank_cap, hubness.bank_provenance("train", bank_img, bank_cap))
+    got = evaluate_hubness(img, cap, split, method, bank, ndcg_k=10)
+    i2t_sims = _brute(img @ cap.T, bank_img @ cap.T, method)  # image queries, captions normalised
+    t2i_sims = _brute(cap @ img.T, bank_cap @ img.T, method).T
+    want_i2t, want_t2i = i2t(i2t_sims, 5), t2i(t2i_sims, 5)
+    assert got["i2t"] == pytest.approx(want_i2t) and got["t2i"] == pytest.approx(want_t2i)
+    assert got["rsum"] == pytest.approx(rsum(want_i2t, want_t2i))
+    assert got["hubness"]["hub_share"]["t2i"] == hub_share(np.argmax(t2i_sims, axis=0))
+    assert got["hubness"]["bank"] == {"split": "train", "images": 40, "captions": 200, "beta": 20.0, "k": 1,
+                                      "content_hash": bank[2]["content_hash"]}
+    groups = np.eye(3)[np.arange(20) % 3]
+    want_labels = label_metrics_of_scores(i2t_sims, t2i_sims.T, groups, 5, 10)
+    assert got["labels"]["t2i"] == pytest.approx(want_labels["t2i"]) and got["labels"]["n_labels"] == 3
+    plain = evaluate_hubness(img, cap, split, "none", None)
+    assert plain["i2t"] == i2t(img @ cap.T, 5) and plain["hubness"]["bank"] == {}
+    assert (got["i2t"], got["t2i"]) != (plain["i2t"], plain["t2i"])  # the normalisation changed something
