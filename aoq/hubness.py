@@ -104,11 +104,12 @@ def normalise_rows(scores: np.ndarray, normaliser: Normaliser, method: Normalisa
     return rescore(scores, normaliser.log_denominator, applies, normaliser.beta)
 
 
-def rerank(method: Normalisation, scores: np.ndarray, positions: np.ndarray, normaliser: Normaliser, k: int
+def rerank(method: Normalisation, scores: np.ndarray, positions: np.ndarray, normaliser: Normaliser | None, k: int
            ) -> tuple[np.ndarray, np.ndarray, bool]:
     """The best ``k`` of a raw candidate pool (``scores`` best first, gallery ``positions``) under
-    ``method``: (scores, positions, whether the query was normalised). Ties go to the lower position."""
-    if method == "none" or not len(positions):
+    ``method`` (``normaliser`` None only for ``none``): (scores, positions, whether the query was
+    normalised). Ties go to the lower position."""
+    if method == "none" or normaliser is None or not len(positions):
         return scores[:k], positions[:k], False
     applies = bool(query_applies(method, positions[:1], normaliser.active)[0])
     new = rescore(scores[None, :], normaliser.log_denominator[positions], np.array([applies]), normaliser.beta)[0]
