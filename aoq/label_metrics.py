@@ -142,12 +142,20 @@ def label_metrics(
     check_layout(img_emb.shape[0], cap_emb.shape[0], captions_per_image, what="embeddings")
     if image_labels.shape[0] != img_emb.shape[0]:
         raise ValueError(f"{image_labels.shape[0]} label rows for {img_emb.shape[0]} images")
+    scores = img_emb.astype(np.float64) @ cap_emb.astype(np.float64).T
+    return label_metrics_of_scores(scores, scores.T, image_labels, captions_per_image, k)
+
+
+def label_metrics_of_scores(i2t_scores: np.ndarray, t2i_scores: np.ndarray, image_labels: np.ndarray,
+                            captions_per_image: int = 5, k: int = 10) -> dict:
+    """:func:`label_metrics` from each direction's own scores: ``i2t_scores`` (n_images, n_captions)
+    and ``t2i_scores`` (n_captions, n_images), queries in rows (a query-side normalisation such as
+    :mod:`aoq.hubness` makes them differ)."""
     caption_labels = np.repeat(image_labels, captions_per_image, axis=0)
     relevance = shared_label_counts(image_labels, caption_labels)
-    scores = img_emb.astype(np.float64) @ cap_emb.astype(np.float64).T
     return {
-        "i2t": label_ranking_metrics(scores, relevance, k),
-        "t2i": label_ranking_metrics(scores.T, relevance.T, k),
+        "i2t": label_ranking_metrics(i2t_scores, relevance, k),
+        "t2i": label_ranking_metrics(t2i_scores, relevance.T, k),
         "k": k,
         "relevance": "shared_labels",
     }

@@ -124,10 +124,25 @@ def chance_rsum(n_images: int, captions_per_image: int = 5) -> float:
     return total
 
 
-def _evaluate(source: np.ndarray | SimsFn, positives: Positives) -> dict:
+def _evaluate(source: np.ndarray | SimsFn, positives: Positives, t2i_source: SimsFn | None = None) -> dict:
     fn = source if callable(source) else array_fn(source)
-    forward, backward = recall_metrics(i2t_stats(fn, positives)), recall_metrics(t2i_stats(fn, positives))
+    forward = recall_metrics(i2t_stats(fn, positives))
+    backward = recall_metrics(t2i_stats(t2i_source or fn, positives))
     return {"i2t": forward, "t2i": backward, "rsum": rsum(forward, backward), "merged": positives.merged}
+
+
+def evaluate_directions(i2t_fn: SimsFn, t2i_fn: SimsFn, n_images: int, captions_per_image: int = 5,
+                        texts: Sequence[str] | None = None) -> dict:
+    """The ``full`` protocol where each direction ranks its own scores: ``i2t_fn`` is read by
+    image rows, ``t2i_fn`` by caption columns (both in the (n_images, n_captions) layout). Query-side
+    normalisations (:mod:`aoq.hubness`) give a different matrix per direction.
+
+    Returns:
+        as :func:`evaluate_embeddings` with ``protocol="full"``.
+    """
+    check_layout(n_images, n_images * captions_per_image, captions_per_image)
+    positives = positives_of(n_images, captions_per_image, texts)
+    return {"protocol": "full", "n_images": n_images, **_evaluate(i2t_fn, positives, t2i_fn)}
 
 
 def evaluate_sims(sims: np.ndarray, captions_per_image: int = 5, texts: Sequence[str] | None = None) -> dict:

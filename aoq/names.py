@@ -21,6 +21,9 @@ FalseNegativeFilter = Literal["identity", "semantic", "teacher"]
 #: which (image, caption) pairs count as matches in evaluation: each caption's own image (the
 #: published protocol), or also every image with a caption of the same text (docs/evaluation.md)
 PositiveRule = Literal["pair", "text"]
+#: query-time hubness correction of a search or an evaluation (docs/serving.md, Hubness correction):
+#: raw scores, QB-Norm's dynamic inverted softmax, or the inverted softmax on every query
+Normalisation = Literal["none", "qbnorm", "invsoftmax"]
 ROUND1_LOSSES: tuple[str, ...] = get_args(Round1Loss)
 ROUND2_LOSSES: tuple[str, ...] = get_args(Round2Loss)
 ROUND2_VARIANTS: tuple[str, ...] = get_args(Round2Variant)
@@ -28,4 +31,5 @@ ROUND2_INITS: tuple[str, ...] = get_args(Round2Init)
 GOAL_TRIPLETS: tuple[str, ...] = get_args(GoalTriplet)
 GOAL_PAIRS: tuple[str, ...] = get_args(GoalPair)
 POSITIVE_RULES: tuple[str, ...] = get_args(PositiveRule)
+NORMALISATIONS: tuple[str, ...] = get_args(Normalisation)
 FALSE_NEGATIVE_FILTERS: tuple[str, ...] = get_args(FalseNegativeFilter)

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from aoq.names import FalseNegativeFilter, PositiveRule
+from aoq.names import FalseNegativeFilter, Normalisation, PositiveRule
 
 MAX_QUERY_CHARS = 1000
 MAX_K = 100
@@ -24,6 +24,10 @@ MAX_GALLERY_PAGE = 100
 Scope = Literal["all", "test"]
 SCOPE_HELP = ("all: every split the index holds (train, dev and test); test: the evaluation split alone, whose "
               "ranks the metrics and failure cases use")
+NORMALISE_HELP = ("query-time hubness correction with the training split as the bank (docs/serving.md, Hubness "
+                  "correction): none (raw scores), qbnorm (QB-Norm's dynamic inverted softmax: only a query whose "
+                  "top-1 is some bank query's top-1 is normalised), invsoftmax (every query); scores are then "
+                  "log-normalised scores")
 
 
 def _not_blank(value: str) -> str:
@@ -112,6 +116,7 @@ class SearchTextIn(BaseModel):
     model: str = Field(min_length=1, max_length=200)
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
+    normalise: Normalisation = Field("none", description=NORMALISE_HELP)
 
     _query = field_validator("query")(_not_blank)
 
@@ -137,6 +142,9 @@ class SearchContext(BaseModel):
     searched: int = Field(description="items ranked (images for text queries, captions for image queries)")
     eval_split: str = Field(description="the split of ground_truth_rank, the metrics and the failure cases")
     positives: PositiveRule = Field(description="the model's evaluation rule for correct answers")
+    normalise: Normalisation = Field("none", description="the hubness correction the list was ranked by")
+    normalised: bool = Field(False, description="whether this query's scores were normalised (qbnorm keeps the raw "
+                                                "order of a query whose top-1 is no bank query's top-1)")
 
 
 class SearchTextOut(BaseModel):
@@ -196,6 +204,7 @@ class CompareTextIn(BaseModel):
     )
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
+    normalise: Normalisation = Field("none", description=NORMALISE_HELP)
 
     _query = field_validator("query")(_not_blank)
 

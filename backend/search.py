@@ -7,6 +7,12 @@ split is small next to a training split). The correct answers follow the model's
 rule (:mod:`aoq_serve.truth`); under the text rule the captions of one text are one answer, so an
 image query lists each text once with the number of captions it stands for.
 
+``normalise`` re-ranks by a query-time hubness correction (:mod:`aoq.hubness`, docs/serving.md,
+Hubness correction) with the normalisers stored with the index: scope ``test`` normalises every
+score of the split (exact, as ``aoq evaluate --hubness``); scope ``all`` re-ranks a FAISS pool of
+``CANDIDATE_FACTOR * k`` raw candidates (an item the normaliser would lift from beyond the pool is
+missed). Ranks of the ground truth are always computed on every normalised score of the scope.
+
 Two ranks of the ground truth are given: in the searched scope (what the list shows) and among
 the evaluation split's items (what the failure cases and the metrics count). A rank is read
 from the results when they hold everything scoring at or above the best correct item;
@@ -21,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from aoq.names import PositiveRule
+from aoq.hubness import CANDIDATE_FACTOR, Normaliser, normalise_rows, query_applies, rerank
+from aoq.names import Normalisation, PositiveRule
 from aoq_serve.featurize import encode_text, encode_upload
 from aoq_serve.gallery import GalleryView
 from aoq_serve.index import faiss_index
@@ -81,71 +88,118 @@ def _scores(served: ServingModel, modality: str, vector: np.ndarray, span: range
     return np.asarray(embeddings @ vector.astype(np.float32), dtype=np.float32)
 
 
-def _top(served: ServingModel, modality: str, vector: np.ndarray, k: int, scope: Scope
-         ) -> tuple[np.ndarray, np.ndarray]:
+def _normaliser(served: ServingModel, modality: str, scope: Scope) -> Normaliser:
+    """The stored normaliser of a scope's items (indexed from the scope's first item).
+
+    Raises:
+        ServiceError: 409 the index was built without a hubness bank.
+    """
+    if served.index.hubness is None:
+        raise ServiceError(409, f"model {served.name!r}: its index holds no hubness bank (built before normalisation "
+                                "existed); run aoq index again, or search with normalise none")
+    whole = served.index.hubness[modality][scope]
+    span = _span(served.gallery.view, modality, scope) if scope == "test" else range(len(whole.active))
+    return Normaliser(log_denominator=whole.log_denominator[span.start:span.stop],
+                      active=whole.active[span.start:span.stop], beta=whole.beta)
+
+
+def _scope_scores(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope,
+                  normalise: Normalisation) -> tuple[np.ndarray, bool]:
+    """Every score of a scope under ``normalise``, and whether the query was normalised."""
+    raw = _scores(served, modality, vector, _span(served.gallery.view, modality, scope))
+    if normalise == "none":
+        return raw, False
+    normaliser = _normaliser(served, modality, scope)
+    applied = bool(query_applies(normalise, np.argmax(raw)[None], normaliser.active)[0])
+    return normalise_rows(raw[None, :], normaliser, normalise)[0], applied
+
+
+@dataclass(frozen=True)
+class _Top:
+    """A scope's best items, best first, and whether the query was normalised."""
+
+    scores: np.ndarray
+    positions: np.ndarray
+    normalised: bool
+
+
+def _top(served: ServingModel, modality: str, vector: np.ndarray, k: int, scope: Scope,
+         normalise: Normalisation) -> _Top:
     """The top ``k`` (scores, gallery positions) of a scope, best first."""
     if scope == "all":
-        scores, ids = faiss_index.search(served.index.faiss[modality], vector, k)
-        return scores, np.searchsorted(served.index.ids[modality], ids)
+        pool = k if normalise == "none" else k * CANDIDATE_FACTOR
+        normaliser = None if normalise == "none" else _normaliser(served, modality, scope)
+        scores, ids = faiss_index.search(served.index.faiss[modality], vector, pool)
+        positions = np.searchsorted(served.index.ids[modality], ids)
+        return _Top(*rerank(normalise, scores, positions, normaliser, k))
     span = _span(served.gallery.view, modality, scope)
-    scores = _scores(served, modality, vector, span)
+    scores, applied = _scope_scores(served, modality, vector, scope, normalise)
     k = min(k, len(scores))
     top = np.argpartition(-scores, k - 1)[:k]
     top = top[np.lexsort((top, -scores[top]))]
-    return scores[top], top + span.start
+    return _Top(scores[top], top + span.start, applied)
 
 
-def _exact(served: ServingModel, scope: Scope) -> bool:
-    return scope == "test" or served.index.config["index_type"] == "flat"
+def _exact(served: ServingModel, scope: Scope, normalise: Normalisation) -> bool:
+    """Whether a top list holds everything scoring above its last item (a re-ranked pool need not)."""
+    return scope == "test" or (served.index.config["index_type"] == "flat" and normalise == "none")
 
 
-def _scope_rank(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, scores: np.ndarray,
-                positions: np.ndarray, truth: np.ndarray) -> float:
+def _scope_rank(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, normalise: Normalisation,
+                scores: np.ndarray, positions: np.ndarray, truth: np.ndarray) -> float:
     found = np.isin(positions, truth)
-    if found.any() and _exact(served, scope):
+    if found.any() and _exact(served, scope, normalise):
         # Exact top list: everything scoring at or above the best correct item is in it too,
         # unless a tie runs past the cut (the last score equals it): then rank the whole scope.
         best = scores[found].max()
         if scores[-1] < best:
             return faiss_index.tied_rank(scores[~found], scores[found])
     span = _span(served.gallery.view, modality, scope)
-    return rank_among(_scores(served, modality, vector, span), span, truth)
+    return rank_among(_scope_scores(served, modality, vector, scope, normalise)[0], span, truth)
 
 
-def _ranks(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, scores: np.ndarray,
-           positions: np.ndarray, truth: Truth) -> tuple[float | None, float | None]:
+def _ranks(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, normalise: Normalisation,
+           top: _Top, truth: Truth) -> tuple[float | None, float | None]:
     """(rank in the scope, rank in the evaluation split) of the best correct item."""
-    in_scope = _scope_rank(served, modality, vector, scope, scores, positions, truth.in_scope) \
+    in_scope = _scope_rank(served, modality, vector, scope, normalise, top.scores, top.positions, truth.in_scope) \
         if truth.in_scope.size else None
     if not truth.in_eval.size:
         return in_scope, None
     if scope == "test":
         return in_scope, in_scope
     span = _span(served.gallery.view, modality, "test")
-    return in_scope, rank_among(_scores(served, modality, vector, span), span, truth.in_eval)
+    return in_scope, rank_among(_scope_scores(served, modality, vector, "test", normalise)[0], span, truth.in_eval)
 
 
-def _context(served: ServingModel, modality: str, scope: Scope) -> SearchContext:
+def _context(served: ServingModel, modality: str, scope: Scope, normalise: Normalisation, top: _Top
+             ) -> SearchContext:
     view = served.gallery.view
     return SearchContext(scope=scope, searched=len(_span(view, modality, scope)), eval_split=view.eval.split,
-                         positives=_rule(served))
+                         positives=_rule(served), normalise=normalise, normalised=top.normalised)
 
 
-def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Scope = "all") -> SearchTextOut:
-    """Rank the images of a scope for a sentence."""
+def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Scope = "all",
+                normalise: Normalisation = "none") -> SearchTextOut:
+    """Rank the images of a scope for a sentence.
+
+    Raises:
+        ServiceError: 409 a normalisation on an index built without a hubness bank.
+    """
     start = time.perf_counter()
     view, ids = served.gallery.view, served.gallery.ids
     vector = encode_text(served.checkpoint, query)
-    scores, positions = _top(served, "images", vector, k, scope)
+    top = _top(served, "images", vector, k, scope, normalise)
+    scores, positions = top.scores, top.positions
     truth = text_truth(view, _rule(served), query, scope)
-    scope_rank, eval_rank = _ranks(served, "images", vector, scope, scores, positions, truth)
+    scope_rank, eval_rank = _ranks(served, "images", vector, scope, normalise, top, truth)
     correct = set(truth.in_scope.tolist())
     results = [ImageHit(rank=r + 1, score=float(s), is_ground_truth=int(p) in correct,
                         **gallery_image(served, int(p), urls).model_dump())
                for r, (s, p) in enumerate(zip(scores, positions))]
     outside = None
     if scope == "test":
-        wide_scores, wide = _top(served, "images", vector, k, "all")
+        wide_top = _top(served, "images", vector, k, "all", normalise)
+        wide_scores, wide = wide_top.scores, wide_top.positions
         beyond = [r for r, p in enumerate(wide) if p not in view.eval.images]
         if beyond:
             r = beyond[0]
@@ -155,7 +209,7 @@ def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Sco
         model=served.name, query=query,
         caption_id=None if truth.caption is None else int(ids.caption_ids[truth.caption]),
         query_split=None if truth.caption is None else view.caption_split(truth.caption),
-        context=_context(served, "images", scope),
+        context=_context(served, "images", scope, normalise, top),
         ground_truth_ids=[int(ids.image_ids[p]) for p in truth.in_scope],
         ground_truth=[gallery_image(served, int(p), urls) for p in truth.in_scope[:MAX_NAMED_TRUTH]],
         scope_rank=scope_rank, ground_truth_rank=eval_rank, results=results, outside=outside,
@@ -193,18 +247,18 @@ def _caption_rows(view: GalleryView, rule: PositiveRule, scores: np.ndarray, pos
     return rows
 
 
-def _listed(served: ServingModel, vector: np.ndarray, k: int, scope: Scope, own: dict[int, int]
-            ) -> tuple[list[_Row], np.ndarray, np.ndarray]:
-    """The rows of a caption list and the scores and positions they were read from: under the
-    text rule, wider searches until ``k`` distinct texts are found or the scope is exhausted."""
+def _listed(served: ServingModel, vector: np.ndarray, k: int, scope: Scope, normalise: Normalisation,
+            own: dict[int, int]) -> tuple[list[_Row], _Top]:
+    """The rows of a caption list and the top list they were read from: under the text rule,
+    wider searches until ``k`` distinct texts are found or the scope is exhausted."""
     view, rule = served.gallery.view, _rule(served)
     span = view.caption_range(scope)
     fetch = k if rule == "pair" else min(len(span), k * FETCH_FACTOR)
     while True:
-        scores, positions = _top(served, "captions", vector, fetch, scope)
-        rows = _caption_rows(view, rule, scores, positions, k, span, own)
+        top = _top(served, "captions", vector, fetch, scope, normalise)
+        rows = _caption_rows(view, rule, top.scores, top.positions, k, span, own)
         if len(rows) >= k or fetch >= len(span):
-            return rows, scores, positions
+            return rows, top
         fetch = min(len(span), fetch * FETCH_FACTOR)
 
 
@@ -221,13 +275,13 @@ def _caption_hit(served: ServingModel, row: _Row, correct: set[int], urls: Urls)
 
 def search_image(
     served: ServingModel, k: int, urls: Urls, image_id: int | None = None, upload: Image.Image | None = None,
-    scope: Scope = "all",
+    scope: Scope = "all", normalise: Normalisation = "none",
 ) -> SearchImageOut:
     """Rank the captions of a scope for a gallery image (by id) or an uploaded image.
 
     Raises:
         ServiceError: 404 the id is not a gallery image of the model; 422 an upload the model
-            cannot featurise.
+            cannot featurise; 409 a normalisation on an index built without a hubness bank.
     """
     start = time.perf_counter()
     gallery = served.gallery
@@ -248,21 +302,21 @@ def search_image(
         query = gallery_image(served, position, urls)
     else:
         vector = encode_upload(served.checkpoint, upload, gallery.synthetic, gallery.dataset)
-    rows, scores, positions = _listed(served, vector, k, scope, own)
+    rows, top = _listed(served, vector, k, scope, normalise, own)
     scope_rank = eval_rank = None
     correct: set[int] = set()
     if truth is not None:
-        scope_rank, eval_rank = _ranks(served, "captions", vector, scope, scores, positions, truth)
+        scope_rank, eval_rank = _ranks(served, "captions", vector, scope, normalise, top, truth)
         correct = set(truth.in_scope.tolist())
     outside = None
     if scope == "test":
         shown = {int(view.keys[r.position]) for r in rows}
-        wide, _, _ = _listed(served, vector, k, "all", own)
+        wide, _ = _listed(served, vector, k, "all", normalise, own)
         beyond = [r for r in wide if r.position not in view.eval.captions and int(view.keys[r.position]) not in shown]
         if beyond:
             outside = _caption_hit(served, beyond[0], set(), urls)
     return SearchImageOut(
-        model=served.name, image_id=image_id, query=query, context=_context(served, "captions", scope),
+        model=served.name, image_id=image_id, query=query, context=_context(served, "captions", scope, normalise, top),
         ground_truth_ids=[] if truth is None else [int(gallery.ids.caption_ids[c]) for c in truth.in_scope],
         ground_truth_texts=texts, scope_rank=scope_rank, ground_truth_rank=eval_rank,
         results=[_caption_hit(served, r, correct, urls) for r in rows], outside=outside,

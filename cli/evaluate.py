@@ -7,7 +7,7 @@ import json
 import sys
 
 from aoq.metrics import PROTOCOLS
-from aoq.names import POSITIVE_RULES
+from aoq.names import NORMALISATIONS, POSITIVE_RULES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--positives", choices=POSITIVE_RULES, default=None,
                         help="pair: each caption matches its own image (the published protocol); text: identical "
                              "caption texts are one answer (default: the checkpoint config's eval.positives)")
+    parser.add_argument("--hubness", choices=NORMALISATIONS, default=None,
+                        help="rank by a query-time hubness normalisation with the training split as the bank "
+                             "(none, qbnorm, invsoftmax; protocols full and labels) and report each direction's "
+                             "hub share (docs/serving.md, Hubness correction)")
     parser.add_argument("--data", help="read the split from this dataset path instead of the checkpoint's")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda ...")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -31,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = evaluate_checkpoint(args.checkpoint, args.split, args.protocol, args.data, device=args.device,
-                                     ndcg_k=args.ndcg_k, positives=args.positives)
+                                     ndcg_k=args.ndcg_k, positives=args.positives,
+                                     hubness=args.hubness)
     except ValueError as exc:  # e.g. 1k5fold on a split of fewer than 5,000 images
         print(f"aoq evaluate: error: {exc}", file=sys.stderr)
         return 2

@@ -124,3 +124,17 @@ def test_embedding_helpers_agree_with_encode_split(trained):
     images = encode_image_inputs(ckpt.model, torch.from_numpy(np.array(split.features[:4])))
     np.testing.assert_allclose(images, img[:4], atol=1e-6)
     assert encode_texts(ckpt.model, ckpt.vocab, []).shape == (0, 16)
+
+
+def test_hubness_evaluation_names_its_bank_and_refuses_folds(trained, capsys):
+    ckpt = str(trained["ckpt"])
+    assert main(["evaluate", "--checkpoint", ckpt, "--hubness", "qbnorm", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    bank = out["hubness"]["bank"]
+    assert (out["protocol"], out["hubness"]["normalise"], bank["split"], bank["images"], bank["captions"]) == \
+        ("full", "qbnorm", "train", 30, 150)
+    assert 0 < out["hubness"]["hub_share"]["t2i"] <= 1
+    assert main(["evaluate", "--checkpoint", ckpt, "--hubness", "none"]) == 0
+    assert "hubness normalisation none: share of queries" in capsys.readouterr().out
+    assert main(["evaluate", "--checkpoint", ckpt, "--protocol", "1k5fold", "--hubness", "qbnorm"]) == 2
+    assert "evaluates the whole split (protocol full or labels), not 1k5fold" in capsys.readouterr().err

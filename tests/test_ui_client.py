@@ -51,7 +51,7 @@ def test_compare_text_sends_the_contract_body_and_parses_both_sides():
     request = fake.requests[0]
     assert (request.method, request.url.path) == ("POST", "/compare/text")
     assert json.loads(request.content) == {"query": "red square number 0", "models": ["baseline", "aoq"], "k": 2,
-                                           "scope": "all"}
+                                           "scope": "all", "normalise": "none"}
     assert (answer.left.model, answer.left.ground_truth_rank, answer.left.caption_id) == ("baseline", 3, 0)
     assert [(h.image_id, h.name, h.split) for h in answer.left.results] == [(4, "flag: Japan", "train"),
                                                                             (2, "blue square", "test")]
@@ -62,7 +62,7 @@ def test_compare_text_sends_the_contract_body_and_parses_both_sides():
 def test_compare_text_without_models_lets_the_backend_choose():
     fake = FakeBackend()
     fake.client().compare_text("anything", None, k=1, scope="test")
-    assert json.loads(fake.requests[0].content) == {"query": "anything", "k": 1, "scope": "test"}
+    assert json.loads(fake.requests[0].content) == {"query": "anything", "k": 1, "scope": "test", "normalise": "none"}
 
 
 def test_compare_image_by_id_sends_form_fields():

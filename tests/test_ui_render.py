@@ -389,3 +389,17 @@ def test_empty_plots_say_so():
     assert plots.recall_curves_figure([_metrics("a")]).axes[0].texts[0].get_text() == \
         "no training curves recorded"
     assert plots.rank_histogram_figure([]).axes[0].texts[0].get_text() == "no rank histogram recorded"
+
+
+def test_each_column_header_names_its_normalisation():
+    from aoq_ui.render import NORMALISE_LABELS
+
+    plain = render_text_column(_text("baseline"), "Left: baseline")
+    assert f'<div class="aoq-meta aoq-normalise">{NORMALISE_LABELS["none"]}</div>' in plain
+    answer = _text("baseline")
+    kept = answer.model_copy(update={"context": answer.context.model_copy(update={"normalise": "qbnorm"})})
+    assert "ranked by QB-Norm: this query&#x27;s top-1 is no bank query&#x27;s top-1, raw order kept" in \
+        render_text_column(kept, "Left: baseline")
+    applied = answer.model_copy(update={"context": answer.context.model_copy(
+        update={"normalise": "invsoftmax", "normalised": True})})
+    assert "ranked by inverted softmax: log-normalised scores" in render_text_column(applied, "Left: baseline")

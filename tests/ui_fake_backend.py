@@ -63,11 +63,13 @@ def image_hit(rank: int, image_id: int, score: float, gt: bool) -> dict[str, Any
     return {**gallery_image(image_id), "rank": rank, "score": score, "is_ground_truth": gt}
 
 
-def _context(scope: str, searched: int) -> dict[str, Any]:
-    return {"scope": scope, "searched": searched, "eval_split": "test", "positives": "text"}
+def _context(scope: str, searched: int, normalise: str) -> dict[str, Any]:
+    return {"scope": scope, "searched": searched, "eval_split": "test", "positives": "text", "normalise": normalise,
+            "normalised": normalise == "invsoftmax"}
 
 
-def text_answer(model: str, query: str, order: list[int], k: int, scope: str = "all") -> dict[str, Any]:
+def text_answer(model: str, query: str, order: list[int], k: int, scope: str = "all", normalise: str = "none"
+                ) -> dict[str, Any]:
     """A text->image answer whose ranking is ``order`` (the test split's part of it in scope
     test); a query equal to a caption of the twins has both as ground truth, other text none."""
     beyond = next((r for r, i in enumerate(order[:k]) if IMAGES[i][1] != "test"), None)
@@ -79,7 +81,7 @@ def text_answer(model: str, query: str, order: list[int], k: int, scope: str = "
     ranks = [r + 1 for r, i in enumerate(order) if i in gt]
     return {
         "model": model, "query": query, "caption_id": 0 if known else None, "query_split": "test" if known else None,
-        "context": _context(scope, 4 if scope == "test" else 6), "ground_truth_ids": gt,
+        "context": _context(scope, 4 if scope == "test" else 6, normalise), "ground_truth_ids": gt,
         "ground_truth": [gallery_image(i) for i in gt], "scope_rank": ranks[0] if ranks else None,
         "ground_truth_rank": ranks[0] if ranks else None,
         "results": [image_hit(r + 1, i, round(0.9 - 0.1 * r, 3), i in gt) for r, i in enumerate(order[:k])],
@@ -88,7 +90,8 @@ def text_answer(model: str, query: str, order: list[int], k: int, scope: str = "
     }
 
 
-def image_answer(model: str, image_id: int | None, order: list[int], k: int, scope: str = "all") -> dict[str, Any]:
+def image_answer(model: str, image_id: int | None, order: list[int], k: int, scope: str = "all",
+                 normalise: str = "none") -> dict[str, Any]:
     """An image->text answer listing the captions ``order`` (a caption of the twins stands for
     its two copies, as the text rule lists it)."""
     own = {CAPTIONS[c][0] for c, (_, img) in CAPTIONS.items() if img == image_id}
@@ -104,7 +107,7 @@ def image_answer(model: str, image_id: int | None, order: list[int], k: int, sco
     marked = [r["rank"] for r in rows if r["is_ground_truth"]]
     return {
         "model": model, "image_id": image_id, "query": None if image_id is None else gallery_image(image_id),
-        "context": _context(scope, 20 if scope == "test" else 30), "ground_truth_ids": gt,
+        "context": _context(scope, 20 if scope == "test" else 30, normalise), "ground_truth_ids": gt,
         "ground_truth_texts": sorted(own), "scope_rank": marked[0] if marked else None,
         "ground_truth_rank": marked[0] if marked else None, "results": rows, "outside": None, "latency_ms": 2.0,
     }
@@ -203,6 +206,7 @@ class FakeBackend:
     def _compare_text(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         query, k, scope = body["query"], body.get("k", 10), body.get("scope", "all")
+        normalise = body.get("normalise", "none")
         if not query:
             return _invalid("query", "string_too_short", "String should have at least 1 character")
         if len(query) > MAX_QUERY_CHARS:
@@ -211,8 +215,8 @@ class FakeBackend:
         if isinstance(pair, httpx.Response):
             return pair
         return httpx.Response(200, json={
-            "query": query, "left": text_answer(pair[0], query, ORDERS_T2I[pair[0]], k, scope),
-            "right": text_answer(pair[1], query, ORDERS_T2I[pair[1]], k, scope)})
+            "query": query, "left": text_answer(pair[0], query, ORDERS_T2I[pair[0]], k, scope, normalise),
+            "right": text_answer(pair[1], query, ORDERS_T2I[pair[1]], k, scope, normalise)})
 
     def _compare_image(self, request: httpx.Request) -> httpx.Response:
         form = _multipart_fields(request)
@@ -223,9 +227,10 @@ class FakeBackend:
             return httpx.Response(422, json={"detail": "the uploaded file is not an image Pillow can read "
                                                        "(cannot identify image file)"})
         image_id = int(form["image_id"]) if "image_id" in form else None
-        k, scope = int(form.get("k", 10)), form.get("scope", "all")
-        return httpx.Response(200, json={"left": image_answer(pair[0], image_id, ORDERS_I2T[pair[0]], k, scope),
-                                         "right": image_answer(pair[1], image_id, ORDERS_I2T[pair[1]], k, scope)})
+        k, scope, normalise = int(form.get("k", 10)), form.get("scope", "all"), form.get("normalise", "none")
+        return httpx.Response(200, json={
+            "left": image_answer(pair[0], image_id, ORDERS_I2T[pair[0]], k, scope, normalise),
+            "right": image_answer(pair[1], image_id, ORDERS_I2T[pair[1]], k, scope, normalise)})
 
     def _failures(self, request: httpx.Request) -> httpx.Response:
         params = request.url.params

@@ -6,7 +6,9 @@ images). Every result names its protocol, so 1K and 5K numbers cannot be confuse
 ``labels`` is the ``full`` protocol plus the label-wise metrics (mAP@R, NDCG@k, relevance = shared
 labels) of a split that carries labels. ``positives`` (``eval.positives``) is ``pair`` (each
 caption matches its own image, the published protocol) or ``text`` (identical caption texts are
-one answer; the result's ``merged`` counts the pairs that rule added).
+one answer; the result's ``merged`` counts the pairs that rule added). ``hubness`` ranks by the
+query-time normalisations of :mod:`aoq.hubness`, exactly (every score of the split), with the
+training split as the bank (docs/serving.md, Hubness correction).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_split
-from aoq.label_metrics import label_metrics, label_metrics_folds
-from aoq.metrics import PROTOCOLS, chance_rsum, evaluate_embeddings
+from aoq.hubness import HUB_ITEMS, bank_normaliser, bank_provenance, direction_fns, hub_share, top1_per_query
+from aoq.label_metrics import label_metrics, label_metrics_folds, label_metrics_of_scores
+from aoq.metrics import PROTOCOLS, chance_rsum, evaluate_directions, evaluate_embeddings
 from aoq.models.joint import JointModel
-from aoq.names import PositiveRule
+from aoq.names import Normalisation, PositiveRule
+
+#: the protocols a hubness normalisation evaluates under: one gallery, the whole split
+HUBNESS_PROTOCOLS = ("full", "labels")
 
 
 def evaluate_model(
@@ -107,6 +113,7 @@ def evaluate_checkpoint(
     batch_size: int = 256,
     ndcg_k: int = 10,
     positives: PositiveRule | None = None,
+    hubness: Normalisation | None = None,
 ) -> dict:
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
 
@@ -117,6 +124,8 @@ def evaluate_checkpoint(
         protocol: ``full``, ``1k5fold``, ``5k`` or ``labels`` (full + label-wise metrics).
         data_path: read the split from here instead of the checkpoint's ``data.path`` (same format).
         positives: ``pair`` or ``text``; None takes the checkpoint config's ``eval.positives``.
+        hubness: ``none``, ``qbnorm`` or ``invsoftmax`` (protocols ``full`` and ``labels``): rank by
+            that normalisation (:func:`evaluate_hubness`); None: the plain evaluation.
 
     Returns:
         ``evaluate_model``'s dict (``n_images`` = images evaluated) plus ``split``,
@@ -127,19 +136,63 @@ def evaluate_checkpoint(
 
     Raises:
         CheckpointError / DataError: a broken checkpoint or dataset.
+        ValueError: ``hubness`` with a protocol of folds or a subset.
     """
-    split, img, cap, common, configured = _load_encoded(ckpt_dir, split_name, data_path, device, batch_size,
-                                                        protocol == "labels")
+    if hubness is not None and protocol not in HUBNESS_PROTOCOLS:
+        raise ValueError(f"--hubness evaluates the whole split (protocol full or labels), not {protocol}")
+    split, img, cap, common, configured, bank = _load_encoded(ckpt_dir, split_name, data_path, device, batch_size,
+                                                              protocol == "labels", hubness not in (None, "none"))
     rule = positives or configured
+    if hubness is not None:
+        result = evaluate_hubness(img, cap, split, hubness, bank, rule, ndcg_k if protocol == "labels" else None)
+        return {"n_images": split.n_images, **result, "protocol": protocol, **common}
     return {"n_images": split.n_images, **_evaluate_encoded(img, cap, split, protocol, ndcg_k, rule), **common}
 
 
+def evaluate_hubness(img: np.ndarray, cap: np.ndarray, split: SplitData, method: Normalisation,
+                     bank: tuple[np.ndarray, np.ndarray, dict] | None, positives: PositiveRule = "pair",
+                     ndcg_k: int | None = None) -> dict:
+    """The full protocol of a split's embeddings ranked under a hubness ``method``, exactly.
+
+    Args:
+        bank: (images, captions, provenance) of the bank split; None only for ``method="none"``.
+        ndcg_k: add the label-wise metrics with this NDCG cut-off (full score matrices).
+
+    Returns:
+        :func:`aoq.metrics.evaluate_directions`'s dict, plus ``"hubness"``: the method, the bank's
+        provenance and ``hub_share`` per direction (the share of queries whose top-1 is one of the
+        most frequent top-1 items, :func:`aoq.hubness.hub_share`); ``"labels"`` with ``ndcg_k``.
+    """
+    n_images, n_captions = img.shape[0], cap.shape[0]
+    if bank is None:
+        images = captions = None
+        provenance: dict = {}
+    else:
+        # text->image normalises the images by the bank's captions; image->text the captions by its images
+        images, captions = bank_normaliser(bank[1], img), bank_normaliser(bank[0], cap)
+        provenance = bank[2]
+    i2t_fn, t2i_fn = direction_fns(img, cap, images, captions, method)  # type: ignore[arg-type]
+    texts = split.captions if positives == "text" else None
+    result = {**evaluate_directions(i2t_fn, t2i_fn, n_images, split.captions_per_image, texts), "positives": positives}
+    top1 = top1_per_query(i2t_fn, t2i_fn, n_images, n_captions)
+    result["hubness"] = {"normalise": method, "bank": provenance,
+                         "hub_share": {d: hub_share(top1[d]) for d in ("i2t", "t2i")}}
+    if ndcg_k is not None:
+        whole_i, whole_c = slice(0, n_images), slice(0, n_captions)
+        targets = multi_hot(split.labels, label_vocabulary(split.labels))
+        scores = label_metrics_of_scores(i2t_fn(whole_i, whole_c), t2i_fn(whole_i, whole_c).T, targets,
+                                         split.captions_per_image, ndcg_k)
+        result["labels"] = {**scores, "n_labels": int(targets.shape[1])}
+    return result
+
+
 def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path | None,
-                  device: str | torch.device, batch_size: int, labels: bool) -> tuple:
+                  device: str | torch.device, batch_size: int, labels: bool, bank: bool = False) -> tuple:
     """One split of a checkpoint's data (or of ``data_path``), its embeddings by the checkpoint's
-    model, the fields every result of it carries (split, checkpoint hash, vocabulary coverage) and
-    the checkpoint config's ``eval.positives``; ``labels``: the split must have labels (checked
-    before encoding)."""
+    model, the fields every result of it carries (split, checkpoint hash, vocabulary coverage),
+    the checkpoint config's ``eval.positives`` and, with ``bank``, the training split's
+    (images, captions, provenance) embeddings (else None); ``labels``: the split must have labels
+    (checked before encoding)."""
     ckpt = load_checkpoint(ckpt_dir, resolve_device(device))
     data_cfg = ckpt.config.data
     if data_path is not None:
@@ -151,7 +204,13 @@ def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path |
     # Unknown words exist only for a word vocabulary; a WordPiece tokenizer (minilm) covers every word.
     if isinstance(ckpt.vocab, Vocabulary):
         common["vocabulary"] = coverage(ckpt.vocab, split.captions)
-    return split, img, cap, common, ckpt.config.eval.positives
+    embedded_bank = None
+    if bank:
+        train = load_split(data_cfg, data_cfg.train_split)
+        bank_img, bank_cap = encode_split(ckpt.model, ckpt.vocab, train, batch_size=batch_size,
+                                          image_size=data_cfg.image_size)
+        embedded_bank = (bank_img, bank_cap, bank_provenance(data_cfg.train_split, bank_img, bank_cap))
+    return split, img, cap, common, ckpt.config.eval.positives, embedded_bank
 
 
 def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels: bool = False,
@@ -167,7 +226,7 @@ def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels
     Returns:
         ``{protocol: result}``, each result as :func:`evaluate_checkpoint`'s for that protocol.
     """
-    split, img, cap, common, positives = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
+    split, img, cap, common, positives, _ = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
     protocols = PROTOCOLS if split.n_images >= 5000 else ("full",)
     results = {p: {**_recalls(img, cap, split, p, positives), **common} for p in protocols}
     if labels:
@@ -190,6 +249,11 @@ def format_table(result: dict) -> str:
     lines.append(f"rsum {result['rsum']:.2f}")
     if "vocabulary" in result:
         lines.append(f"unknown words: {format_coverage(result['vocabulary'])}")
+    hub = result.get("hubness")
+    if hub:
+        shares = hub["hub_share"]
+        lines.append(f"hubness normalisation {hub['normalise']}: share of queries whose top-1 is one of the "
+                     f"{HUB_ITEMS} most frequent top-1 items i2t {100 * shares['i2t']:.1f}%, t2i {100 * shares['t2i']:.1f}%")
     labels = result.get("labels")
     if labels:
         ndcg = f"ndcg_at_{labels['k']}"

@@ -168,8 +168,8 @@ class BackendClient:
         return response.content, response.headers.get("content-type", "application/octet-stream")
 
     def compare_text(self, query: str, models: Sequence[str] | None = None, k: int = 10,
-                     scope: str = "all") -> CompareTextOut:
-        body: dict[str, Any] = {"query": query, "k": k, "scope": scope}
+                     scope: str = "all", normalise: str = "none") -> CompareTextOut:
+        body: dict[str, Any] = {"query": query, "k": k, "scope": scope, "normalise": normalise}
         if models:
             body["models"] = list(models)
         return self._call("POST", "/compare/text", CompareTextOut, json=body)
@@ -182,6 +182,7 @@ class BackendClient:
         models: Sequence[str] | None = None,
         k: int = 10,
         scope: str = "all",
+        normalise: str = "none",
     ) -> CompareImageOut:
         """Compare two models on a gallery image (``image_id``) or an uploaded PNG/JPEG (``file``)."""
         if (image_id is None) == (file is None):
@@ -189,7 +190,7 @@ class BackendClient:
         # Every field goes as a multipart part (a (None, value) pair has no file name): the
         # contract is multipart/form-data even without an upload, which httpx would urlencode.
         fields: dict[str, tuple[str | None, bytes | str, str | None]] = {
-            "k": (None, str(k), None), "scope": (None, scope, None)}
+            "k": (None, str(k), None), "scope": (None, scope, None), "normalise": (None, normalise, None)}
         if models:
             fields["models"] = (None, ",".join(models), None)
         if image_id is not None:

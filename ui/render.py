@@ -204,11 +204,27 @@ def _truth_line(answer: SearchTextOut | SearchImageOut, what: str) -> str:
     return DOT.join(bits)
 
 
+#: what a column header says of the hubness correction its list was ranked by (docs/serving.md)
+NORMALISE_LABELS = {"none": "raw scores (no hubness correction)", "qbnorm": "QB-Norm",
+                    "invsoftmax": "inverted softmax"}
+
+
+def _normalise_line(answer: SearchTextOut | SearchImageOut) -> str:
+    context = answer.context
+    label = NORMALISE_LABELS[context.normalise]
+    if context.normalise == "none":
+        return label
+    if context.normalised:
+        return f"ranked by {label}: log-normalised scores"
+    return f"ranked by {label}: this query's top-1 is no bank query's top-1, raw order kept"
+
+
 def _header(title: str, answer: SearchTextOut | SearchImageOut, what: str) -> str:
     meta = [f"{answer.latency_ms:.1f} ms", f"{answer.context.searched:,} {what}s searched"]
     if truth := _truth_line(answer, what):
         meta.append(truth)
-    return f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{DOT.join(meta)}</div>"
+    return (f"<h4>{escape(title)}</h4><div class=\"aoq-meta\">{DOT.join(meta)}</div>"
+            f"<div class=\"aoq-meta aoq-normalise\">{escape(_normalise_line(answer))}</div>")
 
 
 def render_text_column(answer: SearchTextOut, title: str) -> str:

@@ -8,7 +8,9 @@ For each checkpoint (one subfolder of the models directory), in this order:
    split is then catalogued too when the checkpoint names mined negatives, which ``/negatives``
    shows);
 2. the gallery's images and captions are embedded with the model, and both FAISS indexes are
-   written atomically to ``<out>/<model>/`` with their manifest (which names the splits);
+   written atomically to ``<out>/<model>/`` with their manifest (which names the splits) and the
+   hubness normalisers of the gallery under the training split as the bank (its provenance in the
+   manifest; :mod:`aoq_serve.index.bank`);
 3. in one transaction: the model row (role, loss, checkpoint hash, metrics, the report of
    :mod:`aoq_serve.index.reports`, computed on the evaluation split with the checkpoint's
    positives rule), its index records and the evaluation split's ground-truth ranks (failure cases).
@@ -36,10 +38,12 @@ from aoq.data.karpathy import read_karpathy
 from aoq.data.load import load_split
 from aoq.device import resolve_device
 from aoq.embed import encode_split
+from aoq.hubness import bank_provenance
 from aoq.io import ArtefactError, read_manifest
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.store.db import create_schema, make_engine, session_factory, utcnow
+from aoq_serve.index.bank import MANIFEST_KEY, bank_arrays
 from aoq_serve.index.faiss_index import IndexSpec, bump_generation, write_model_index
 from aoq_serve.negatives import TRAIN_SPLIT
 from aoq_serve.paths import relative_to_data, stored_data_config
@@ -216,12 +220,14 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
                              image_size=cfg.data.image_size, progress=True) for _, part in parts]
     img_emb, cap_emb = next(e for (p, _), e in zip(parts, embedded) if p.split == job.split)
     gallery = catalogue.joined_ids([p for p, _ in parts])
+    vectors = {"images": np.concatenate([e[0] for e in embedded]), "captions": np.concatenate([e[1] for e in embedded])}
+    bank, provenance = _bank(job, cfg, ckpt, registry, parts, embedded)
     meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
             "splits": [p.split for p, _ in parts],
-            "gallery_hash": catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions])}
-    manifest = write_model_index(job.out / name, {"images": np.concatenate([e[0] for e in embedded]),
-                                                  "captions": np.concatenate([e[1] for e in embedded])},
-                                 {"images": gallery.image_ids, "captions": gallery.caption_ids}, job.spec, meta)
+            "gallery_hash": catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions]),
+            MANIFEST_KEY: provenance}
+    manifest = write_model_index(job.out / name, vectors, {"images": gallery.image_ids, "captions": gallery.caption_ids},
+                                 job.spec, meta, bank_arrays(vectors, _eval_spans(parts, job.split), bank))
     cpi = split.captions_per_image
     texts = split.captions if cfg.eval.positives == "text" else None
     ranks = gallery_ranks(img_emb, cap_emb, cpi, texts)
@@ -239,6 +245,31 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
     log.info("%s (%s): indexed %d images, %d captions; full-gallery rsum %.1f", name, role,
              len(img_emb), len(cap_emb), full["rsum"])
     return {"model": name, "role": role, "rsum": full["rsum"], "params": manifest["params"]}
+
+
+def _bank(job: IndexJob, cfg: ExperimentConfig, ckpt: Checkpoint, registry: _Catalogue, parts: list,
+          embedded: list) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The hubness bank, the training split's embeddings (those of the gallery when it holds the
+    split, else embedded now), and its provenance."""
+    role = cfg.data.train_split
+    found = [e for (p, _), e in zip(parts, embedded) if p.split == role]
+    if found:
+        images, captions = found[0]
+    else:
+        images, captions = encode_split(ckpt.model, ckpt.vocab, registry.split(cfg.data, role)[1],
+                                        batch_size=job.batch_size, image_size=cfg.data.image_size, progress=True)
+    return {"images": images, "captions": captions}, bank_provenance(role, images, captions)
+
+
+def _eval_spans(parts: list, split: str) -> dict[str, range]:
+    """Where the evaluation split's images and captions sit among the gallery's positions."""
+    images = captions = 0
+    for ids, part in parts:
+        if ids.split == split:
+            return {"images": range(images, images + part.n_images),
+                    "captions": range(captions, captions + part.n_captions)}
+        images, captions = images + part.n_images, captions + part.n_captions
+    raise ValueError(f"the gallery holds no split {split!r}")
 
 
 def record_model(session: Session, name: str, role: str, loss: str, ckpt: Checkpoint, ids: SplitIds,

@@ -9,7 +9,9 @@ Layout of ``<index_dir>/<model>/``::
     image_ids.npy    catalogue ids by position
     caption_ids.npy
     manifest.json    kind "aoq-index", model, checkpoint hash, index type, tuned parameters and
-                     measured recall@10 against exact search, per-file hashes
+                     measured recall@10 against exact search, the hubness bank's provenance,
+                     per-file hashes
+    *_log_z.npy, *_active_*.npy   the hubness normalisers (:mod:`aoq_serve.index.bank`)
 
 ``<index_dir>/index.json`` names the models and a generation number; it is written last, after
 the catalogue commit, and a running server reloads when it changes.
@@ -31,8 +33,10 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
+from aoq.hubness import Normaliser
 from aoq.io import (ArtefactError, atomic_dir, atomic_save_npy, atomic_write_json, parse_json, read_manifest,
                     write_manifest)
+from aoq_serve.index.bank import load_bank
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +162,7 @@ def write_model_index(
     ids: dict[str, np.ndarray],
     spec: IndexSpec,
     meta: dict[str, Any],
+    arrays: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Build both indexes of a model and write them with their manifest into ``out`` atomically.
 
@@ -165,6 +170,7 @@ def write_model_index(
         embeddings: ``{"images": (N_i, d), "captions": (N_c, d)}`` L2-normalised float32.
         ids: catalogue ids by position, same keys.
         meta: recorded in the manifest (model name, checkpoint hash, dataset, split...).
+        arrays: more files of the artefact, ``{file name: array}`` (the hubness normalisers).
 
     Returns:
         The manifest (``params`` holds each modality's index parameters and recall).
@@ -177,6 +183,8 @@ def write_model_index(
             faiss.write_index(index, str(tmp / f"{modality}.faiss"))
             atomic_save_npy(tmp / f"{modality}.npy", np.asarray(embeddings[modality], dtype=np.float32))
             atomic_save_npy(tmp / f"{modality[:-1]}_ids.npy", np.asarray(ids[modality], dtype=np.int64))
+        for name, array in (arrays or {}).items():
+            atomic_save_npy(tmp / name, array)
         config = {
             **meta,
             "index_type": spec.type,
@@ -222,6 +230,8 @@ class LoadedIndex:
     ids: dict[str, np.ndarray]
     #: the files as they were when their hashes were verified (see :meth:`changed_in_place`).
     stamps: dict[str, FileStamp]
+    #: the hubness normalisers, ``{modality: {scope: Normaliser}}``; None: built without a bank.
+    hubness: dict[str, dict[str, Normaliser]] | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -269,9 +279,11 @@ def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
                 f"ids {len(ids[modality])}, manifest {n}"
             )
         indexes[modality] = _maybe_gpu(index, use_gpu)
+    hubness = load_bank(path, config)
     if _stamps(path) != stamps:
         raise ArtefactError(f"{path}: files changed while the index was being loaded; load it again")
-    return LoadedIndex(path=path, manifest=manifest, faiss=indexes, embeddings=embeddings, ids=ids, stamps=stamps)
+    return LoadedIndex(path=path, manifest=manifest, faiss=indexes, embeddings=embeddings, ids=ids, stamps=stamps,
+                       hubness=hubness)
 
 
 def _search_value(params: dict[str, Any]) -> int | None:

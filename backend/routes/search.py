@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, UploadFile
 from PIL import Image
 
+from aoq.names import Normalisation
 from aoq_serve.decode import decode_upload
 from aoq_serve.deps import ServiceDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
@@ -16,6 +17,7 @@ from aoq_serve.schemas import (
     DEFAULT_MAX_UPLOAD_BYTES,
     MAX_ID,
     MAX_K,
+    NORMALISE_HELP,
     CompareImageOut,
     CompareTextIn,
     CompareTextOut,
@@ -35,6 +37,7 @@ ModelForm = Annotated[str, Form(min_length=1, max_length=200, description="model
 KForm = Annotated[int, Form(ge=1, le=MAX_K)]
 ImageIdForm = Annotated[int | None, Form(ge=0, le=MAX_ID, description="a gallery image id (or upload a file)")]
 ScopeForm = Annotated[Scope, Form(description=SCOPE_HELP)]
+NormaliseForm = Annotated[Normalisation, Form(description=NORMALISE_HELP)]
 FileForm = Annotated[UploadFile | None, File(description=f"PNG or JPEG, at most {DEFAULT_MAX_UPLOAD_BYTES // 2**20} MB by default (or give image_id)")]
 
 
@@ -62,7 +65,7 @@ def _pair(snapshot: Snapshot, models: list[str] | None) -> tuple[str, str]:
 @router.post("/search/text", response_model=SearchTextOut, responses=ERRORS)
 def post_search_text(body: SearchTextIn, service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep) -> SearchTextOut:
     """Rank the gallery images of ``model`` for a sentence."""
-    out = search_text(snapshot.get(body.model), body.query, body.k, urls, body.scope)
+    out = search_text(snapshot.get(body.model), body.query, body.k, urls, body.scope, body.normalise)
     service.querylog.record("/search/text", out.latency_ms, body.model, body.k)
     return out
 
@@ -70,12 +73,12 @@ def post_search_text(body: SearchTextIn, service: ServiceDep, snapshot: Snapshot
 @router.post("/search/image", response_model=SearchImageOut, responses=ERRORS)
 def post_search_image(
     service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep, model: ModelForm, k: KForm = 10,
-    image_id: ImageIdForm = None, file: FileForm = None, scope: ScopeForm = "all",
+    image_id: ImageIdForm = None, file: FileForm = None, scope: ScopeForm = "all", normalise: NormaliseForm = "none",
 ) -> SearchImageOut:
     """Rank the gallery captions of ``model`` for a gallery image or an uploaded one."""
     served = snapshot.get(model)
     upload = _read_query_image(service, image_id, file)
-    out = search_image(served, k, urls, image_id=image_id, upload=upload, scope=scope)
+    out = search_image(served, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise)
     service.querylog.record("/search/image", out.latency_ms, model, k)
     return out
 
@@ -85,8 +88,8 @@ def post_compare_text(body: CompareTextIn, service: ServiceDep, snapshot: Snapsh
     """The same sentence on two models (default: the baseline-role and the aoq-role model)."""
     start = time.perf_counter()
     left, right = (snapshot.get(name) for name in _pair(snapshot, body.models))
-    out = CompareTextOut(query=body.query, left=search_text(left, body.query, body.k, urls, body.scope),
-                         right=search_text(right, body.query, body.k, urls, body.scope))
+    out = CompareTextOut(query=body.query, left=search_text(left, body.query, body.k, urls, body.scope, body.normalise),
+                         right=search_text(right, body.query, body.k, urls, body.scope, body.normalise))
     service.querylog.record("/compare/text", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", body.k)
     return out
 
@@ -95,7 +98,7 @@ def post_compare_text(body: CompareTextIn, service: ServiceDep, snapshot: Snapsh
 def post_compare_image(
     service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep, k: KForm = 10,
     models: Annotated[str | None, Form(max_length=401, description='"left,right"; default baseline and aoq roles')] = None,
-    image_id: ImageIdForm = None, file: FileForm = None, scope: ScopeForm = "all",
+    image_id: ImageIdForm = None, file: FileForm = None, scope: ScopeForm = "all", normalise: NormaliseForm = "none",
 ) -> CompareImageOut:
     """The same image on two models, each with its rank of the ground truth."""
     start = time.perf_counter()
@@ -106,7 +109,8 @@ def post_compare_image(
             raise ServiceError(422, f'models must be two names separated by a comma ("left,right"), got {models!r}')
     left, right = (snapshot.get(name) for name in _pair(snapshot, names))
     upload = _read_query_image(service, image_id, file)
-    out = CompareImageOut(left=search_image(left, k, urls, image_id=image_id, upload=upload, scope=scope),
-                          right=search_image(right, k, urls, image_id=image_id, upload=upload, scope=scope))
+    out = CompareImageOut(
+        left=search_image(left, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise),
+        right=search_image(right, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise))
     service.querylog.record("/compare/image", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", k)
     return out
