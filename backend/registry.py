@@ -6,17 +6,20 @@ vector count and file hash as recorded in the catalogue, and the index's ids aga
 catalogue's gallery ids. A model failing any check is disabled with the reason (logged, and shown
 by ``/health`` and ``/models``) instead of serving wrong results (docs/serving.md, Design notes).
 
-The gallery's caption text and ids are checked too: ``aoq index`` records their digest
-(:func:`aoq_serve.store.catalogue.gallery_digest`) in each index manifest, so a caption edited in the
-catalogue (or a damaged row) disables the models of that gallery, on SQLite and PostgreSQL.
+The gallery's caption text, ids and image paths are checked too: ``aoq index`` records their
+digests (:func:`aoq_serve.store.catalogue.gallery_digest`, ``paths_digest``) in each index manifest,
+so a caption or path edited in the catalogue (or a damaged row) disables the models of that
+gallery, on SQLite and PostgreSQL. The digests of the stored ranks are checked on every
+``/failures`` read (:mod:`aoq_serve.failures`).
 
 A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
 an old index with a new catalogue inside one answer: requests in flight finish on the old
 snapshot while new ones see the new one.
 
-The embeddings are memory-mapped: on every tick the watcher looks for index files written in
-place (same inode, new size or time); one whose bytes no longer match its manifest hash
-disables its model at once, with the file named in the reason.
+The embeddings are read into memory, not memory-mapped, so a file truncated while serving cannot
+kill the process (SIGBUS); on every tick the watcher still looks for index files written in
+place (same inode, new size or time): one whose bytes no longer match its manifest hash
+disables its model at once, with the file named in the reason (a restart would serve those bytes).
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ class Gallery:
     view: GalleryView
     #: :func:`aoq_serve.store.catalogue.gallery_digest` of the ids and captions read from the catalogue.
     digest: str
+    #: each image's file (relative to the data directory) by position, as read and verified at
+    #: load time: ``/images`` serves these, so a later edit of the catalogue cannot swap pictures.
+    paths: list[str | None]
+    #: :func:`aoq_serve.store.catalogue.paths_digest` of ``paths``.
+    paths_digest: str
 
     def image_position(self, image_id: int) -> int | None:
         return _position(self.ids.image_ids, image_id)
@@ -191,12 +199,14 @@ class _Loader:
         if key not in self.galleries:
             dataset = catalogue.get_dataset(self.session, dataset_id)
             parts = [(catalogue.split_ids(self.session, dataset_id, s),
-                      catalogue.caption_texts(self.session, dataset_id, s)) for s in splits]
+                      catalogue.caption_texts(self.session, dataset_id, s),
+                      catalogue.image_paths(self.session, dataset_id, s)) for s in splits]
             parts.sort(key=lambda part: int(part[0].image_ids[0]) if part[0].n_images else 0)
             ids = catalogue.joined_ids([p[0] for p in parts])
-            texts = [t for _, split_texts in parts for t in split_texts]
+            texts = [t for _, split_texts, _ in parts for t in split_texts]
+            paths = [path for _, _, split_paths in parts for path in split_paths]
             spans, images, captions = [], 0, 0
-            for split_ids, _ in parts:
+            for split_ids, _, _ in parts:
                 spans.append(Span(split_ids.split, range(images, images + split_ids.n_images),
                                   range(captions, captions + len(split_ids.caption_ids))))
                 images, captions = spans[-1].images.stop, spans[-1].captions.stop
@@ -206,7 +216,8 @@ class _Loader:
             owners = np.searchsorted(ids.image_ids, ids.caption_image_ids)
             self.galleries[key] = Gallery(dataset_id, dataset.name, eval_split, dataset.synthetic, ids, texts,
                                           GalleryView(spans, owners, texts, eval_split),
-                                          catalogue.gallery_digest(ids, texts))
+                                          catalogue.gallery_digest(ids, texts), paths,
+                                          catalogue.paths_digest(ids.image_ids, paths))
         return self.galleries[key]
 
     def checkpoint(self, row: Model) -> Checkpoint:
@@ -215,12 +226,14 @@ class _Loader:
             raise Disabled(f"checkpoint directory {path} is missing")
         old = self.previous.models.get(row.name) if self.previous else None
         if old is not None and old.checkpoint.content_hash == row.checkpoint_hash:
-            # Reuse the loaded weights when the files on disk are still the same checkpoint.
+            # Reuse the loaded weights only when the files on disk still hash to this checkpoint:
+            # a file truncated, flipped or deleted while serving disables the model now, not at
+            # the next restart.
             try:
-                if read_manifest(path, verify=False).get("content_hash") == row.checkpoint_hash:
+                if read_manifest(path, verify=True).get("content_hash") == row.checkpoint_hash:
                     return old.checkpoint
-            except ArtefactError:
-                pass
+            except ArtefactError as exc:
+                raise Disabled(f"checkpoint changed on disk while being served: {exc}") from None
         try:
             ckpt = load_checkpoint(path, device=self.settings.device)
         except ArtefactError as exc:
@@ -252,6 +265,11 @@ class _Loader:
             raise Disabled(
                 f"caption text in the catalogue differs from what index {path} was built from (the catalogue "
                 f"was edited or damaged); re-run aoq index"
+            )
+        if loaded.config.get("paths_hash") != gallery.paths_digest or "ranks_hash" not in loaded.config:
+            raise Disabled(
+                f"image paths in the catalogue differ from what index {path} was built from (edited or damaged), "
+                f"or the index records no digest of its paths and ranks (an older aoq index); re-run aoq index"
             )
         records = catalogue.index_records(self.session, row.id)
         expected = {"images": gallery.ids.image_ids, "captions": gallery.ids.caption_ids}

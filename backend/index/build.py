@@ -216,15 +216,20 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
                              image_size=cfg.data.image_size, progress=True) for _, part in parts]
     img_emb, cap_emb = next(e for (p, _), e in zip(parts, embedded) if p.split == job.split)
     gallery = catalogue.joined_ids([p for p, _ in parts])
-    meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
-            "splits": [p.split for p, _ in parts],
-            "gallery_hash": catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions])}
-    manifest = write_model_index(job.out / name, {"images": np.concatenate([e[0] for e in embedded]),
-                                                  "captions": np.concatenate([e[1] for e in embedded])},
-                                 {"images": gallery.image_ids, "captions": gallery.caption_ids}, job.spec, meta)
     cpi = split.captions_per_image
     texts = split.captions if cfg.eval.positives == "text" else None
     ranks = gallery_ranks(img_emb, cap_emb, cpi, texts)
+    with sessions() as session:
+        paths = [path for p, _ in parts for path in catalogue.image_paths(session, p.dataset_id, p.split)]
+    query_ids = {"t2i": ids.caption_ids, "i2t": ids.image_ids}
+    meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
+            "splits": [p.split for p, _ in parts],
+            "gallery_hash": catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions]),
+            "paths_hash": catalogue.paths_digest(gallery.image_ids, paths),
+            "ranks_hash": {d: catalogue.ranks_digest(query_ids[d], r) for d, r in ranks.items()}}
+    manifest = write_model_index(job.out / name, {"images": np.concatenate([e[0] for e in embedded]),
+                                                  "captions": np.concatenate([e[1] for e in embedded])},
+                                 {"images": gallery.image_ids, "captions": gallery.caption_ids}, job.spec, meta)
     labels = None if split.labels is None else multi_hot(split.labels, label_vocabulary(split.labels))
     report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels, texts)
     seed = cfg.round2.seed if ckpt.extra.get("mined_dir") else cfg.train.seed
