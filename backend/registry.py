@@ -73,11 +73,6 @@ class Gallery:
     view: GalleryView
     #: :func:`aoq_serve.store.catalogue.gallery_digest` of the ids and captions read from the catalogue.
     digest: str
-    #: each image's file (relative to the data directory) by position, as read and verified at
-    #: load time: ``/images`` serves these, so a later edit of the catalogue cannot swap pictures.
-    paths: list[str | None]
-    #: :func:`aoq_serve.store.catalogue.paths_digest` of ``paths``.
-    paths_digest: str
 
     def image_position(self, image_id: int) -> int | None:
         return _position(self.ids.image_ids, image_id)
@@ -90,6 +85,25 @@ def _position(sorted_ids: np.ndarray, item_id: int) -> int | None:
     """Position of ``item_id`` in an increasing id array (ids are assigned in position order)."""
     p = int(np.searchsorted(sorted_ids, item_id))
     return p if p < len(sorted_ids) and int(sorted_ids[p]) == item_id else None
+
+
+@dataclass(frozen=True)
+class ImagePaths:
+    """Image files (relative to the data directory) by catalogue id, as verified at load time:
+    ``/images`` serves these, so a later edit of the catalogue cannot swap pictures."""
+
+    ids: np.ndarray
+    paths: tuple[str | None, ...]
+
+    @classmethod
+    def of(cls, ids: np.ndarray, paths: list[str | None]) -> ImagePaths:
+        order = np.argsort(ids, kind="stable")
+        return cls(np.asarray(ids, dtype=np.int64)[order], tuple(paths[i] for i in order))
+
+    def get(self, image_id: int) -> str | None:
+        """The image's path ("" for a features-only image), None when it is not one of these."""
+        p = _position(self.ids, image_id)
+        return None if p is None else self.paths[p] or ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,8 @@ class ServingModel:
     gallery: Gallery
     report: dict[str, Any]
     mined_dir: str | None
+    #: the files of the images this model shows, verified when it was loaded.
+    images: ImagePaths
 
     @property
     def name(self) -> str:
@@ -192,6 +208,7 @@ class _Loader:
     def __init__(self, settings: Settings, session: Session, previous: Snapshot | None) -> None:
         self.settings, self.session, self.previous = settings, session, previous
         self.galleries: dict[tuple[int, tuple[str, ...], str], Gallery] = {}
+        self.paths: dict[tuple[int, str], tuple[np.ndarray, list[str | None], str]] = {}
 
     def gallery(self, dataset_id: int, splits: tuple[str, ...], eval_split: str) -> Gallery:
         """The gallery of ``splits`` (as the index lists them) with ``eval_split`` among them."""
@@ -199,14 +216,12 @@ class _Loader:
         if key not in self.galleries:
             dataset = catalogue.get_dataset(self.session, dataset_id)
             parts = [(catalogue.split_ids(self.session, dataset_id, s),
-                      catalogue.caption_texts(self.session, dataset_id, s),
-                      catalogue.image_paths(self.session, dataset_id, s)) for s in splits]
+                      catalogue.caption_texts(self.session, dataset_id, s)) for s in splits]
             parts.sort(key=lambda part: int(part[0].image_ids[0]) if part[0].n_images else 0)
             ids = catalogue.joined_ids([p[0] for p in parts])
-            texts = [t for _, split_texts, _ in parts for t in split_texts]
-            paths = [path for _, _, split_paths in parts for path in split_paths]
+            texts = [t for _, split_texts in parts for t in split_texts]
             spans, images, captions = [], 0, 0
-            for split_ids, _, _ in parts:
+            for split_ids, _ in parts:
                 spans.append(Span(split_ids.split, range(images, images + split_ids.n_images),
                                   range(captions, captions + len(split_ids.caption_ids))))
                 images, captions = spans[-1].images.stop, spans[-1].captions.stop
@@ -216,8 +231,7 @@ class _Loader:
             owners = np.searchsorted(ids.image_ids, ids.caption_image_ids)
             self.galleries[key] = Gallery(dataset_id, dataset.name, eval_split, dataset.synthetic, ids, texts,
                                           GalleryView(spans, owners, texts, eval_split),
-                                          catalogue.gallery_digest(ids, texts), paths,
-                                          catalogue.paths_digest(ids.image_ids, paths))
+                                          catalogue.gallery_digest(ids, texts))
         return self.galleries[key]
 
     def checkpoint(self, row: Model) -> Checkpoint:
@@ -266,11 +280,6 @@ class _Loader:
                 f"caption text in the catalogue differs from what index {path} was built from (the catalogue "
                 f"was edited or damaged); re-run aoq index"
             )
-        if loaded.config.get("paths_hash") != gallery.paths_digest or "ranks_hash" not in loaded.config:
-            raise Disabled(
-                f"image paths in the catalogue differ from what index {path} was built from (edited or damaged), "
-                f"or the index records no digest of its paths and ranks (an older aoq index); re-run aoq index"
-            )
         records = catalogue.index_records(self.session, row.id)
         expected = {"images": gallery.ids.image_ids, "captions": gallery.ids.caption_ids}
         for modality in MODALITIES:
@@ -289,6 +298,31 @@ class _Loader:
                 raise Disabled(f"{modality} index ids differ from the catalogue's gallery ids; re-run aoq index")
         return loaded
 
+    def split_paths(self, dataset_id: int, split: str) -> tuple[np.ndarray, list[str | None], str]:
+        """(image ids, paths, their digest) of a split, read once per snapshot."""
+        key = (dataset_id, split)
+        if key not in self.paths:
+            ids = catalogue.split_ids(self.session, dataset_id, split).image_ids
+            paths = catalogue.image_paths(self.session, dataset_id, split)
+            self.paths[key] = (ids, paths, catalogue.paths_digest(ids, paths))
+        return self.paths[key]
+
+    def image_paths(self, row: Model, index: LoadedIndex) -> ImagePaths:
+        """The image files of every split the model shows, checked against its index's digests."""
+        recorded = index.config.get("paths_hash")
+        if not isinstance(recorded, dict) or "ranks_hash" not in index.config:
+            raise Disabled(f"index {index.path} records no digest of its image paths and ranks (built by an older "
+                           f"aoq index); re-run aoq index")
+        ids, paths = [], []
+        for split, digest in sorted(recorded.items()):
+            split_ids, split_paths, found = self.split_paths(row.dataset_id, split)
+            if found != digest:
+                raise Disabled(f"image paths of split {split!r} in the catalogue differ from what index {index.path} "
+                               f"was built from (the catalogue was edited or damaged); re-run aoq index")
+            ids.append(split_ids)
+            paths.extend(split_paths)
+        return ImagePaths.of(np.concatenate(ids) if ids else np.zeros(0, np.int64), paths)
+
     def load(self, row: Model) -> ServingModel:
         dataset = catalogue.get_dataset(self.session, row.dataset_id)
         try:
@@ -297,10 +331,11 @@ class _Loader:
             raise Disabled(f"index cannot be loaded: {exc}") from None
         gallery = self.gallery(row.dataset_id, splits, row.gallery_split)
         index = self.index(row, gallery)
+        images = self.image_paths(row, index)
         ckpt = self.checkpoint(row)
         return ServingModel(
             info=_info(row, dataset.name, True, None), model_id=row.id, checkpoint=ckpt, index=index,
-            gallery=gallery, report=dict(row.report or {}), mined_dir=row.mined_dir,
+            gallery=gallery, report=dict(row.report or {}), mined_dir=row.mined_dir, images=images,
         )
 
 

@@ -39,9 +39,9 @@ ItemId = Annotated[int, Path(ge=0, le=MAX_ID)]
 def served_path(snapshot: Snapshot, image_id: int) -> str | None:
     """The verified path of an image of a served gallery ("" for a features-only image), else None."""
     for served in snapshot.models.values():
-        position = served.gallery.image_position(image_id)
-        if position is not None:
-            return served.gallery.paths[position] or ""
+        path = served.images.get(image_id)
+        if path is not None:
+            return path
     return None
 
 
@@ -51,20 +51,17 @@ def served_path(snapshot: Snapshot, image_id: int) -> str | None:
     responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}, **ERRORS},
 )
 def get_image(
-    image_id: ItemId, service: ServiceDep, session: SessionDep, snapshot: SnapshotDep,
+    image_id: ItemId, service: ServiceDep, snapshot: SnapshotDep,
     size: Annotated[int | None, Query(ge=MIN_IMAGE_SIZE, le=MAX_IMAGE_SIZE,
                                       description="thumbnail: longer side in pixels (PNG)")] = None,
 ) -> Response:
     """The image file (its own format), or a PNG thumbnail when ``size`` is given; either only
-    after the file was checked to decode (404 when it is missing or damaged). A served gallery's
-    image comes from the paths verified when its models were loaded; only the others (training
-    images of the negatives explorer) are looked up in the catalogue."""
+    after the file was checked to decode (404 when it is missing or damaged). Only the pictures
+    of the served models (gallery, and training split of the negatives explorer), from the paths
+    verified when the models were loaded: the catalogue is not read here."""
     relative = served_path(snapshot, image_id)
     if relative is None:
-        image = catalogue.get_image(session, image_id)
-        if image is None:
-            raise ServiceError(404, f"no image with id {image_id}")
-        relative = image.path
+        raise ServiceError(404, f"no image with id {image_id} among the pictures of the served models")
     if not relative:
         raise ServiceError(404, f"image {image_id} has no file: its dataset holds precomputed features only")
     path = safe_path(service.settings.data_dir, relative)
