@@ -59,8 +59,8 @@ def png(size=(48, 48), colour=(30, 200, 90)) -> bytes:
 def test_health_lists_every_model_and_nothing_disabled(client):
     r = client.get("/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "models": ["aoq", "baseline", "pixels"], "disabled": {}, "faults": {}, "version": "0.1.0",
-                        "generation": 1}
+    assert r.json() == {"status": "ok", "models": ["aoq", "baseline", "pixels"], "disabled": {}, "faults": {},
+                        "version": "0.1.0", "generation": 1}
 
 
 def test_models_describe_role_loss_encoder_and_hash(service, client):
@@ -407,10 +407,8 @@ def test_chunked_upload_is_cut_off_while_streaming(service):
 
 
 def test_path_traversal_in_catalogue_rows_is_never_served(service, client, examples):
-    """A gallery image is served from the path verified at load time: a row edited while serving
-    (traversal included) is never read; safe_path's own refusals are unit-tested."""
-    fx, _ = service
-    image_id = examples["images"][3]["id"]
+    # served from the path verified at load time: an edited row is never read (safe_path: unit tests)
+    (fx, _), image_id = service, examples["images"][3]["id"]
     before = client.get(f"/images/{image_id}").content
     secret = fx.data_dir.parent / "secret.png"
     secret.write_bytes(png())
