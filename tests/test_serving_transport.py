@@ -119,7 +119,8 @@ def _wait_closed(socks: list[socket.socket], within_s: float) -> tuple[int, list
 
 @pytest.fixture
 def slow_server(fx) -> Iterator[int]:
-    with serve_process(fx, header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=BODY_TIMEOUT_S) as (port, _):
+    with serve_process(fx, header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=BODY_TIMEOUT_S,
+                       max_client_connections=2 * SLOW_CLIENTS) as (port, _):  # all from 127.0.0.1
         yield port
 
 
