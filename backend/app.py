@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aoq_serve.config import Settings
@@ -19,6 +20,8 @@ from aoq_serve.store.db import make_engine, session_factory
 from aoq_serve.decode import MemoryBudget
 from aoq_serve.deps import Service
 from aoq_serve.errors import ServiceError
+from aoq_serve.faults import endpoint, first_line
+from aoq_serve.hosts import HostCheckMiddleware
 from aoq_serve.index.faiss_index import set_search_threads
 from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.limits import BodyLimitMiddleware
@@ -84,6 +87,15 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
+    @app.exception_handler(SQLAlchemyError)
+    async def catalogue_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        # Damage found while serving: disable the endpoint (one log line), never a 500 per request.
+        part = endpoint(request.scope)
+        reason = f"the catalogue cannot be read ({first_line(exc)})"
+        request.app.state.service.faults.disable(part, reason)
+        return JSONResponse({"detail": f"{part} is disabled: {reason}; repair or rebuild the catalogue, then "
+                                       f"POST /admin/reload"}, status_code=503)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Last resort only: every expected problem is a ServiceError or a validation error.
@@ -117,6 +129,8 @@ def create_app(settings: Settings | None = None, check_catalogue: bool = True) -
         lifespan=lifespan,
     )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _FORM_OVERHEAD)
+    # Added last, so it runs first: a request with a foreign Host is answered before anything else.
+    app.add_middleware(HostCheckMiddleware, settings=settings)
     if settings.cors_origins:
         # Off unless configured: the UI calls the API from its server, not from the browser.
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],

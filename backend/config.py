@@ -58,9 +58,19 @@ class Settings(BaseSettings):
     keep_alive_s: int = Field(5, ge=1)
     #: open connections beyond this are answered 503 and closed at once.
     max_connections: int = Field(1000, ge=1)
+    #: open connections from one client address beyond this are answered 503 and closed at once
+    #: (that client only). Above the benchmark's 16 clients and an HTTP client pool's usual 100,
+    #: well below ``max_connections``: the UI relays all its users through one address.
+    max_client_connections: int = Field(128, ge=1)
     #: bearer token of the admin endpoints (``POST /admin/reload``). Without one they answer only
     #: when the service listens on a loopback address.
     admin_token: SecretStr | None = None
+    #: the address clients reach the service at (``https://search.example``): image URLs in
+    #: answers are built from it, and its host is accepted in the ``Host`` header. Unset: the
+    #: local address each connection arrived on (aoq_serve.hosts).
+    public_url: str | None = None
+    #: more names the ``Host`` header may carry (loopback names and the listening address always may).
+    allowed_hosts: list[str] = Field(default_factory=list)
     #: browser origins allowed to call the API from their pages (CORS); none by default.
     cors_origins: list[str] = Field(default_factory=list)
     #: record every query (time, endpoint, latency, model, k) in the catalogue; uploads never are.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -12,6 +12,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aoq_serve.config import Settings
 from aoq_serve.decode import MemoryBudget
+from aoq_serve.errors import ServiceError
+from aoq_serve.faults import Faults, endpoint
+from aoq_serve.hosts import public_base
 from aoq_serve.negatives import NegativesService
 from aoq_serve.querylog import QueryLogger
 from aoq_serve.registry import Registry, Snapshot
@@ -28,6 +31,8 @@ class Service:
     negatives: NegativesService
     #: shared by concurrent upload decodes (``AOQ_DECODE_MEMORY_BUDGET_MB``).
     decode_budget: MemoryBudget
+    #: endpoints disabled by catalogue damage found while serving.
+    faults: Faults = field(default_factory=Faults)
 
 
 def get_service(request: Request) -> Service:
@@ -40,12 +45,18 @@ def get_snapshot(request: Request) -> Snapshot:
 
 
 def get_session(request: Request) -> Iterator[Session]:
+    # An endpoint disabled by catalogue damage answers at once, without reading the catalogue again.
+    reason = request.app.state.service.faults.reason(endpoint(request.scope))
+    if reason is not None:
+        raise ServiceError(503, f"{endpoint(request.scope)} is disabled: {reason}; repair or rebuild the catalogue, "
+                                f"then POST /admin/reload")
     with request.app.state.service.sessions() as session:
         yield session
 
 
 def get_urls(request: Request) -> Urls:
-    return Urls(str(request.base_url).rstrip("/"))
+    # Never from the Host header (aoq_serve.hosts): a forged Host must not reach the answer's links.
+    return Urls(public_base(request.app.state.service.settings, request.scope))
 
 
 ServiceDep = Annotated[Service, Depends(get_service)]

@@ -1,7 +1,8 @@
 """The one exception the service's modules raise for a request they cannot answer.
 
-It carries the HTTP status (always 4xx: the service never blames itself for bad input) and a
-message meant for the person who sent the request; the app turns it into ``{"detail": message}``.
+It carries the HTTP status (4xx for a request the service cannot answer; 503 for a part of the
+service disabled because its data failed a check) and a message meant for the person who sent
+the request; the app turns it into ``{"detail": message}``.
 """
 
 from __future__ import annotations

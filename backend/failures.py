@@ -1,27 +1,49 @@
 """Failure cases: test queries one model gets right at rank 1 and the other does not.
 
 ``aoq index`` stores each model's full-gallery ground-truth ranks
-(:func:`aoq_serve.index.reports.gallery_ranks`) in the
-catalogue's ``query_ranks`` table; the failure cases of any pair of models over the same gallery
-are then one self-join of that table (:func:`failure_cases`), so the pair is chosen per request
-(default: the baseline-role and aoq-role models).
+(:func:`aoq_serve.index.reports.gallery_ranks`) in the catalogue's ``query_ranks`` table and
+their digest (:func:`aoq_serve.store.catalogue.ranks_digest`) in the model's index manifest. Each
+request reads the two models' ranks of one direction, checks them against those digests (an
+edited or damaged row must not silently change the answer) and pairs them by query id, so the
+pair is chosen per request (default: the baseline-role and aoq-role models).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import and_, func, select
-from sqlalchemy.orm import Session, aliased
+import numpy as np
+from sqlalchemy.orm import Session
 
-from aoq_serve.store.db import QueryRank
+from aoq_serve.registry import ServingModel
+from aoq_serve.store import catalogue
 
 Direction = Literal["t2i", "i2t"]
+
+
+class RanksChanged(Exception):
+    """A model's stored ranks differ from what ``aoq index`` recorded; the message says which."""
+
+
 Which = Literal["baseline_only", "aoq_only", "both"]
 
 
+def verified_ranks(session: Session, served: ServingModel, direction: Direction) -> tuple[np.ndarray, np.ndarray]:
+    """(query ids, ranks) of a model's stored ranks, in query id order, checked against its index.
+
+    Raises:
+        RanksChanged: the stored ranks differ from what ``aoq index`` recorded.
+    """
+    query_ids, ranks = catalogue.query_ranks(session, served.model_id, direction)
+    recorded = (served.index.config.get("ranks_hash") or {}).get(direction)
+    if recorded != catalogue.ranks_digest(query_ids, ranks):
+        raise RanksChanged(f"the stored {direction} ranks of model {served.name!r} differ from what aoq index "
+                                f"recorded (the catalogue was edited or damaged); re-run aoq index")
+    return query_ids, ranks
+
+
 def failure_cases(
-    session: Session, left_model: int, right_model: int, direction: Direction, which: Which,
+    session: Session, left: ServingModel, right: ServingModel, direction: Direction, which: Which,
     limit: int, offset: int = 0,
 ) -> tuple[int, list[tuple[int, float, float]]]:
     """Queries where the left model (the baseline) or the right one (AOQ) fails at rank 1.
@@ -31,23 +53,19 @@ def failure_cases(
 
     Returns:
         ``(total, [(query_id, left_rank, right_rank), ...])`` for the requested page.
+
+    Raises:
+        RanksChanged: either model's stored ranks fail their check.
     """
-    left, right = aliased(QueryRank), aliased(QueryRank)
-    condition = {
-        "baseline_only": and_(left.rank > 1, right.rank == 1),
-        "aoq_only": and_(left.rank == 1, right.rank > 1),
-        "both": and_(left.rank > 1, right.rank > 1),
+    left_ids, left_ranks = verified_ranks(session, left, direction)
+    right_ids, right_ranks = verified_ranks(session, right, direction)
+    query_ids, li, ri = np.intersect1d(left_ids, right_ids, assume_unique=True, return_indices=True)
+    lr, rr = left_ranks[li], right_ranks[ri]
+    keep, badness = {
+        "baseline_only": ((lr > 1) & (rr == 1), lr),
+        "aoq_only": ((lr == 1) & (rr > 1), rr),
+        "both": ((lr > 1) & (rr > 1), lr + rr),
     }[which]
-    order = {
-        "baseline_only": [left.rank.desc()],
-        "aoq_only": [right.rank.desc()],
-        "both": [(left.rank + right.rank).desc()],
-    }[which]
-    base = (
-        select(left.query_id, left.rank, right.rank)
-        .join(right, and_(right.query_id == left.query_id, right.direction == left.direction))
-        .where(left.model_id == left_model, right.model_id == right_model, left.direction == direction, condition)
-    )
-    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(*order, left.query_id).limit(limit).offset(offset)).all()
-    return int(total), [(int(q), float(lr), float(rr)) for q, lr, rr in rows]
+    chosen = np.flatnonzero(keep)
+    order = chosen[np.lexsort((query_ids[chosen], -badness[chosen]))][offset:offset + limit]
+    return int(chosen.size), [(int(query_ids[i]), float(lr[i]), float(rr[i])) for i in order]

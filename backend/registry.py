@@ -6,17 +6,20 @@ vector count and file hash as recorded in the catalogue, and the index's ids aga
 catalogue's gallery ids. A model failing any check is disabled with the reason (logged, and shown
 by ``/health`` and ``/models``) instead of serving wrong results (docs/serving.md, Design notes).
 
-The gallery's caption text and ids are checked too: ``aoq index`` records their digest
-(:func:`aoq_serve.store.catalogue.gallery_digest`) in each index manifest, so a caption edited in the
-catalogue (or a damaged row) disables the models of that gallery, on SQLite and PostgreSQL.
+The gallery's caption text, ids and image paths are checked too: ``aoq index`` records their
+digests (:func:`aoq_serve.store.catalogue.gallery_digest`, ``paths_digest``) in each index manifest,
+so a caption or path edited in the catalogue (or a damaged row) disables the models of that
+gallery, on SQLite and PostgreSQL. The digests of the stored ranks are checked on every
+``/failures`` read (:mod:`aoq_serve.failures`).
 
 A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
 an old index with a new catalogue inside one answer: requests in flight finish on the old
 snapshot while new ones see the new one.
 
-The embeddings are memory-mapped: on every tick the watcher looks for index files written in
-place (same inode, new size or time); one whose bytes no longer match its manifest hash
-disables its model at once, with the file named in the reason.
+The embeddings are read into memory, not memory-mapped, so a file truncated while serving cannot
+kill the process (SIGBUS); on every tick the watcher still looks for index files written in
+place (same inode, new size or time): one whose bytes no longer match its manifest hash
+disables its model at once, with the file named in the reason (a restart would serve those bytes).
 """
 
 from __future__ import annotations
@@ -85,6 +88,25 @@ def _position(sorted_ids: np.ndarray, item_id: int) -> int | None:
 
 
 @dataclass(frozen=True)
+class ImagePaths:
+    """Image files (relative to the data directory) by catalogue id, as verified at load time:
+    ``/images`` serves these, so a later edit of the catalogue cannot swap pictures."""
+
+    ids: np.ndarray
+    paths: tuple[str | None, ...]
+
+    @classmethod
+    def of(cls, ids: np.ndarray, paths: list[str | None]) -> ImagePaths:
+        order = np.argsort(ids, kind="stable")
+        return cls(np.asarray(ids, dtype=np.int64)[order], tuple(paths[i] for i in order))
+
+    def get(self, image_id: int) -> str | None:
+        """The image's path ("" for a features-only image), None when it is not one of these."""
+        p = _position(self.ids, image_id)
+        return None if p is None else self.paths[p] or ""
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """What ``/models`` says about a model, served or not."""
 
@@ -114,6 +136,8 @@ class ServingModel:
     gallery: Gallery
     report: dict[str, Any]
     mined_dir: str | None
+    #: the files of the images this model shows, verified when it was loaded.
+    images: ImagePaths
 
     @property
     def name(self) -> str:
@@ -184,6 +208,7 @@ class _Loader:
     def __init__(self, settings: Settings, session: Session, previous: Snapshot | None) -> None:
         self.settings, self.session, self.previous = settings, session, previous
         self.galleries: dict[tuple[int, tuple[str, ...], str], Gallery] = {}
+        self.paths: dict[tuple[int, str], tuple[np.ndarray, list[str | None], str]] = {}
 
     def gallery(self, dataset_id: int, splits: tuple[str, ...], eval_split: str) -> Gallery:
         """The gallery of ``splits`` (as the index lists them) with ``eval_split`` among them."""
@@ -215,12 +240,14 @@ class _Loader:
             raise Disabled(f"checkpoint directory {path} is missing")
         old = self.previous.models.get(row.name) if self.previous else None
         if old is not None and old.checkpoint.content_hash == row.checkpoint_hash:
-            # Reuse the loaded weights when the files on disk are still the same checkpoint.
+            # Reuse the loaded weights only when the files on disk still hash to this checkpoint:
+            # a file truncated, flipped or deleted while serving disables the model now, not at
+            # the next restart.
             try:
-                if read_manifest(path, verify=False).get("content_hash") == row.checkpoint_hash:
+                if read_manifest(path, verify=True).get("content_hash") == row.checkpoint_hash:
                     return old.checkpoint
-            except ArtefactError:
-                pass
+            except ArtefactError as exc:
+                raise Disabled(f"checkpoint changed on disk while being served: {exc}") from None
         try:
             ckpt = load_checkpoint(path, device=self.settings.device)
         except ArtefactError as exc:
@@ -271,6 +298,31 @@ class _Loader:
                 raise Disabled(f"{modality} index ids differ from the catalogue's gallery ids; re-run aoq index")
         return loaded
 
+    def split_paths(self, dataset_id: int, split: str) -> tuple[np.ndarray, list[str | None], str]:
+        """(image ids, paths, their digest) of a split, read once per snapshot."""
+        key = (dataset_id, split)
+        if key not in self.paths:
+            ids = catalogue.split_ids(self.session, dataset_id, split).image_ids
+            paths = catalogue.image_paths(self.session, dataset_id, split)
+            self.paths[key] = (ids, paths, catalogue.paths_digest(ids, paths))
+        return self.paths[key]
+
+    def image_paths(self, row: Model, index: LoadedIndex) -> ImagePaths:
+        """The image files of every split the model shows, checked against its index's digests."""
+        recorded = index.config.get("paths_hash")
+        if not isinstance(recorded, dict) or "ranks_hash" not in index.config:
+            raise Disabled(f"index {index.path} records no digest of its image paths and ranks (built by an older "
+                           f"aoq index); re-run aoq index")
+        ids, paths = [], []
+        for split, digest in sorted(recorded.items()):
+            split_ids, split_paths, found = self.split_paths(row.dataset_id, split)
+            if found != digest:
+                raise Disabled(f"image paths of split {split!r} in the catalogue differ from what index {index.path} "
+                               f"was built from (the catalogue was edited or damaged); re-run aoq index")
+            ids.append(split_ids)
+            paths.extend(split_paths)
+        return ImagePaths.of(np.concatenate(ids) if ids else np.zeros(0, np.int64), paths)
+
     def load(self, row: Model) -> ServingModel:
         dataset = catalogue.get_dataset(self.session, row.dataset_id)
         try:
@@ -279,10 +331,11 @@ class _Loader:
             raise Disabled(f"index cannot be loaded: {exc}") from None
         gallery = self.gallery(row.dataset_id, splits, row.gallery_split)
         index = self.index(row, gallery)
+        images = self.image_paths(row, index)
         ckpt = self.checkpoint(row)
         return ServingModel(
             info=_info(row, dataset.name, True, None), model_id=row.id, checkpoint=ckpt, index=index,
-            gallery=gallery, report=dict(row.report or {}), mined_dir=row.mined_dir,
+            gallery=gallery, report=dict(row.report or {}), mined_dir=row.mined_dir, images=images,
         )
 
 

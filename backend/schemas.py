@@ -43,9 +43,12 @@ class ErrorOut(BaseModel):
 
 
 class HealthOut(BaseModel):
-    status: Literal["ok", "degraded"] = Field(description='"degraded" when no model can be served')
+    status: Literal["ok", "degraded"] = Field(
+        description='"degraded" when a model or an endpoint is disabled, or no model can be served')
     models: list[str] = Field(description="names of the served (enabled) models")
     disabled: dict[str, str] = Field(description="disabled model -> reason")
+    faults: dict[str, str] = Field(default_factory=dict, description="endpoint (or the catalogue) disabled while "
+                                                                     "serving -> reason; POST /admin/reload checks again")
     version: str
     generation: int | None = Field(None, description="index generation being served (index.json)")
 

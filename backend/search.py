@@ -55,7 +55,7 @@ FETCH_FACTOR = 4
 
 @dataclass(frozen=True)
 class Urls:
-    """Absolute URLs of images, built from the base URL the client used to reach the service."""
+    """Absolute URLs of images, built from the service's public base (:func:`aoq_serve.hosts.public_base`)."""
 
     base: str
 

@@ -11,14 +11,18 @@ guards a service exposed to a network needs.
   otherwise the connection is answered 408 (when the headers were complete) and closed.
   uvicorn itself only times out idle kept-alive connections, so half-sent requests were held
   forever.
-- **Connection cap.** Beyond ``max_connections`` open connections, a new one is answered 503
-  and closed at once.
+- **Connection caps.** Beyond ``max_connections`` open connections, a new one is answered 503
+  and closed at once; so is a client's connection beyond ``max_client_connections`` open from
+  its address, so one client holding many idle sockets is refused alone instead of starving
+  every other client of the global cap. HTTP/1.1 answers one request at a time per connection,
+  so this caps a client's concurrent requests too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +62,7 @@ class Limits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    max_client_connections: int
 
 
 class _CoalescingTransport:
@@ -100,18 +105,26 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read timeouts, a connection cap and coalesced writes."""
 
     limits: Limits
+    #: open connections per client address, shared by the connections of one server (event loop thread only).
+    per_client: Counter[str]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._phase: str | None = None
+        self._counted: str | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
-        if len(self.connections) > self.limits.max_connections:
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if len(self.connections) > self.limits.max_connections \
+                or self.per_client[address] >= self.limits.max_client_connections:
             self.transport.write(_REFUSED)
             self.transport.close()
             return
+        self.per_client[address] += 1
+        self._counted = address
         self._watch_request()
 
     def data_received(self, data: bytes) -> None:
@@ -120,6 +133,11 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._counted is not None:
+            self.per_client[self._counted] -= 1
+            if self.per_client[self._counted] <= 0:
+                del self.per_client[self._counted]
+            self._counted = None
         super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
@@ -161,8 +179,9 @@ class GuardedH11Protocol(H11Protocol):
 
 def protocol_class(settings: Settings) -> type[GuardedH11Protocol]:
     """:class:`GuardedH11Protocol` with the limits of ``settings``."""
-    limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections)
-    return type("ServiceH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+    limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections,
+                    settings.max_client_connections)
+    return type("ServiceH11Protocol", (GuardedH11Protocol,), {"limits": limits, "per_client": Counter()})
 
 
 def make_server(app: Any, settings: Settings) -> uvicorn.Server:

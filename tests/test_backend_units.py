@@ -7,6 +7,7 @@ import io
 import os
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import faiss
 import numpy as np
@@ -178,14 +179,19 @@ def test_failure_cases_match_a_brute_force_reference(sessions):
         "aoq_only": (left == 1) & (right > 1),
         "both": (left > 1) & (right > 1),
     }
+    def served(model_id: int, ranks: np.ndarray) -> SimpleNamespace:  # what failure_cases reads of a model
+        digest = catalogue.ranks_digest(np.arange(n), ranks.astype(np.float64))
+        return SimpleNamespace(model_id=model_id, name=str(model_id), index=SimpleNamespace(config={"ranks_hash": {"t2i": digest}}))
+
+    one, two = served(1, left), served(2, right)
     with sessions() as s:
         for which, mask in masks.items():
-            total, rows = failure_cases(s, 1, 2, "t2i", which, limit=1000)
+            total, rows = failure_cases(s, one, two, "t2i", which, limit=1000)
             assert total == int(mask.sum())
             assert sorted(q for q, _, _ in rows) == np.flatnonzero(mask).tolist()
             assert all(left[q] == lr and right[q] == rr for q, lr, rr in rows)
-        _, first = failure_cases(s, 1, 2, "t2i", "baseline_only", limit=3)
-        _, second = failure_cases(s, 1, 2, "t2i", "baseline_only", limit=3, offset=3)
+        _, first = failure_cases(s, one, two, "t2i", "baseline_only", limit=3)
+        _, second = failure_cases(s, one, two, "t2i", "baseline_only", limit=3, offset=3)
         assert [r[1] for r in first] == sorted([r[1] for r in first], reverse=True)  # worst first
         assert not {r[0] for r in first} & {r[0] for r in second}
 

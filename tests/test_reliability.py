@@ -264,7 +264,7 @@ def test_serve_disables_what_is_damaged_naming_the_file_and_serves_the_rest(tmp_
             negatives = client.get("/negatives", params={"kind": "caption", "id": anchor, "model": "aoq"})
     finally:
         err = _stop(server)
-    assert health["status"] == "ok" and health["models"] == ["aoq"]  # "degraded" = nothing served
+    assert health["status"] == "degraded" and health["models"] == ["aoq"]  # degraded: two models are disabled
     assert health["disabled"] == {
         "baseline": f"checkpoint cannot be loaded: {weights}: content hash mismatch (corrupted or truncated file)",
         "pixels": f"index cannot be loaded: {index}: content hash mismatch (corrupted or truncated file)",

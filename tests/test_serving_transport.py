@@ -119,7 +119,8 @@ def _wait_closed(socks: list[socket.socket], within_s: float) -> tuple[int, list
 
 @pytest.fixture
 def slow_server(fx) -> Iterator[int]:
-    with serve_process(fx, header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=BODY_TIMEOUT_S) as (port, _):
+    with serve_process(fx, header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=BODY_TIMEOUT_S,
+                       max_client_connections=2 * SLOW_CLIENTS) as (port, _):  # all from 127.0.0.1
         yield port
 
 
@@ -156,6 +157,26 @@ def test_connections_beyond_the_cap_are_refused_at_once(fx):
                 s.close()
     assert closed == 5
     assert all(s.startswith(b"HTTP/1.1 503 ") for s in sent), sent
+
+
+def test_one_client_holding_idle_sockets_is_refused_alone(fx):
+    """A client at its own cap gets 503s; a client from another address (127.0.0.2) still answers."""
+    cap = 10
+    with serve_process(fx, max_client_connections=cap, header_timeout_s=30) as (port, _):
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
+        time.sleep(0.5)  # let the server accept them all
+        extra = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
+        other = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
+        try:
+            closed, sent = _wait_closed(extra, 10.0)
+            other.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            answer = other.recv(4096)
+        finally:
+            for s in idle + extra + [other]:
+                s.close()
+    assert closed == 3
+    assert all(s.startswith(b"HTTP/1.1 503 ") for s in sent), sent
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
 
 
 def test_serve_socket_sets_tcp_nodelay_on_accepted_connections():

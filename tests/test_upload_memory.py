@@ -8,6 +8,8 @@ before and after six concurrent uploads of a 6300 x 6300 16-bit PNG (about 77 KB
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -100,9 +102,58 @@ def test_small_uploads_are_decoded_unchanged():
 
 
 def test_decode_cost_counts_the_full_size_buffer_of_the_stored_mode():
-    assert decode_cost(Image.open(io.BytesIO(big_png16(1000))), max_side=100) == 1000 * 1000 * 2 + 100 * 100 * 4
+    # full size, the resize's first pass (reduced width, full height), the reduced copy
+    assert decode_cost(Image.open(io.BytesIO(big_png16(1000))), max_side=100) == \
+        1000 * 1000 * 2 + 100 * 1000 * 2 + 100 * 100 * 4
     rgb = Image.open(io.BytesIO(_encoded(Image.new("RGB", (300, 200)), "PNG")))
     assert decode_cost(rgb, max_side=1024) == 300 * 200 * 4 * 2
+
+
+#: run in a fresh process, so that its peak resident memory is the decode's alone.
+_MEASURE = """
+import sys, threading
+from PIL import Image
+from aoq_serve.decode import MemoryBudget, decode_cost, decode_upload
+def status(key):
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
+data = open(sys.argv[1], "rb").read()
+start, peak_before = status("VmRSS"), status("VmHWM")
+cost = decode_cost(Image.open(sys.argv[1]), 1024)
+budget = MemoryBudget(2**40)  # everything at once: the decodes' own heaps
+for _ in range(int(sys.argv[2])):
+    threads = [threading.Thread(target=decode_upload, args=(data, 10**9, 1024, budget)) for _ in range(int(sys.argv[3]))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+print(cost, status("VmHWM") - peak_before, status("VmRSS") - start)
+"""
+MB = 2**20
+
+
+def _decoded_in_a_fresh_process(path: Path, rounds: int = 1, threads: int = 1) -> tuple[int, int, int]:
+    """(decode_cost, peak growth, resident growth after) of decoding ``path``, in bytes."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(path), str(rounds), str(threads)], check=True,
+                         capture_output=True, text=True, timeout=300).stdout.split()
+    cost, peak, after = (int(x) for x in out)
+    return cost, peak, after
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "L", "I;16", "RGB", "1", "CMYK"])
+def test_decode_cost_covers_every_mode_pillow_converts_through(tmp_path: Path, mode: str):
+    """The alpha modes cost twice the full-size buffer (Pillow resizes a premultiplied copy)."""
+    side, path = 3000, tmp_path / "upload"
+    image = Image.fromarray(np.full((side, side), 300, np.uint16)) if mode == "I;16" else \
+        Image.new("RGB", (side, side), (20, 90, 200)).convert(mode)
+    image.save(path, format="JPEG" if mode == "CMYK" else "PNG")
+    cost, peak, _ = _decoded_in_a_fresh_process(path)
+    # the decoders' own row buffers come on top (a few MB)
+    assert peak <= cost * 1.05 + 4 * MB, f"{mode}: peak +{peak / MB:.0f} MB, budgeted {cost / MB:.0f} MB"
+
+
+def test_memory_of_concurrent_decodes_is_returned_after(tmp_path: Path):
+    path = tmp_path / "upload.png"
+    Image.new("RGBA", (3000, 3000), (20, 90, 200, 128)).save(path)
+    _, peak, after = _decoded_in_a_fresh_process(path, rounds=3, threads=4)
+    assert after <= 30 * MB, f"resident +{after / MB:.0f} MB after decodes that peaked at +{peak / MB:.0f} MB"
 
 
 def test_memory_budget_admits_reservations_up_to_the_budget_and_queues_the_rest():

@@ -211,8 +211,7 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
     mined_dir = _resolve(ckpt.extra.get("mined_dir"), path)
     if ckpt.extra.get("mined_dir") and mined_dir is None:
         log.warning("%s: mined_dir %r not found; /negatives will answer 404 for this model", name, ckpt.extra["mined_dir"])
-    if mined_dir is not None:
-        registry.split(cfg.data, TRAIN_SPLIT)
+    served_splits = [registry.split(cfg.data, TRAIN_SPLIT)[0]] if mined_dir is not None else []
     # every split's ids are one contiguous run: in id order the parts are the gallery's positions
     parts = sorted((registry.split(cfg.data, s) for s in gallery_splits(job, cfg.data)),
                    key=lambda part: int(part[0].image_ids[0]) if part[0].n_images else 0)
@@ -220,17 +219,24 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
                              image_size=cfg.data.image_size, progress=True) for _, part in parts]
     img_emb, cap_emb = next(e for (p, _), e in zip(parts, embedded) if p.split == job.split)
     gallery = catalogue.joined_ids([p for p, _ in parts])
+    cpi = split.captions_per_image
+    texts = split.captions if cfg.eval.positives == "text" else None
+    ranks = gallery_ranks(img_emb, cap_emb, cpi, texts)
+    with sessions() as session:
+        # every split whose pictures the service shows: the gallery's, and the negatives explorer's
+        paths_hash = {p.split: catalogue.paths_digest(p.image_ids, catalogue.image_paths(session, p.dataset_id, p.split))
+                      for p in [p for p, _ in parts] + served_splits}
+    query_ids = {"t2i": ids.caption_ids, "i2t": ids.image_ids}
     vectors = {"images": np.concatenate([e[0] for e in embedded]), "captions": np.concatenate([e[1] for e in embedded])}
     bank, provenance = _bank(job, cfg, ckpt, registry, parts, embedded)
     meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
             "splits": [p.split for p, _ in parts],
             "gallery_hash": catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions]),
+            "paths_hash": paths_hash,
+            "ranks_hash": {d: catalogue.ranks_digest(query_ids[d], r) for d, r in ranks.items()},
             MANIFEST_KEY: provenance}
     manifest = write_model_index(job.out / name, vectors, {"images": gallery.image_ids, "captions": gallery.caption_ids},
                                  job.spec, meta, bank_arrays(vectors, _eval_spans(parts, job.split), bank))
-    cpi = split.captions_per_image
-    texts = split.captions if cfg.eval.positives == "text" else None
-    ranks = gallery_ranks(img_emb, cap_emb, cpi, texts)
     labels = None if split.labels is None else multi_hot(split.labels, label_vocabulary(split.labels))
     report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels, texts)
     seed = cfg.round2.seed if ckpt.extra.get("mined_dir") else cfg.train.seed

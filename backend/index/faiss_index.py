@@ -239,9 +239,9 @@ class LoadedIndex:
 
     def changed_in_place(self) -> list[str]:
         """Files written to in place since they were verified: the same inode with another size or
-        time. The embeddings are memory-mapped, so such a write changes what is served. A file
-        replaced by a rename (a new inode, as ``aoq index`` does) is not listed: the mapping keeps
-        the old file's bytes."""
+        time. What is served was read into memory and does not change, but the files no longer
+        back it (a restart would serve other bytes). A file replaced by a rename (a new inode, as
+        ``aoq index`` does) is not listed."""
         changed = []
         for name, then in self.stamps.items():
             try:
@@ -270,7 +270,9 @@ def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
         except RuntimeError as exc:
             raise ArtefactError(f"{path / f'{modality}.faiss'}: not a readable FAISS index ({exc})") from None
         set_search_param(index, config["index_type"], _search_value(manifest["params"][modality]))
-        embeddings[modality] = np.load(path / f"{modality}.npy", mmap_mode="r")
+        # Read into memory, never memory-mapped: a mapped file truncated while serving kills the
+        # whole process with SIGBUS on the next query that touches the lost pages.
+        embeddings[modality] = _read_embeddings(path / f"{modality}.npy")
         ids[modality] = np.load(path / f"{modality[:-1]}_ids.npy")
         n = config["counts"][modality]
         if not (index.ntotal == len(embeddings[modality]) == len(ids[modality]) == n):
@@ -284,6 +286,18 @@ def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
         raise ArtefactError(f"{path}: files changed while the index was being loaded; load it again")
     return LoadedIndex(path=path, manifest=manifest, faiss=indexes, embeddings=embeddings, ids=ids, stamps=stamps,
                        hubness=hubness)
+
+
+def _read_embeddings(path: Path) -> np.ndarray:
+    """A ``.npy`` file read into memory (no mapping).
+
+    Raises:
+        ArtefactError: the file is missing, truncated or not a ``.npy`` array.
+    """
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise ArtefactError(f"{path}: not a readable embeddings array ({exc})") from None
 
 
 def _search_value(params: dict[str, Any]) -> int | None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
-from aoq_serve.failures import failure_cases
+from aoq_serve.failures import RanksChanged, failure_cases
+from aoq_serve.faults import endpoint
 from aoq_serve.schemas import (
     MAX_ID,
     ErrorOut,
@@ -21,12 +22,12 @@ from aoq_serve.schemas import (
 )
 
 router = APIRouter(tags=["analysis"])
-ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 422)}
+ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 422, 503)}
 
 
 @router.get("/failures", response_model=FailuresOut, responses=ERRORS)
 def get_failures(
-    service: ServiceDep, snapshot: SnapshotDep, session: SessionDep, urls: UrlsDep,
+    request: Request, service: ServiceDep, snapshot: SnapshotDep, session: SessionDep, urls: UrlsDep,
     direction: Literal["t2i", "i2t"] = "t2i",
     which: Literal["baseline_only", "aoq_only", "both"] = "baseline_only",
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
@@ -46,7 +47,11 @@ def get_failures(
     left, right = (snapshot.get(n) for n in names)
     if left.gallery is not right.gallery:
         raise ServiceError(422, f"models {left.name!r} and {right.name!r} are indexed over different galleries")
-    total, rows = failure_cases(session, left.model_id, right.model_id, direction, which, limit, offset)
+    try:
+        total, rows = failure_cases(session, left, right, direction, which, limit, offset)
+    except RanksChanged as exc:
+        service.faults.disable(endpoint(request.scope), str(exc))
+        raise ServiceError(503, f"{exc}; /failures is disabled until POST /admin/reload") from None
     gallery = left.gallery
     view = gallery.view
     items = []

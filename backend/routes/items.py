@@ -13,6 +13,7 @@ from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
 from aoq_serve.images import checked_file, media_type, thumbnail_png
 from aoq_serve.paths import safe_path
+from aoq_serve.registry import Snapshot
 from aoq_serve.schemas import (
     MAX_GALLERY_PAGE,
     MAX_ID,
@@ -35,24 +36,35 @@ ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 ItemId = Annotated[int, Path(ge=0, le=MAX_ID)]
 
 
+def served_path(snapshot: Snapshot, image_id: int) -> str | None:
+    """The verified path of an image of a served gallery ("" for a features-only image), else None."""
+    for served in snapshot.models.values():
+        path = served.images.get(image_id)
+        if path is not None:
+            return path
+    return None
+
+
 @router.get(
     "/images/{image_id}",
     response_class=Response,
     responses={200: {"content": {"image/png": {}, "image/jpeg": {}}}, **ERRORS},
 )
 def get_image(
-    image_id: ItemId, service: ServiceDep, session: SessionDep,
+    image_id: ItemId, service: ServiceDep, snapshot: SnapshotDep,
     size: Annotated[int | None, Query(ge=MIN_IMAGE_SIZE, le=MAX_IMAGE_SIZE,
                                       description="thumbnail: longer side in pixels (PNG)")] = None,
 ) -> Response:
     """The image file (its own format), or a PNG thumbnail when ``size`` is given; either only
-    after the file was checked to decode (404 when it is missing or damaged)."""
-    image = catalogue.get_image(session, image_id)
-    if image is None:
-        raise ServiceError(404, f"no image with id {image_id}")
-    if image.path is None:
+    after the file was checked to decode (404 when it is missing or damaged). Only the pictures
+    of the served models (gallery, and training split of the negatives explorer), from the paths
+    verified when the models were loaded: the catalogue is not read here."""
+    relative = served_path(snapshot, image_id)
+    if relative is None:
+        raise ServiceError(404, f"no image with id {image_id} among the pictures of the served models")
+    if not relative:
         raise ServiceError(404, f"image {image_id} has no file: its dataset holds precomputed features only")
-    path = safe_path(service.settings.data_dir, image.path)
+    path = safe_path(service.settings.data_dir, relative)
     headers = {"Cache-Control": "public, max-age=3600"}
     if size is not None:
         return Response(thumbnail_png(path, size, service.settings.max_upload_pixels), media_type="image/png",

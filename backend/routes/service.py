@@ -15,16 +15,22 @@ from aoq_serve.schemas import (
     ReloadOut,
     SplitCounts,
 )
+from aoq_serve.errors import ServiceError
+from aoq_serve.faults import CATALOGUE
+from aoq_serve.store.catalogue import CatalogueError
+from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.version import VERSION
 
 router = APIRouter(tags=["service"])
 
 
 @router.get("/health", response_model=HealthOut)
-def health(snapshot: SnapshotDep) -> HealthOut:
+def health(snapshot: SnapshotDep, service: ServiceDep) -> HealthOut:
+    faults = service.faults.current
+    healthy = snapshot.models and not snapshot.disabled and not faults
     return HealthOut(
-        status="ok" if snapshot.models else "degraded", models=sorted(snapshot.models),
-        disabled=snapshot.disabled, version=VERSION, generation=snapshot.generation,
+        status="ok" if healthy else "degraded", models=sorted(snapshot.models),
+        disabled=snapshot.disabled, faults=faults, version=VERSION, generation=snapshot.generation,
     )
 
 
@@ -52,13 +58,23 @@ def list_datasets(session: SessionDep) -> list[DatasetOut]:
 
 
 @router.post("/admin/reload", response_model=ReloadOut, dependencies=[Depends(require_admin)],
-             responses={code: {"model": ErrorOut} for code in (401, 403, 415)})
+             responses={code: {"model": ErrorOut} for code in (401, 403, 415, 503)})
 def reload(service: ServiceDep) -> ReloadOut:
     """Re-check and reload every model now (a running server also reloads by itself when
     ``aoq index`` writes a new ``index.json``). Requests in flight finish on the old indexes.
 
     Admin only: a JSON request (``Content-Type: application/json``, e.g. body ``{}``) with
     ``Authorization: Bearer <AOQ_ADMIN_TOKEN>``; without a configured token, only on a service
-    listening on a loopback address."""
+    listening on a loopback address.
+
+    The catalogue is checked first: a damaged one keeps the models loaded before serving and
+    answers 503 with the problem; a sound one enables again what damage found while serving had
+    disabled."""
+    try:
+        check_catalogue(service.settings)
+    except CatalogueError as exc:
+        service.faults.disable(CATALOGUE, str(exc))
+        raise ServiceError(503, f"{exc}; still serving the models loaded before") from None
+    service.faults.clear()
     snapshot = service.registry.reload()
     return ReloadOut(generation=snapshot.generation, models=sorted(snapshot.models), disabled=snapshot.disabled)

@@ -89,6 +89,26 @@ def gallery_digest(ids: SplitIds, captions: list[str]) -> str:
     return h.hexdigest()
 
 
+def paths_digest(image_ids: np.ndarray, paths: list[str | None]) -> str:
+    """Identity of which file each gallery image is served from. ``aoq index`` records it in each
+    index manifest, so two swapped ``images.path`` values disable the model instead of serving
+    the wrong picture."""
+    h = hashlib.sha256(np.ascontiguousarray(image_ids, dtype="<i8").tobytes())
+    for path in paths:
+        encoded = b"\0" if path is None else b"/" + path.encode("utf-8")  # None and "" differ
+        h.update(len(encoded).to_bytes(8, "little") + encoded)
+    return h.hexdigest()
+
+
+def ranks_digest(query_ids: np.ndarray, ranks: np.ndarray) -> str:
+    """Identity of a model's stored ground-truth ranks of one direction, in query id order (what
+    ``/failures`` reads); recorded by ``aoq index`` and checked on every read."""
+    order = np.argsort(query_ids, kind="stable")
+    h = hashlib.sha256(np.ascontiguousarray(np.asarray(query_ids)[order], dtype="<i8").tobytes())
+    h.update(np.ascontiguousarray(np.asarray(ranks)[order], dtype="<f8").tobytes())
+    return h.hexdigest()
+
+
 def get_or_create_dataset(
     session: Session, name: str, fmt: str, synthetic: bool, captions_per_image: int, data_config: dict[str, Any]
 ) -> Dataset:
@@ -209,6 +229,25 @@ def caption_texts(session: Session, dataset_id: int, split_name: str) -> list[st
             .order_by(Caption.position)
         ).scalars()
     )
+
+
+def image_paths(session: Session, dataset_id: int, split_name: str) -> list[str | None]:
+    """Image paths of a split in position order (the service keeps the gallery's in memory)."""
+    return list(
+        session.execute(
+            select(Image.path).where(Image.dataset_id == dataset_id, Image.split == split_name).order_by(Image.position)
+        ).scalars()
+    )
+
+
+def query_ranks(session: Session, model_id: int, direction: str) -> tuple[np.ndarray, np.ndarray]:
+    """(query ids, ranks) of a model's stored ranks of one direction, in query id order."""
+    rows = session.execute(
+        select(QueryRank.query_id, QueryRank.rank)
+        .where(QueryRank.model_id == model_id, QueryRank.direction == direction)
+        .order_by(QueryRank.query_id)
+    ).all()
+    return np.asarray([r[0] for r in rows], dtype=np.int64), np.asarray([r[1] for r in rows], dtype=np.float64)
 
 
 def upsert_model(session: Session, name: str, **fields: Any) -> Model:

@@ -1,0 +1,158 @@
+"""Faults while the real server runs on 127.0.0.1: none takes the service down or makes it lie.
+
+Each test damages a copy of one built service (index files, catalogue rows, checkpoints) while
+it serves, and checks that the damage disables what it touches with a named log line and a
+clear 503 or 409, that ``/health`` says "degraded" and names it, and that nothing else changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.backend_helpers import ServiceFixture, build_service_fixture, run_server, serve_process
+
+pytestmark = pytest.mark.slow
+QUERY = {"query": "a red circle on a grey background", "model": "aoq", "k": 5}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> ServiceFixture:
+    return build_service_fixture(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture
+def fx(built: ServiceFixture, tmp_path: Path) -> ServiceFixture:
+    """A private copy of the built service, free to damage."""
+    root = built.index_dir.parent
+    shutil.copytree(root, tmp_path / "svc")
+
+    def moved(path: Path) -> Path:
+        return tmp_path / "svc" / path.relative_to(root)
+
+    return ServiceFixture(catalogue_url=f"sqlite:///{moved(built.index_dir) / 'catalogue.sqlite'}",
+                          models_dir=moved(built.models_dir), index_dir=moved(built.index_dir),
+                          data_dir=moved(built.data_dir), roles=dict(built.roles))
+
+
+def _db(fx: ServiceFixture) -> Path:
+    return fx.index_dir / "catalogue.sqlite"
+
+
+def _first_image(client: httpx.Client) -> int:
+    return client.get("/examples", params={"n": 2}).json()["images"][0]["id"]
+
+
+def test_truncated_embeddings_while_serving_do_not_kill_the_process(fx):
+    with serve_process(fx) as (port, proc), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        image_id = _first_image(client)
+        for name in ("images.npy", "captions.npy"):
+            path = fx.index_dir / "aoq" / name
+            with path.open("r+b") as f:
+                f.truncate(path.stat().st_size // 3)  # in place: a mapping of it would lose its pages
+        r = client.post("/search/image", data={"model": "aoq", "image_id": image_id, "k": 5})
+        assert r.status_code == 200, r.text
+        assert client.post("/search/text", json=QUERY).status_code == 200
+        assert proc.poll() is None
+
+
+def test_damaged_catalogue_disables_what_reads_it_with_one_line_and_503(fx, caplog):
+    caplog.set_level(logging.INFO)
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        image_id = _first_image(client)
+        db = _db(fx)
+        with db.open("r+b") as f:
+            f.truncate(db.stat().st_size // 2)
+        paths = ["/datasets", "/failures", "/captions/1", "/examples"] * 10
+        answers = [client.get(p) for p in paths]
+        assert {r.status_code for r in answers} <= {200, 503}, [r.text for r in answers if r.status_code >= 500]
+        assert any(r.status_code == 503 and "catalogue" in r.json()["detail"] for r in answers)
+        # searches and pictures read only the verified snapshot in memory
+        assert client.post("/search/text", json=QUERY).status_code == 200
+        assert client.get(f"/images/{image_id}").status_code == 200
+        health = client.get("/health").json()
+        reload = client.post("/admin/reload", json={})
+    assert health["status"] == "degraded" and health["faults"], health
+    assert reload.status_code == 503 and "catalogue" in reload.json()["detail"], reload.text
+    disabled = [r for r in caplog.records if "disabled:" in r.getMessage()]
+    assert 1 <= len(disabled) <= len(set(paths)) + 1, [r.getMessage() for r in disabled]
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_dropped_query_ranks_table_answers_503_with_a_message(fx):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        assert client.get("/failures").status_code == 200
+        with sqlite3.connect(_db(fx)) as conn:
+            conn.execute("DROP TABLE query_ranks")
+        r = client.get("/failures")
+        health = client.get("/health").json()
+    assert r.status_code == 503 and "query_ranks" in r.json()["detail"], r.text
+    assert health["status"] == "degraded" and "/failures" in health["faults"], health
+
+
+def test_edited_query_ranks_are_detected_not_served(fx):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        assert client.get("/failures").status_code == 200
+        with sqlite3.connect(_db(fx)) as conn:
+            conn.execute("UPDATE query_ranks SET rank = rank + 1 WHERE query_id = (SELECT MIN(query_id) FROM query_ranks)")
+        r = client.get("/failures")
+    assert r.status_code == 503 and "differ from what aoq index recorded" in r.json()["detail"], r.text
+
+
+def test_swapped_image_paths_are_detected_not_served(fx):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        images = client.get("/examples", params={"n": 2}).json()["images"]
+        first, second = images[0]["id"], images[1]["id"]
+        before = client.get(f"/images/{first}").content
+        with sqlite3.connect(_db(fx)) as conn:
+            (a,), (b,) = (conn.execute("SELECT path FROM images WHERE id = ?", (i,)).fetchone() for i in (first, second))
+            conn.execute("UPDATE images SET path = ? WHERE id = ?", (b, first))
+            conn.execute("UPDATE images SET path = ? WHERE id = ?", (a, second))
+        assert client.get(f"/images/{first}").content == before  # the verified path, not the edited row
+        reload = client.post("/admin/reload", json={}).json()
+        after = client.get(f"/images/{first}")
+    assert "aoq" in reload["disabled"] and "image paths" in reload["disabled"]["aoq"], reload
+    assert after.status_code == 200 and after.content == before or after.status_code == 404
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_reload_rehashes_checkpoints(fx, caplog, damage):
+    weights = fx.models_dir / "baseline" / "model.safetensors"
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        if damage == "delete":
+            weights.unlink()
+        else:
+            data = bytearray(weights.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            weights.write_bytes(data[: len(data) // 2] if damage == "truncate" else data)
+        reload = client.post("/admin/reload", json={}).json()
+        health = client.get("/health").json()
+    assert "baseline" in reload["disabled"] and "baseline" not in reload["models"], reload
+    assert health["status"] == "degraded" and "baseline" in health["disabled"], health
+    assert any("model 'baseline' disabled" in r.getMessage() for r in caplog.records)
+
+
+def test_host_header_is_checked_and_image_urls_use_the_public_url(fx):
+    settings = fx.settings(public_url="https://search.example")
+    with run_server(settings) as url, httpx.Client(base_url=url, timeout=30) as client:
+        foreign = client.get("/health", headers={"Host": "evil.example"})
+        rebinding = client.post("/admin/reload", json={}, headers={"Host": "evil.example:8000"})
+        public = client.post("/search/text", json=QUERY, headers={"Host": "search.example"})
+        local = client.post("/search/text", json=QUERY)
+    assert foreign.status_code == 400 and "evil.example" in foreign.json()["detail"]
+    assert rebinding.status_code == 400
+    for r in (public, local):
+        assert r.status_code == 200
+        assert all(h["image_url"].startswith("https://search.example/images/") for h in r.json()["results"])
+
+
+def test_without_a_public_url_image_urls_name_the_listening_address(fx):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        r = client.post("/search/text", json=QUERY, headers={"Host": "localhost"})
+    assert r.status_code == 200
+    assert all(h["image_url"].startswith(f"{url}/images/") for h in r.json()["results"])
