@@ -160,6 +160,17 @@ def test_run_last_repeats_a_views_query_under_its_hubness_correction(tmp_path):
     assert sent == ["invsoftmax", "none"] * 3
 
 
+def test_an_index_without_a_hubness_bank_shows_the_services_409_and_clears_the_columns():
+    detail = ("model 'aoq': its index holds no hubness bank (built before normalisation existed); run aoq index "
+              "again, or search with normalise none")
+    fake = FakeBackend(fail={"/compare/text": (409, detail), "/compare/image": (409, detail)})
+    for columns in (handlers.search_text(fake.client(), RED0, "baseline", "aoq", 3, "all", "qbnorm"),
+                    handlers.search_image(fake.client(), "baseline", "aoq", 3, "all", "invsoftmax", image_id=1)):
+        assert columns == ('<div class="aoq-error" role="alert"><b>Rejected by the search service:</b> model '
+                           "&#x27;aoq&#x27;: its index holds no hubness bank (built before normalisation existed); "
+                           "run aoq index again, or search with normalise none</div>", "", "")
+
+
 def test_gallery_pages_filter_and_come_back_from_past_the_end():
     client = FakeBackend().client()
     pictures, page, line = handlers.gallery_page(client, "all", "", 0)
