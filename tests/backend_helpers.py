@@ -288,6 +288,21 @@ def serve_process(fx: ServiceFixture, timeout_s: float = 120.0, **settings: obje
             proc.communicate(timeout=30)
 
 
+def strip_hubness_bank(folder: Path) -> None:
+    """Make the model index in ``folder`` one built before hubness correction existed: no
+    normaliser files, no bank in its manifest (rewritten, so its file hashes still verify)."""
+    from aoq.io import read_manifest, write_manifest
+    from aoq_serve.index.bank import MANIFEST_KEY
+
+    manifest = read_manifest(folder)
+    for name in manifest["files"]:
+        if name.endswith("_log_z.npy") or "_active_" in name:
+            (folder / name).unlink()
+    config = {k: v for k, v in manifest["config"].items() if k != MANIFEST_KEY}
+    extra = {k: v for k, v in manifest.items() if k not in ("kind", "config", "files", "content_hash")}
+    write_manifest(folder, manifest["kind"], config, **extra)
+
+
 def retrain(models_dir: Path, name: str, seed: int) -> str:
     """Replace a checkpoint by one with other weights (same config, vocab and extra)."""
     old = load_checkpoint(models_dir / name)

@@ -79,6 +79,18 @@ def test_text_query_shows_images_in_both_columns(driver, ui_url, backend_url):
         assert column.startswith(title) and "40 images searched" in column and "\n#5 " in column
         assert "among the test split's images, as evaluated" in column
     screenshot(driver, "text-to-image", scroll_to="t2i-query-line")
+    assert "raw scores (no hubness correction)" in left
+
+    # The hubness correction switch ranks both columns again and goes into the link to the view.
+    driver.find_element(By.CSS_SELECTOR, "#t2i-normalise input").click()
+    wait(driver, lambda d: next((o for o in d.find_elements(By.CSS_SELECTOR, "ul[role=listbox] li")
+                                 if o.text.strip() == "inverted softmax"), None)).click()
+    wait(driver, lambda d: all("ranked by inverted softmax: log-normalised scores" in text(d, f"t2i-{side}")
+                               for side in ("left", "right")))
+    wait(driver, lambda d: "normalise=invsoftmax" in d.current_url)
+    open_page(driver, driver.current_url)  # the link reopens the view with its switch set
+    wait(driver, lambda d: "ranked by inverted softmax" in text(d, "t2i-left"))
+    assert driver.find_element(By.CSS_SELECTOR, "#t2i-normalise input").get_attribute("value") == "inverted softmax"
     # Nothing in the page came from outside the machine: no fonts, CDN scripts or telemetry; and
     # the pictures came through the page's own server, not the service's port.
     urls = requested(driver)

@@ -227,7 +227,7 @@ def test_a_link_reopens_the_view_and_the_comparison_downloads(driver, emoji_demo
     wait(driver, lambda d: "right=baseline" in d.current_url)
     address = parse_qs(urlparse(driver.current_url).query)
     assert address == {"tab": ["t2i"], "q": [FREE_TEXT], "left": ["baseline"], "right": ["baseline"], "k": ["7"],
-                       "scope": ["all"]}
+                       "scope": ["all"], "normalise": ["none"]}
     shown = {side: _names(driver, "t2i", side) for side in ("left", "right")}
     said = announced(driver)
     assert said and not [s for s in said if "common." in s], said  # no untranslated keys read aloud

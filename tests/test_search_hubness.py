@@ -1,10 +1,12 @@
 """The service's hubness correction (normalise: qbnorm | invsoftmax) against a brute-force
 normalisation of the full score matrix, straight from the definition (docs/serving.md, Hubness
-correction), on the service fixture: both directions, both scopes, the pool's approximation."""
+correction), on the service fixture: both directions, both scopes, the pool's approximation; and
+an index built before normalisation existed, which refuses it with 409 and still searches raw."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +17,7 @@ from aoq.checkpoint import load_checkpoint
 from aoq.data.load import load_split
 from aoq.embed import encode_split, encode_texts
 from aoq.io import read_manifest
-from tests.backend_helpers import SIZES, ServiceFixture, build_service_fixture, run_server
+from tests.backend_helpers import SIZES, ServiceFixture, build_service_fixture, run_server, strip_hubness_bank
 
 pytestmark = pytest.mark.slow
 MODEL = "baseline"
@@ -124,3 +126,46 @@ def test_ranks_of_the_ground_truth_follow_the_normalised_list(service, arrays) -
     assert out["scope_rank"] == out["ground_truth_rank"] == listed[0]
     compare = client.post("/compare/text", json={"query": query, "k": 12, "scope": "test", "normalise": "invsoftmax"})
     assert compare.json()["left"]["results"] == out["results"][:12]
+
+
+@pytest.fixture(scope="module")
+def legacy(service, tmp_path_factory) -> Iterator[httpx.Client]:
+    """The service over a copy of the fixture's index and catalogue in which the ``aoq`` model's
+    index was built before normalisation existed (no bank in its manifest)."""
+    fx, _ = service
+    index_dir = tmp_path_factory.mktemp("legacy") / "index"
+    shutil.copytree(fx.index_dir, index_dir)
+    strip_hubness_bank(index_dir / "aoq")
+    settings = fx.settings(index_dir=index_dir, catalogue_url=f"sqlite:///{index_dir / 'catalogue.sqlite'}")
+    with run_server(settings) as url, httpx.Client(base_url=url, timeout=60) as client:
+        yield client
+
+
+def test_an_index_without_a_bank_refuses_a_normalised_request_and_still_searches_raw(service, arrays, legacy) -> None:
+    _, fresh = service
+    refused = ("model 'aoq': its index holds no hubness bank (built before normalisation existed); run aoq index "
+               "again, or search with normalise none")
+    query, image_id = load_split(arrays["ckpt"].config.data, "test").captions[0], str(arrays["image_ids"][0])
+    text = {"query": query, "model": "aoq", "k": 5, "scope": "all"}
+    image = {"model": "aoq", "k": "5", "image_id": image_id, "scope": "test"}
+    pair = {"query": query, "models": ["baseline", "aoq"], "k": 5}
+    for method in ("qbnorm", "invsoftmax"):
+        for answer in (legacy.post("/search/text", json={**text, "normalise": method}),
+                       legacy.post("/search/image", data={**image, "normalise": method}),
+                       legacy.post("/compare/text", json={**pair, "normalise": method}),
+                       legacy.post("/compare/image", data={"models": "baseline,aoq", "k": "5", "image_id": image_id,
+                                                           "normalise": method})):
+            assert (answer.status_code, answer.json()["detail"]) == (409, refused)
+        # the other model's index has its bank
+        other = legacy.post("/search/text", json={**text, "model": "baseline", "normalise": method})
+        assert other.status_code == 200 and other.json()["context"]["normalise"] == method
+    for path, kwargs in (("/search/text", {"json": {**text, "normalise": "none"}}),
+                         ("/search/image", {"data": {**image, "normalise": "none"}})):
+        plain = legacy.post(path, **kwargs)
+        assert plain.status_code == 200
+        assert (plain.json()["context"]["normalise"], plain.json()["context"]["normalised"]) == ("none", False)
+        ranked = [[(h.get("image_id"), h.get("caption_id"), h["rank"], h["score"]) for h in out.json()["results"]]
+                  for out in (plain, fresh.post(path, **kwargs))]
+        assert ranked[0] == ranked[1]  # as the index with its bank ranks without normalising
+    both = legacy.post("/compare/text", json={**pair, "normalise": "none"})
+    assert both.status_code == 200 and [both.json()[s]["model"] for s in ("left", "right")] == ["baseline", "aoq"]

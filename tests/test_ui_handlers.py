@@ -3,6 +3,7 @@ included: what each returns for the query line and the two columns."""
 
 from __future__ import annotations
 
+import json
 import re
 from urllib.parse import parse_qs, urlsplit
 
@@ -58,7 +59,7 @@ def test_search_text_side_by_side_with_a_link_to_the_view_and_an_export():
     assert "first correct image at <b>#1</b>" in right and right.count(TICK) == 2
     assert "<h4>Left: baseline</h4>" in left and "<h4>Right: aoq</h4>" in right
     assert _share(query) == {"tab": ["t2i"], "q": [RED0], "left": ["baseline"], "right": ["aoq"], "k": ["4"],
-                             "scope": ["all"]}
+                             "scope": ["all"], "normalise": ["none"]}
     assert 'download="comparison.csv" href="data:text/csv;base64,' in query
 
 
@@ -87,7 +88,7 @@ def test_search_image_from_the_gallery_and_an_upload(tmp_path):
     assert re.findall(r'<img class="aoq-queryimg" src="([^"]+)"', query) == ["/media/images/0"]
     assert left.count(TICK) == 3 and right.count(TICK) == 4
     assert _share(query) == {"tab": ["i2t"], "image": ["0"], "left": ["baseline"], "right": ["aoq"], "k": ["5"],
-                             "scope": ["test"]}
+                             "scope": ["test"], "normalise": ["none"]}
     upload = tmp_path / "mine.png"
     upload.write_bytes(b"\x89PNG")
     query, left, _ = handlers.search_image(client, "baseline", "aoq", 5, upload=upload)
@@ -115,6 +116,59 @@ def test_run_last_repeats_a_views_query_with_new_settings():
                                    "all")
     assert left.count("<li") == 3
     assert [r.url.path for r in fake.requests] == ["/compare/text", "/compare/image"]
+
+
+def _normalise_lines(html: str) -> list[str]:
+    return re.findall(r'<div class="aoq-meta aoq-normalise">([^<]*)</div>', html)
+
+
+def test_the_hubness_switch_goes_to_both_compares_their_headers_and_the_link(tmp_path):
+    fake = FakeBackend()
+    client = fake.client()
+    query, left, right = handlers.search_text(client, RED0, "baseline", "aoq", 3, "test", "qbnorm")
+    assert json.loads(fake.requests[-1].content)["normalise"] == "qbnorm"
+    kept = "ranked by QB-Norm: this query&#x27;s top-1 is no bank query&#x27;s top-1, raw order kept"
+    assert _normalise_lines(left) == _normalise_lines(right) == [kept]
+    assert _share(query)["normalise"] == ["qbnorm"]
+    query, left, right = handlers.search_image(client, "baseline", "aoq", 2, "all", "invsoftmax", image_id=1,
+                                               image_url="/media/images/1")
+    assert b'name="normalise"\r\n\r\ninvsoftmax' in fake.requests[-1].content
+    assert _normalise_lines(left) == _normalise_lines(right) == ["ranked by inverted softmax: log-normalised scores"]
+    assert _share(query) == {"tab": ["i2t"], "image": ["1"], "left": ["baseline"], "right": ["aoq"], "k": ["2"],
+                             "scope": ["all"], "normalise": ["invsoftmax"]}
+    upload = tmp_path / "mine.png"
+    upload.write_bytes(b"\x89PNG")
+    handlers.search_image(client, "baseline", "aoq", 2, "all", "qbnorm", upload=upload)
+    assert b'name="normalise"\r\n\r\nqbnorm' in fake.requests[-1].content
+    # unset, a view ranks by raw scores
+    _, left, _ = handlers.search_text(client, RED0, "baseline", "aoq", 3)
+    assert json.loads(fake.requests[-1].content)["normalise"] == "none"
+    assert _normalise_lines(left) == ["raw scores (no hubness correction)"]
+
+
+def test_run_last_repeats_a_views_query_under_its_hubness_correction(tmp_path):
+    fake = FakeBackend()
+    client = fake.client()
+    upload = tmp_path / "mine.png"
+    upload.write_bytes(b"\x89PNG")
+    for last in ({"text": RED0}, {"image_id": 1, "image_url": "/media/images/1"}, {"upload": str(upload)}):
+        _, left, _ = handlers.run_last(client, last, "baseline", "aoq", 2, "all", "invsoftmax")
+        assert _normalise_lines(left) == ["ranked by inverted softmax: log-normalised scores"]
+        handlers.run_last(client, last, "baseline", "aoq", 2, "all")
+    sent = [json.loads(r.content)["normalise"] if r.url.path == "/compare/text" else
+            re.search(rb'name="normalise"\r\n\r\n(\w+)', r.content).group(1).decode() for r in fake.requests]
+    assert sent == ["invsoftmax", "none"] * 3
+
+
+def test_an_index_without_a_hubness_bank_shows_the_services_409_and_clears_the_columns():
+    detail = ("model 'aoq': its index holds no hubness bank (built before normalisation existed); run aoq index "
+              "again, or search with normalise none")
+    fake = FakeBackend(fail={"/compare/text": (409, detail), "/compare/image": (409, detail)})
+    for columns in (handlers.search_text(fake.client(), RED0, "baseline", "aoq", 3, "all", "qbnorm"),
+                    handlers.search_image(fake.client(), "baseline", "aoq", 3, "all", "invsoftmax", image_id=1)):
+        assert columns == ('<div class="aoq-error" role="alert"><b>Rejected by the search service:</b> model '
+                           "&#x27;aoq&#x27;: its index holds no hubness bank (built before normalisation existed); "
+                           "run aoq index again, or search with normalise none</div>", "", "")
 
 
 def test_gallery_pages_filter_and_come_back_from_past_the_end():

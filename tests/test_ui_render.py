@@ -346,12 +346,16 @@ def test_export_holds_both_columns_with_names_scores_and_marks():
 
 
 def test_the_address_round_trips_a_view_and_drops_what_does_not_parse():
-    view = View(tab="t2i", query="flag of Japan", left="baseline", right="aoq", k=5, scope="test")
-    assert view_query(view) == "?tab=t2i&q=flag+of+Japan&left=baseline&right=aoq&k=5&scope=test"
+    view = View(tab="t2i", query="flag of Japan", left="baseline", right="aoq", k=5, scope="test", normalise="qbnorm")
+    assert view_query(view) == \
+        "?tab=t2i&q=flag+of+Japan&left=baseline&right=aoq&k=5&scope=test&normalise=qbnorm"
     assert parse_view({"tab": "t2i", "q": "flag of Japan", "left": "baseline", "right": "aoq", "k": "5",
-                       "scope": "test"}) == view
+                       "scope": "test", "normalise": "qbnorm"}) == view
     assert parse_view({"tab": "i2t", "image": "812"}) == View(tab="i2t", image=812)
-    assert parse_view({"tab": "nope", "k": "1000", "image": "-3", "scope": "some", "q": "  "}) == View()
+    assert parse_view({"tab": "i2t", "image": "812", "normalise": "invsoftmax"}) == \
+        View(tab="i2t", image=812, normalise="invsoftmax")
+    assert parse_view({"tab": "nope", "k": "1000", "image": "-3", "scope": "some", "q": "  ",
+                       "normalise": "csls"}) == View()
 
 
 # -- plots -------------------------------------------------------------------------------------
@@ -403,3 +407,12 @@ def test_each_column_header_names_its_normalisation():
     applied = answer.model_copy(update={"context": answer.context.model_copy(
         update={"normalise": "invsoftmax", "normalised": True})})
     assert "ranked by inverted softmax: log-normalised scores" in render_text_column(applied, "Left: baseline")
+
+
+def test_the_hubness_switch_offers_every_normalisation_of_the_contract_once():
+    from aoq.names import NORMALISATIONS
+    from aoq_ui.render import NORMALISE_CHOICES
+
+    assert NORMALISE_CHOICES == [("none", "none"), ("QB-Norm (dynamic inverted softmax)", "qbnorm"),
+                                 ("inverted softmax", "invsoftmax")]
+    assert [value for _, value in NORMALISE_CHOICES] == list(NORMALISATIONS)

@@ -3,8 +3,9 @@
 The page holds no model: every result comes from the search service through ``BackendClient``,
 and the pictures come through the page's own server (``aoq_ui.media``) unless the client was
 given the service's public URL. Behaviour lives in ``aoq_ui.handlers``; this module only lays
-out components and wires events. The address bar follows the last search (``aoq_ui.state``), so
-a copied link opens the same view.
+out components and wires events, the shared controls and side-by-side views coming from
+``aoq_ui.controls``. The address bar follows the last search (``aoq_ui.state``), so a copied link
+opens the same view.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ import gradio as gr  # noqa: E402
 from aoq_serve.schemas import DEFAULT_MAX_UPLOAD_BYTES, MAX_K  # noqa: E402
 from aoq_ui import handlers  # noqa: E402
 from aoq_ui.client import BackendClient  # noqa: E402
+from aoq_ui.controls import DEFAULT_K, DEFAULT_NORMALISE, Shared, SideBySide, normalise_dropdown, rerun, \
+    rerun_on_switch, shared_settings, side_by_side  # noqa: E402
 from aoq_ui.examples import ExampleQuery  # noqa: E402
 from aoq_ui.media import media_routes  # noqa: E402
-from aoq_ui.render import CSS, SCOPE_LABELS, render_notice  # noqa: E402
+from aoq_ui.render import CSS, render_notice  # noqa: E402
 from aoq_ui.render_analysis import DIRECTION_LABELS, WHICH_LABELS  # noqa: E402
 from aoq_ui.state import parse_view  # noqa: E402
 
 TITLE = "AOQ retrieval: baseline vs AOQ"
-DEFAULT_K = 5
 DEFAULT_CONCURRENCY = 4
 N_PAGE = 12  # example queries shown per page
 #: Gradio's status line announces this key when an event ends, and ships no English for it.
@@ -45,43 +47,6 @@ FOLLOW_SHARE_LINKS = """() => {
     if (links.length) follow(links[links.length - 1]);
   })).observe(document.body, {childList: true, subtree: true, attributes: true, attributeFilter: ["href"]});
 }"""
-
-
-@dataclass(frozen=True)
-class _Shared:
-    """What every tab reads: the client, the model pickers, top k and the scope above the tabs."""
-
-    api: BackendClient
-    left: gr.Dropdown
-    right: gr.Dropdown
-    top_k: gr.Slider
-    scope: gr.Radio
-
-    @property
-    def settings(self) -> list[gr.components.Component]:
-        return [self.left, self.right, self.top_k, self.scope]
-
-
-@dataclass(frozen=True)
-class _View:
-    """A side-by-side view: its query line, two columns, and the query they show."""
-
-    query: gr.HTML
-    left: gr.HTML
-    right: gr.HTML
-    last: gr.State
-
-    @property
-    def outputs(self) -> list[gr.components.Component]:
-        return [self.query, self.left, self.right, self.last]
-
-
-def _view(prefix: str, query_id: str | None = None) -> _View:
-    query = gr.HTML(elem_id=query_id or f"{prefix}-query-line")
-    with gr.Row(equal_height=False):
-        left = gr.HTML(elem_id=f"{prefix}-left")
-        right = gr.HTML(elem_id=f"{prefix}-right")
-    return _View(query, left, right, gr.State({}))
 
 
 def _origin(request: gr.Request) -> str:
@@ -106,13 +71,8 @@ def build_app(
         gr.Markdown(f"## {TITLE}\nTop-k results of two models for the same query; \u2714 marks a correct answer "
                     "(paper Fig. 5).")
         status = gr.HTML(elem_id="status")
-        with gr.Row():
-            left = gr.Dropdown(label="Left model", choices=[], elem_id="left-model", scale=2)
-            right = gr.Dropdown(label="Right model", choices=[], elem_id="right-model", scale=2)
-            top_k = gr.Slider(1, MAX_K, value=DEFAULT_K, step=1, label="top k", elem_id="top-k", scale=1)
-            scope = gr.Radio([(label, value) for value, label in SCOPE_LABELS.items()], value="all",
-                             label="Search scope", elem_id="scope", scale=2)
-        shared = _Shared(client, left, right, top_k, scope)
+        shared = shared_settings(client)
+        left, right, top_k, scope = shared.settings
         with gr.Tabs(elem_id="tabs") as tabs:
             t2i, query_box, examples, captions = _text_to_image_tab(shared, free_text)
             i2t, browser = _image_to_text_tab(shared)
@@ -121,18 +81,16 @@ def build_app(
             metric_models, known_models = _metrics_tab(shared)
         views = [t2i, i2t, failures]
 
-        def rerun(left_name, right_name, k, where, *lasts):
-            out = []
-            for view, last in zip(views, lasts):
-                columns = handlers.run_last(client, last, left_name, right_name, k, where)
-                out += [*columns, last] if columns else [gr.update()] * 4
-            return out
+        def rerun_all(left_name, right_name, k, where, *per_view):
+            lasts, normalised = per_view[:len(views)], per_view[len(views):]
+            return [o for last, how in zip(lasts, normalised) for o in rerun(client, last, left_name, right_name, k,
+                                                                              where, how)]
 
-        inputs = [*shared.settings, *(v.last for v in views)]
+        inputs = [*shared.settings, *(v.last for v in views), *(v.normalise for v in views)]
         outputs = [o for v in views for o in v.outputs]
         for event in (left.input, right.input, top_k.input, scope.input):
             # while a run is on its way, only the newest setting waits (a dragged slider sends many)
-            event(rerun, inputs, outputs, trigger_mode="always_last")
+            event(rerun_all, inputs, outputs, trigger_mode="always_last")
         scope.input(browser.refresh, [scope, browser.filter], browser.outputs)
 
         def on_load(request: gr.Request):
@@ -140,7 +98,7 @@ def build_app(
             view = parse_view(dict(request.query_params))
             pick_left = view.left if view.left in page.all_models else page.left
             pick_right = view.right if view.right in page.all_models else page.right
-            k, where = view.k or DEFAULT_K, view.scope or "all"
+            k, where, how = view.k or DEFAULT_K, view.scope or "all", view.normalise or DEFAULT_NORMALISE
             pictures, shown, line = handlers.gallery_page(client, where, "", 0)
             text = view.query or (free_text[0].text if free_text else
                                   page.example_captions[0].text if page.example_captions else "")
@@ -161,27 +119,31 @@ def build_app(
                 browser.gallery: _thumbs(pictures, request), browser.items: pictures, browser.page: shown,
                 browser.line: line,
                 tabs: gr.Tabs(selected=view.tab),
+                # a link's hubness correction is its own tab's
+                t2i.normalise: how if view.tab == "t2i" else DEFAULT_NORMALISE,
+                i2t.normalise: how if view.tab == "i2t" else DEFAULT_NORMALISE,
             }
             last = {"text": view.query} if view.query and view.tab == "t2i" else \
                 {"image_id": view.image, "image_url": client.browser_url(f"/images/{view.image}")} \
                 if view.image is not None and view.tab == "i2t" else {}
             if last:
                 target = t2i if "text" in last else i2t
-                columns = handlers.run_last(client, last, pick_left, pick_right, k, where)
+                columns = handlers.run_last(client, last, pick_left, pick_right, k, where, how)
                 filled.update(dict(zip(target.outputs, [*columns, last])))
             return filled
 
         demo.load(on_load, outputs=[status, left, right, top_k, scope, query_box, negatives.model, negatives.pick,
                                     negatives.kind, negatives.item, metric_models, known_models, examples,
-                                    captions, *browser.outputs, tabs, *t2i.outputs, *i2t.outputs])
+                                    captions, *browser.outputs, tabs, t2i.normalise, i2t.normalise, *t2i.outputs,
+                                    *i2t.outputs])
 
     # Two models answer every query: let a few events run at once instead of Gradio's one.
     demo.queue(default_concurrency_limit=concurrency)
     return demo
 
 
-def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]
-                       ) -> tuple[_View, gr.Textbox, gr.Dataset, gr.State]:
+def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery]
+                       ) -> tuple[SideBySide, gr.Textbox, gr.Dataset, gr.State]:
     """A query box, the free-text examples and example captions; returns the view, the query
     box, the examples and their captions for the page load."""
     api = shared.api
@@ -189,6 +151,7 @@ def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]
         captions = gr.State([])
         with gr.Row():
             query = gr.Textbox(label="Query", placeholder="describe a picture", elem_id="t2i-query", scale=5)
+            normalise = normalise_dropdown("t2i")
             search = gr.Button("Search", variant="primary", elem_id="t2i-search", scale=1)
         if free_text:
             groups = ", ".join(dict.fromkeys(q.group for q in free_text))
@@ -197,24 +160,26 @@ def _text_to_image_tab(shared: _Shared, free_text: list[ExampleQuery]
                               samples_per_page=len(free_text), elem_id="t2i-free-examples")
         examples = gr.Dataset(components=[query], samples=[], type="index",
                               label="Example queries (captions of the test split)", samples_per_page=N_PAGE)
-        view = _view("t2i")
+        view = side_by_side("t2i", normalise=normalise)
 
-    def run(text, left, right, k, scope):
-        return (*handlers.search_text(api, text, left, right, k, scope), {"text": text} if text else {})
+    def run(text, left, right, k, scope, how):
+        return (*handlers.search_text(api, text, left, right, k, scope, how), {"text": text} if text else {})
 
-    def on_example(index, known, left, right, k, scope):
+    def on_example(index, known, left, right, k, scope, how):
         text = known[index].text if index is not None and 0 <= index < len(known) else ""
-        return text, *run(text, left, right, k, scope)
+        return text, *run(text, left, right, k, scope, how)
 
-    search.click(run, [query, *shared.settings], view.outputs)
-    query.submit(run, [query, *shared.settings], view.outputs)
-    examples.click(on_example, [examples, captions, *shared.settings], [query, *view.outputs])
+    settings = [*shared.settings, normalise]
+    search.click(run, [query, *settings], view.outputs)
+    query.submit(run, [query, *settings], view.outputs)
+    examples.click(on_example, [examples, captions, *settings], [query, *view.outputs])
     if free_text:
-        def on_free(index, left, right, k, scope):
+        def on_free(index, left, right, k, scope, how):
             text = free_text[index].text if index is not None and 0 <= index < len(free_text) else ""
-            return text, *run(text, left, right, k, scope)
+            return text, *run(text, left, right, k, scope, how)
 
-        fine.click(on_free, [fine, *shared.settings], [query, *view.outputs])
+        fine.click(on_free, [fine, *settings], [query, *view.outputs])
+    rerun_on_switch(shared, view)
     return view, query, examples, captions
 
 
@@ -234,7 +199,7 @@ class _Browser:
         return [self.gallery, self.items, self.page, self.line]
 
 
-def _image_to_text_tab(shared: _Shared) -> tuple[_View, _Browser]:
+def _image_to_text_tab(shared: Shared) -> tuple[SideBySide, _Browser]:
     """The catalogue's pictures to browse and click, or an upload."""
     api = shared.api
     with gr.Tab("Image to text", id="i2t"):
@@ -253,7 +218,8 @@ def _image_to_text_tab(shared: _Shared) -> tuple[_View, _Browser]:
                 upload = gr.File(label="...or upload a PNG/JPEG", file_types=[".png", ".jpg", ".jpeg"],
                                  type="filepath", elem_id="i2t-upload", height=140)
                 upload_search = gr.Button("Search with the upload", elem_id="i2t-upload-search")
-        view = _view("i2t", "i2t-query")
+                normalise = normalise_dropdown("i2t", scale=1)
+        view = side_by_side("i2t", "i2t-query", normalise)
 
     def show(scope, text, number, request: gr.Request):
         pictures, shown, html = handlers.gallery_page(api, scope, text, number)
@@ -268,28 +234,29 @@ def _image_to_text_tab(shared: _Shared) -> tuple[_View, _Browser]:
     def forward(scope, text, number, request: gr.Request):
         return show(scope, text, number + 1, request)
 
-    def answer(last, left, right, k, scope):
-        columns = handlers.run_last(api, last, left, right, k, scope)
+    def answer(last, left, right, k, scope, how):
+        columns = handlers.run_last(api, last, left, right, k, scope, how)
         return (*(columns or (render_notice("Click a picture of the gallery or upload one."), "", "")), last)
 
-    def on_pick(evt: gr.SelectData, known, left, right, k, scope):
+    def on_pick(evt: gr.SelectData, known, left, right, k, scope, how):
         picked = known[evt.index] if isinstance(evt.index, int) and evt.index < len(known) else None
         return answer({"image_id": picked.image_id, "image_url": picked.image_url} if picked else {},
-                      left, right, k, scope)
+                      left, right, k, scope, how)
 
-    def on_upload(path, left, right, k, scope):
-        return answer({"upload": path} if path else {}, left, right, k, scope)
+    def on_upload(path, left, right, k, scope, how):
+        return answer({"upload": path} if path else {}, left, right, k, scope, how)
 
     browser = _Browser(search_filter, gallery, items, page, line, refresh)
     search_filter.submit(refresh, [shared.scope, search_filter], browser.outputs)
     previous.click(back, [shared.scope, search_filter, page], browser.outputs)
     following.click(forward, [shared.scope, search_filter, page], browser.outputs)
-    gallery.select(on_pick, [items, *shared.settings], view.outputs)
-    upload_search.click(on_upload, [upload, *shared.settings], view.outputs)
+    gallery.select(on_pick, [items, *shared.settings, normalise], view.outputs)
+    upload_search.click(on_upload, [upload, *shared.settings, normalise], view.outputs)
+    rerun_on_switch(shared, view)
     return view, browser
 
 
-def _failures_tab(shared: _Shared) -> _View:
+def _failures_tab(shared: Shared) -> SideBySide:
     """The queries one model misses at rank 1, a page at a time; a picked one side by side."""
     api = shared.api
     with gr.Tab("Failure cases", id="failures"):
@@ -304,7 +271,7 @@ def _failures_tab(shared: _Shared) -> _View:
             following = gr.Button("next page \u25b6", elem_id="failures-next")
         summary = gr.HTML(elem_id="failures-summary")
         cases = gr.Dropdown(label="Case (pick one to see both rankings)", choices=[], elem_id="failures-case")
-        view = _view("failures")
+        view = side_by_side("failures")
 
     def show(d, w, n, number, left, right):
         html, choices, items, shown = handlers.list_failures(api, d, w, n, number, left, right)
@@ -339,7 +306,7 @@ class _Negatives:
     model: gr.Dropdown
 
 
-def _negatives_tab(shared: _Shared) -> _Negatives:
+def _negatives_tab(shared: Shared) -> _Negatives:
     """Offline vs online hard negatives of a training item; returns what the page load fills."""
     api = shared.api
     with gr.Tab("Offline negatives", id="negatives"):
@@ -375,7 +342,7 @@ def _negatives_tab(shared: _Shared) -> _Negatives:
     return _Negatives(train_pick, kind, item_id, model)
 
 
-def _metrics_tab(shared: _Shared) -> tuple[gr.CheckboxGroup, gr.State]:
+def _metrics_tab(shared: Shared) -> tuple[gr.CheckboxGroup, gr.State]:
     """R@K tables, training curves and rank histograms, each explained; returns the model
     picker and the models' descriptions for the page load."""
     api = shared.api

@@ -45,7 +45,8 @@ GALLERY_PAGE = 24
 PREVIEW_BYTES = 2 * 1024 * 1024
 
 Columns = tuple[str, str, str]  # (query line or message, left column, right column)
-#: the query a view shows, to run it again when k, the scope or a model changes: {"text": ...},
+#: the query a view shows, to run it again when k, the scope, the hubness correction or a model
+#: changes: {"text": ...},
 #: {"image_id": ..., "image_url": ...} or {"upload": path}; empty when there is none.
 LastQuery = dict
 
@@ -114,18 +115,19 @@ def _links(view: View, answer) -> str:
 
 
 def search_text(client: BackendClient, query: str, left: str | None, right: str | None, k: int,
-                scope: str = "all") -> Columns:
-    """Text -> image for both models: (query line or error, left column, right column)."""
+                scope: str = "all", normalise: str = "none") -> Columns:
+    """Text -> image for both models, ranked under the hubness correction ``normalise``: (query
+    line or error, left column, right column)."""
     query = (query or "").strip()
     if not query:
         return render_notice("Type a query or pick an example."), "", ""
     if problem := _check_models(left, right):
         return render_error(problem), "", ""
     try:
-        answer = client.compare_text(query, [left, right], int(k), scope)  # type: ignore[list-item]
+        answer = client.compare_text(query, [left, right], int(k), scope, normalise)  # type: ignore[list-item]
     except BackendError as exc:
         return render_error(exc), "", ""
-    view = View(tab="t2i", query=query, left=left, right=right, k=int(k), scope=scope)
+    view = View(tab="t2i", query=query, left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_text_query(answer.left, answer.right, _links(view, answer)),
             render_text_column(answer.left, f"Left: {answer.left.model}"),
             render_text_column(answer.right, f"Right: {answer.right.model}"))
@@ -149,24 +151,29 @@ def search_image(
     right: str | None,
     k: int,
     scope: str = "all",
+    normalise: str = "none",
     *,
     image_id: int | None = None,
     image_url: str = "",
     upload: str | Path | None = None,
 ) -> Columns:
-    """Image -> text for both models, from a gallery image (its id and URL) or an uploaded file."""
+    """Image -> text for both models, from a gallery image (its id and URL) or an uploaded file,
+    ranked under the hubness correction ``normalise``."""
     if image_id is None and upload is None:
         return render_notice("Click a picture of the gallery or upload one."), "", ""
     if problem := _check_models(left, right):
         return render_error(problem), "", ""
     try:
         if image_id is not None:
-            answer = client.compare_image(image_id=image_id, models=[left, right], k=int(k), scope=scope)  # type: ignore[list-item]
+            answer = client.compare_image(image_id=image_id, models=[left, right], k=int(k), scope=scope,  # type: ignore[list-item]
+                                          normalise=normalise)
             label, url = f"picture {image_id}", image_url
-            links = _links(View(tab="i2t", image=image_id, left=left, right=right, k=int(k), scope=scope), answer)
+            links = _links(View(tab="i2t", image=image_id, left=left, right=right, k=int(k), scope=scope,
+                                normalise=normalise), answer)
         else:
             path = Path(upload)  # type: ignore[arg-type]
-            answer = client.compare_image(file=path, models=[left, right], k=int(k), scope=scope)  # type: ignore[list-item]
+            answer = client.compare_image(file=path, models=[left, right], k=int(k), scope=scope,  # type: ignore[list-item]
+                                          normalise=normalise)
             label, url = f"uploaded picture {path.name}", _preview(path)
             links = f'<div class="aoq-links">{download_link(answer)}</div>'
     except BackendError as exc:
@@ -177,15 +184,17 @@ def search_image(
 
 
 def run_last(client: BackendClient, last: LastQuery | None, left: str | None, right: str | None, k: int,
-             scope: str) -> Columns | None:
-    """A view's query (again, when k, the scope or a model changed); None when it has none."""
+             scope: str, normalise: str = "none") -> Columns | None:
+    """A view's query (again, when k, the scope, the hubness correction or a model changed); None
+    when it has none."""
     if not last:
         return None
     if "text" in last:
-        return search_text(client, last["text"], left, right, k, scope)
+        return search_text(client, last["text"], left, right, k, scope, normalise)
     if "image_id" in last:
-        return search_image(client, left, right, k, scope, image_id=last["image_id"], image_url=last["image_url"])
-    return search_image(client, left, right, k, scope, upload=last["upload"])
+        return search_image(client, left, right, k, scope, normalise, image_id=last["image_id"],
+                            image_url=last["image_url"])
+    return search_image(client, left, right, k, scope, normalise, upload=last["upload"])
 
 
 def gallery_page(client: BackendClient, scope: str, query: str, page: int

@@ -207,6 +207,9 @@ def _truth_line(answer: SearchTextOut | SearchImageOut, what: str) -> str:
 #: what a column header says of the hubness correction its list was ranked by (docs/serving.md)
 NORMALISE_LABELS = {"none": "raw scores (no hubness correction)", "qbnorm": "QB-Norm",
                     "invsoftmax": "inverted softmax"}
+#: the hubness correction switch of the side-by-side tabs: (label, the request's ``normalise``)
+NORMALISE_CHOICES = [("none", "none"), ("QB-Norm (dynamic inverted softmax)", "qbnorm"),
+                     ("inverted softmax", "invsoftmax")]
 
 
 def _normalise_line(answer: SearchTextOut | SearchImageOut) -> str:
