@@ -44,7 +44,8 @@ class DemoVariant:
     """One demo: its dataset, the config it trains with, and that config's overrides.
 
     ``sizes`` (synth) are the images per split; ``limit`` (emoji) the number of emoji kept, as
-    whole base emoji (None: all of them), those named in ``include`` first."""
+    whole base emoji (None: all of them), those named in ``include`` first. ``arms``: the models
+    trained and published beside the baseline (:mod:`aoq_train.pipeline.arms`)."""
 
     name: str
     dataset: str
@@ -53,10 +54,13 @@ class DemoVariant:
     limit: int | None = None
     include: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
+    arms: tuple[str, ...] = ("aoq",)
 
 
-#: configs/emoji.yaml on every emoji of both vendors (docs/emoji.md).
-EMOJI_FULL = DemoVariant("demo-emoji", "emoji", "emoji.yaml")
+#: configs/emoji.yaml on every emoji of both vendors (docs/emoji.md), with the best system the
+#: emoji experiments found (docs/results-emoji.md: GOAL cir x con, selected by dev rsum) beside
+#: the baseline and AOQ.
+EMOJI_FULL = DemoVariant("demo-emoji", "emoji", "emoji.yaml", arms=("aoq", "goal-cir-con"))
 #: 120 emoji (about 240 pictures): every stage in under two minutes; numbers mean little. The
 #: browser test searches for the flag of Japan (a training item of the full set too).
 EMOJI_QUICK = DemoVariant(
@@ -215,6 +219,7 @@ def ensure_indexes(models_dir: Path, data_root: Path, index_dir: Path, catalogue
 def prepare(variant: DemoVariant, timings: dict[str, tuple[float, float]], workers: int = 1
             ) -> tuple[ExperimentConfig, Path, Path]:
     """Dataset, features, pipeline and indexes; returns the config, the models dir and the index dir."""
+    from aoq_train.pipeline.arms import resolve_arms
     from aoq_train.pipeline.run import comparison_table, run_pipeline
 
     data_root, runs_root = _data_root(), _runs_root()
@@ -224,7 +229,7 @@ def prepare(variant: DemoVariant, timings: dict[str, tuple[float, float]], worke
     with timed("features", timings):
         ensure_features(cfg, workers)
     with timed("pipeline", timings):
-        result = run_pipeline(cfg)
+        result = run_pipeline(cfg, resolve_arms(variant.arms))
     print("\n" + comparison_table(result.comparison) + "\n", flush=True)
     models_dir, index_dir = cfg.run_dir / "models", cfg.run_dir / "index"
     with timed("indexes", timings):

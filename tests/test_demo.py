@@ -110,11 +110,13 @@ def test_second_demo_on_busy_ports_fails_fast(tmp_path):
 
 def test_every_variant_has_a_valid_config_in_its_own_folders(tmp_path):
     from aoq_cli.demo import VARIANTS, demo_config
+    from aoq_train.pipeline.arms import resolve_arms
 
     for (dataset, quick), variant in VARIANTS.items():
         cfg = demo_config(variant, tmp_path / "data", tmp_path / "runs")
         assert variant.dataset == dataset and cfg.name == variant.name
         assert cfg.run_dir == tmp_path / "runs" / variant.name
+        assert [a.name for a in resolve_arms(variant.arms)][0] == "aoq"  # the comparison's default right side
         assert Path(cfg.data.path).is_relative_to(tmp_path / "data" / variant.name)
         if dataset == "emoji":
             assert cfg.data.path.endswith("dataset_emoji.json")
