@@ -213,8 +213,8 @@ def _results_section(collected: dict[str, Any]) -> list[str]:
                   f"anchor image's own captions), mean over seeds: "
                   f"{100 * statistics.fmean(c['pairs'] for c in certain):.2f}% of the (image, mined caption) pairs, "
                   f"{100 * statistics.fmean(c['images'] for c in certain):.1f}% of the images have at least one. "
-                  "`round2.false_negative_filter` drops them (and, where the data has structured facts, every "
-                  "mined caption that is true of the anchor).", ""]
+                  "The `identity` filter of `aoq mine` (the `aoq-fn-identity...` arms) drops them "
+                  "([method.md](method.md#false-negatives)).", ""]
     for s in collected["seeds"]:
         for warning in (s["diagnostics"] or {}).get("warnings", []):
             lines += [f"**Warning ({Path(s['run_dir']).name}):** {warning}", ""]
