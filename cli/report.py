@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweeps-only", action="store_true",
                         help="with --run: run only the sweep points, and write nothing (to share the work "
                              "between processes; a last call without it writes the page)")
+    parser.add_argument("--pairs", default="", metavar="ARM:REFERENCE,...",
+                        help="also compare these methods with each other, paired by seed, e.g. "
+                             "'aoq-fn-identity+semantic0.9:aoq' (each side an arm of --arms, or baseline)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--figures", type=Path, default=DEFAULT_FIGURES)
 
@@ -74,8 +77,13 @@ def run(args: argparse.Namespace) -> int:
             resolve_arms(sweep.arms)
         except ValueError as exc:
             raise ConfigError(f"--sweep {sweep.name}: {exc}") from None
+    pairs = tuple(tuple(p.split(":")) for p in args.pairs.split(",") if p.strip())
+    unknown = [p for p in pairs if len(p) != 2 or not set(p) <= {"baseline", *arms}]
+    if unknown:
+        raise ConfigError(f"--pairs: {', '.join(':'.join(p) for p in unknown)}: each pair is ARM:REFERENCE, both "
+                          "from --arms or baseline")
     setup = ReportSetup(args.config, seeds, arms, args.runs, args.synth, args.data, args.train, args.dev,
-                        args.test, tuple(args.overrides), args.patience, sweeps, sweep_seeds)
+                        args.test, tuple(args.overrides), args.patience, sweeps, sweep_seeds, pairs)
     if args.run and args.sweeps_only:
         run_experiments(setup, main=False)
         print(f"ran {len(sweeps)} sweep point(s); write the page with a call without --sweeps-only")

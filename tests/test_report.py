@@ -192,3 +192,25 @@ def test_label_table_gives_percent_means_and_the_paired_ndcg_interval():
     assert aoq_row.startswith("| AOQ | 50.00 ± 0.00 | 65.00 ± 7.07 |") and "+7.50 [-24.27, +39.27] (n=2)" in aoq_row
     collected["seeds"][0]["results"]["aoq"]["full"].pop("labels")
     assert label_table(collected) is None
+
+
+def test_pairs_table_compares_any_two_methods_paired_by_seed():
+    from aoq_train.report.tables import pairs_table
+
+    def result(rsum, ndcg):
+        return {"full": {"rsum": rsum, "labels": {"k": 10, "i2t": {"map_at_r": 0.5, "ndcg_at_10": ndcg},
+                                                  "t2i": {"map_at_r": 0.5, "ndcg_at_10": ndcg}}}}
+
+    history = {arm: [{"dev_rsum": 1.0, "epoch": 1, "stop": "plateau"}] for arm in ("baseline", "aoq", "fn")}
+    history["fn"] = [{"dev_rsum": 1.0, "epoch": 60, "stop": "cap"}]  # a capped run is marked on both sides
+    collected = {"methods": {"baseline": "Baseline", "aoq": "AOQ", "fn": "Filtered"}, "seeds": [
+        {"results": {"baseline": result(100.0, 0.5), "aoq": result(104.0, 0.6), "fn": result(110.0, 0.6)},
+         "history": history},
+        {"results": {"baseline": result(90.0, 0.5), "aoq": result(91.0, 0.5), "fn": result(93.0, 0.7)},
+         "history": history},
+    ]}
+    rows = pairs_table(collected, (("fn", "aoq"), ("aoq", "fn")), "full").splitlines()
+    assert rows[0] == "| method | against | Δ rsum [95% CI] | Δ NDCG@10 (mean of both) [95% CI] |"
+    # fn - aoq per seed: +6 and +2 -> mean +4, sd 2.83, half width 12.71 x 2 = 25.41; NDCG 0 and +20
+    assert rows[2] == "| Filtered † | AOQ | +4.0 [-21.4, +29.4] (n=2) | +10.00 [-117.06, +137.06] (n=2) |"
+    assert rows[3].startswith("| AOQ | Filtered † | -4.0 [-29.4, +21.4] (n=2) |")

@@ -41,6 +41,7 @@ from aoq_train.report.tables import (
     CAPPED,
     capped_runs,
     format_difference,
+    pairs_table,
     interval_method,
     mean_std,
     method_label,
@@ -127,6 +128,8 @@ def _command(setup: ReportSetup, out: Path, figures: Path) -> str:
                      + f"@{','.join(sweep.arms)}'")
     if setup.sweeps:
         parts.append(f"--sweep-seeds {','.join(map(str, setup.sweep_seeds))}")
+    if setup.pairs:
+        parts.append(f"--pairs {','.join(f'{a}:{b}' for a, b in setup.pairs)}")
     if out != DEFAULT_OUT or figures != DEFAULT_FIGURES:
         parts.append(f"--out {out} --figures {figures}")
     return " ".join(parts)
@@ -185,12 +188,16 @@ def _wall_minutes(collected: dict[str, Any]) -> float:
                for h in runs) / 60
 
 
-def _results_section(collected: dict[str, Any]) -> list[str]:
+def _results_section(collected: dict[str, Any], pairs: tuple[tuple[str, str], ...]) -> list[str]:
     protocols = _protocols(collected)
     lines: list[str] = []
     for p in protocols:
         lines += [f"## {PROTOCOLS[p]}, mean ± std over seeds", "", results_table(collected, p), ""]
     lines += [f"rsum per seed ({PROTOCOLS[protocols[0]]}):", "", per_seed_rsum(collected, protocols[0]), ""]
+    if pairs:
+        lines += [f"## Paired comparisons between methods ({PROTOCOLS[protocols[0]]})", "",
+                  "The mean per-seed difference of the first method minus the second, with the same paired "
+                  "interval as above.", "", pairs_table(collected, pairs, protocols[0]), ""]
     labels = label_table(collected)
     if labels:
         where = PROTOCOLS[label_protocol(collected["seeds"][0]["results"]["baseline"])]
@@ -341,7 +348,7 @@ def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: P
         f"    {_command(setup, out, figures)}", "",
         "(`--run` runs or resumes the pipelines; without it the tables come from the finished runs.)", "",
         *_setup_section(setup, cfg, collected),
-        *_results_section(collected),
+        *_results_section(collected, setup.pairs),
         *_family_section(collected, run_dirs),
         *_sweeps_section(setup),
         *_cost_section(collected),

@@ -85,6 +85,8 @@ class ReportSetup:
     patience: int | None = None
     sweeps: tuple[Sweep, ...] = ()
     sweep_seeds: tuple[int, ...] = (0,)
+    #: (arm, reference) pairs compared with each other as well as with the baseline
+    pairs: tuple[tuple[str, str], ...] = ()
 
     @property
     def methods(self) -> dict[str, str]:

@@ -69,10 +69,28 @@ def interval_method(n: int) -> str:
             f"(t with {n - 1} degrees of freedom; n is shown with every interval)")
 
 
-def rsum_differences(collected: dict[str, Any], arm: str, protocol: str) -> list[float]:
-    """rsum of ``arm`` minus the baseline's, per seed (paired: same seed, data and round 1)."""
-    return [s["results"][arm][protocol]["rsum"] - s["results"]["baseline"][protocol]["rsum"]
+def rsum_differences(collected: dict[str, Any], arm: str, protocol: str, reference: str = "baseline") -> list[float]:
+    """rsum of ``arm`` minus ``reference``'s, per seed (paired: same seed, data and round 1)."""
+    return [s["results"][arm][protocol]["rsum"] - s["results"][reference][protocol]["rsum"]
             for s in collected["seeds"]]
+
+
+def pairs_table(collected: dict[str, Any], pairs: tuple[tuple[str, str], ...], protocol: str) -> str:
+    """rsum (and, with labels, mean NDCG) of each ``(arm, reference)`` pair: the paired mean
+    difference ``arm - reference`` with its 95% interval and n, for comparisons other than the
+    baseline (filtered against plain AOQ, against the best round-1 objective, ...)."""
+    ndcg = label_protocol(collected["seeds"][0]["results"]["baseline"])
+    header = "| method | against | Δ rsum [95% CI] |" + (" Δ NDCG@10 (mean of both) [95% CI] |" if ndcg else "")
+    lines = [header, "|---|---|---:|" + ("---:|" if ndcg else "")]
+    for arm, reference in pairs:
+        row = (f"| {method_label(collected, arm)} | {method_label(collected, reference)} | "
+               f"{format_difference(rsum_differences(collected, arm, protocol, reference))} |")
+        if ndcg:
+            scores = [(label_scores(s["results"][arm][ndcg]), label_scores(s["results"][reference][ndcg]))
+                      for s in collected["seeds"]]
+            row += f" {format_difference([a['ndcg'] - b['ndcg'] for a, b in scores], 2)} |"
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def budget(history: list[dict[str, Any]]) -> dict[str, float]:
