@@ -214,3 +214,21 @@ def test_pairs_table_compares_any_two_methods_paired_by_seed():
     # fn - aoq per seed: +6 and +2 -> mean +4, sd 2.83, half width 12.71 x 2 = 25.41; NDCG 0 and +20
     assert rows[2] == "| Filtered † | AOQ | +4.0 [-21.4, +29.4] (n=2) | +10.00 [-117.06, +137.06] (n=2) |"
     assert rows[3].startswith("| AOQ | Filtered † | -4.0 [-29.4, +21.4] (n=2) |")
+
+
+def test_each_round2_arm_shows_the_diagnostics_of_its_own_lists():
+    from aoq_train.report.tables import diagnostics_table
+
+    def diag(rank, gap):
+        side = {"in_batch_rank": {"median": 100.0}, "offline_rank": {"median": rank}, "on_minus_off": gap}
+        return {"settings": {"h_t": 10, "h_i": 2}, "image_anchors": side, "caption_anchors": side,
+                "premise_holds": True}
+
+    history = [{"dev_rsum": 1.0, "epoch": 1, "train_time_s": 60.0, "val_time_s": 0.0, "stop": "plateau"}]
+    arms = ("baseline", "aoq", "aoq-fn-identity")
+    collected = {"methods": dict(zip(arms, ("Baseline", "AOQ", "Filtered"))), "seeds": [
+        {"diagnostics": diag(5.0, -0.1), "arm_diagnostics": {"aoq": diag(5.0, -0.1), "aoq-fn-identity": diag(9.0, -0.02)},
+         "history": {arm: history for arm in arms}}]}
+    rows = diagnostics_table(collected).splitlines()[2:]
+    assert rows[1] == "| AOQ | 10 / 2 | 100 / 100 | 5 / 5 | -0.100 / -0.100 | 1 of 1 | 1.0 | 1.0 | 1.0 | 0 of 1 |"
+    assert rows[2] == "| Filtered | 10 / 2 | 100 / 100 | 9 / 9 | -0.020 / -0.020 | 1 of 1 | 1.0 | 1.0 | 1.0 | 0 of 1 |"

@@ -253,10 +253,10 @@ def sweeps_table(setup: ReportSetup) -> str:
             continue
         collected = collect(run_dirs, point.methods)
         protocol = _protocols(collected)[0]
-        depth, _, _, gap, held = diagnostic_cells(collected["seeds"])
         base = mean_std([s["results"]["baseline"][protocol]["rsum"] for s in collected["seeds"]])[0]
         for arm in sweep.arms:
             value = mean_std([s["results"][arm][protocol]["rsum"] for s in collected["seeds"]])[0]
+            depth, _, _, gap, held = diagnostic_cells(collected["seeds"], arm)
             mined = ["—"] * 3 if is_round1(arm) else [depth, gap, held]
             lines.append(f"| {sweep.name} | `{' '.join(sweep.overrides) or '—'}` | {method_label(collected, arm)}"
                          f"{f' (baseline {CAPPED})' if capped_runs(collected, 'baseline') else ''} | "

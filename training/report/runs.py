@@ -170,8 +170,8 @@ def _round_dir(run_dir: Path, arm: str) -> Path:
     return run_dir / ("round1" if arm == "baseline" else resolve_arm(arm).folder)
 
 
-def _diagnostics(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / "mined" / "diagnostics.json"
+def _diagnostics(run_dir: Path, mined_folder: str = "mined") -> dict[str, Any] | None:
+    path = run_dir / mined_folder / "diagnostics.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -186,5 +186,8 @@ def collect(run_dirs: list[Path], methods: dict[str, str]) -> dict[str, Any]:
             "results": {arm: read_evaluation(run_dir, arm) for arm in methods},
             "history": {arm: _history(_round_dir(run_dir, arm) / "metrics.jsonl") for arm in methods},
             "diagnostics": _diagnostics(run_dir),
+            # each round-2 arm's own lists (filtered, or mined by another round-1 model)
+            "arm_diagnostics": {arm: _diagnostics(run_dir, resolve_arm(arm).mined_folder) for arm in methods
+                                if arm != "baseline" and resolve_arm(arm).round == 2},
         })
     return {"seeds": seeds, "methods": methods}

@@ -139,9 +139,10 @@ def is_round1(arm: str) -> bool:
     return arm == "baseline" or resolve_arm(arm).round == 1
 
 
-def diagnostic_cells(seeds: list[dict[str, Any]]) -> list[str]:
-    """Seed means of the hardness diagnostics (image / caption anchors), or dashes without them."""
-    diags = [s["diagnostics"] for s in seeds if s["diagnostics"]]
+def diagnostic_cells(seeds: list[dict[str, Any]], arm: str) -> list[str]:
+    """Seed means of the hardness diagnostics of ``arm``'s own lists (image / caption anchors),
+    or dashes without them."""
+    diags = [d for d in (s.get("arm_diagnostics", {}).get(arm, s["diagnostics"]) for s in seeds) if d]
     if not diags:
         return ["—"] * 5
 
@@ -162,7 +163,7 @@ def diagnostics_table(collected: dict[str, Any]) -> str:
              "(img / cap) | S_on − S_off (img / cap) | premise held (seeds) | epochs run | best epoch "
              "| wall time (min) | stopped by the cap |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for arm in collected["methods"]:
-        diag = ["—"] * 5 if is_round1(arm) else diagnostic_cells(collected["seeds"])
+        diag = ["—"] * 5 if is_round1(arm) else diagnostic_cells(collected["seeds"], arm)
         runs = [budget(s["history"][arm]) for s in collected["seeds"]]
         spend = [f"{statistics.fmean(r[k] for r in runs):.{d}f}" for k, d in
                  (("epochs", 1), ("best_epoch", 1), ("minutes", 1))]
