@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aoq_serve.batching import set_batching
 from aoq_serve.config import Settings
 from aoq_serve.store.db import make_engine, session_factory
 from aoq_serve.decode import MemoryBudget
@@ -48,6 +49,7 @@ def start_service(settings: Settings, check: bool = True) -> Service:
     """
     torch.set_num_threads(settings.torch_threads)
     set_search_threads(settings.faiss_threads)
+    set_batching(settings.batching)
     if check:
         check_catalogue(settings)
     engine = make_engine(settings.catalogue(), create=False)

@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     #: concurrency comes from serving several requests at once.
     torch_threads: int = Field(1, ge=1)
     faiss_threads: int = Field(1, ge=1)
+    #: search concurrent queries to one index together (aoq_serve.batching); off: each query alone.
+    batching: bool = True
     #: seconds between checks of ``index.json`` for a rebuilt index (0: only ``POST /admin/reload``).
     reload_poll_s: float = Field(2.0, ge=0)
     max_upload_bytes: int = Field(DEFAULT_MAX_UPLOAD_BYTES, ge=1)

@@ -29,6 +29,7 @@ from PIL import Image
 
 from aoq.hubness import CANDIDATE_FACTOR, Normaliser, normalise_rows, query_applies, rerank
 from aoq.names import Normalisation, PositiveRule
+from aoq_serve import batching
 from aoq_serve.featurize import encode_text, encode_upload
 from aoq_serve.gallery import GalleryView
 from aoq_serve.index import faiss_index
@@ -129,7 +130,7 @@ def _top(served: ServingModel, modality: str, vector: np.ndarray, k: int, scope:
     if scope == "all":
         pool = k if normalise == "none" else k * CANDIDATE_FACTOR
         normaliser = None if normalise == "none" else _normaliser(served, modality, scope)
-        scores, ids = faiss_index.search(served.index.faiss[modality], vector, pool)
+        scores, ids = batching.search(served.index.faiss[modality], vector, pool)
         positions = np.searchsorted(served.index.ids[modality], ids)
         return _Top(*rerank(normalise, scores, positions, normaliser, k))
     span = _span(served.gallery.view, modality, scope)

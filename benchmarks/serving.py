@@ -2,20 +2,27 @@
 
 One run, on one machine:
 
-1. a gallery of ``--gallery`` (default 100,000) images whose embeddings are random unit vectors
-   (the index does not care where they came from), catalogued and indexed exactly as ``aoq index``
-   does (flat inner-product FAISS index, one caption per image), with a real text encoder: the
-   ``--checkpoint`` given, else an untrained model of ``configs/synthetic.yaml``'s architecture;
+1. a gallery of ``--gallery`` images whose embeddings are random unit vectors (the index does not
+   care where they came from), catalogued and indexed exactly as ``aoq index`` does (flat
+   inner-product FAISS index, one caption per image), with a real text encoder: ``--encoders
+   small`` (default) the ``--checkpoint`` given, else an untrained model of
+   ``configs/synthetic.yaml``'s architecture (gallery default 100,000); ``--encoders pretrained``
+   the packaged MiniLM / EfficientNet-Lite0 backbones of ``configs/emoji.yaml`` with fresh
+   projection heads (nothing is downloaded; gallery default 7,273, the emoji demo's);
 2. **bare**: in this process, for each query, the text encoding plus the single-thread FAISS
-   search of the top 10 (``--queries`` queries after a warm-up): the floor any server pays;
+   search of the top 10 (``--queries`` queries after a warm-up): the floor any server pays; and
+   **bare batched**: the same queries encoded one by one (as the service does, docs/serving.md,
+   Micro-batching) and searched in FAISS batches of ``MAX_BATCH``: the throughput floor;
 3. **http**: ``aoq serve`` started as a separate process on 127.0.0.1, the same queries sent one
    at a time over a keep-alive connection (``http.client``); latency is the client's wall time
    per request: HTTP parsing, JSON, validation, the worker-thread hop and the answer included;
 4. **load**: ``--clients`` (16) threads sending queries back to back for ``--duration`` (30) s;
-   every non-200 answer or transport error counts as an error.
+   every non-200 answer or transport error counts as an error; then the same with the service
+   restarted with ``AOQ_BATCHING=false`` (each query searched alone), for the batching gain.
 
-Last line: ``RESULT p50_ms=<http p50> p95_ms=<http p95> ratio_to_bare=<http p50 / bare p50>
-qps=<load throughput> errors=<load errors>``.
+Last line: ``RESULT ratio_to_bare=<http p50 / bare p50> qps=<load throughput, batched>
+p95_ms=<http p95> errors=<load errors, both loads>``; with ``--encoders pretrained`` also
+``qps_one_by_one=`` and ``speedup=`` (batched over one-by-one, measured in the same run).
 """
 
 from __future__ import annotations
@@ -42,17 +49,19 @@ from aoq.config import load_config  # noqa: E402
 from aoq.data.dataset import SplitData  # noqa: E402
 from aoq.data.vocab import Vocabulary  # noqa: E402
 from aoq.device import seed_everything  # noqa: E402
-from aoq.models.joint import build_model  # noqa: E402
+from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
 from aoq.net import ServerNotReady, free_port, wait_http  # noqa: E402
 from aoq_serve.store import catalogue  # noqa: E402
 from aoq_serve.index.build import record_model  # noqa: E402
 from aoq_serve.store.db import create_schema, make_engine, session_factory  # noqa: E402
+from aoq_serve.batching import MAX_BATCH  # noqa: E402
 from aoq_serve.featurize import encode_text  # noqa: E402
 from aoq_serve.index.faiss_index import (  # noqa: E402
     IndexSpec,
     bump_generation,
     load_model_index,
     search,
+    search_many,
     set_search_threads,
     write_model_index,  # noqa: E402
 )
@@ -72,11 +81,22 @@ def queries(n: int, seed: int = 0) -> list[str]:
     ]
 
 
-def checkpoint_into(models_dir: Path, source: Path | None) -> Path:
-    """The benchmark's model folder: a copy of ``source``, or an untrained synthetic-config model."""
+#: gallery size by encoders: the small benchmark's, and the emoji demo's 7,273 pictures.
+DEFAULT_GALLERY = {"small": 100_000, "pretrained": 7_273}
+
+
+def checkpoint_into(models_dir: Path, source: Path | None, encoders: str) -> Path:
+    """The benchmark's model folder: a copy of ``source``, or an untrained model of the synthetic
+    config (small) or of the emoji config (pretrained backbones, fresh heads)."""
     target = models_dir / "bench"
     if source is not None:
         shutil.copytree(source, target)
+        return target
+    if encoders == "pretrained":
+        cfg = load_config(REPO / "configs" / "emoji.yaml")
+        seed_everything(0)
+        save_checkpoint(target, build_model(cfg.model, 0, None), cfg, text_vocabulary(cfg.model, [], 1), {},
+                        {"role": "aoq"})
         return target
     cfg = load_config(REPO / "configs" / "synthetic.yaml")
     vocab = Vocabulary.build([" ".join(COLOURS + SHAPES + PLACES + ["a", "small", "big", "medium", "and"])] * 4)
@@ -91,12 +111,12 @@ def unit_rows(n: int, d: int, seed: int) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def build_service(root: Path, n: int, source: Path | None) -> tuple[dict[str, str], Path]:
+def build_service(root: Path, n: int, source: Path | None, encoders: str) -> tuple[dict[str, str], Path]:
     """Catalogue, index and checkpoint of the random gallery; returns the server's environment."""
     models_dir, index_dir, data_dir = root / "models", root / "index", root / "data"
     data_dir.mkdir(parents=True)
-    ckpt = load_checkpoint(checkpoint_into(models_dir, source))
-    d = ckpt.model.text_encoder.rnn.hidden_size
+    ckpt = load_checkpoint(checkpoint_into(models_dir, source, encoders))
+    d = encode_text(ckpt, "size of the embedding").shape[0]
     url = f"sqlite:///{index_dir / 'catalogue.sqlite'}"
     engine = make_engine(url)
     create_schema(engine)
@@ -106,10 +126,13 @@ def build_service(root: Path, n: int, source: Path | None) -> tuple[dict[str, st
     with sessions() as session, session.begin():
         dataset = catalogue.get_or_create_dataset(session, "bench", "precomp", False, 1, {"path": "bench"})
         ids = catalogue.register_split(session, dataset, "test", split, None, None)
+        # the digests the service checks before serving (no ground-truth ranks are stored here)
+        paths_hash = {"test": catalogue.paths_digest(ids.image_ids, catalogue.image_paths(session, dataset.id, "test"))}
     embeddings = {"images": unit_rows(n, d, 1), "captions": unit_rows(n, d, 2)}
     manifest = write_model_index(index_dir / "bench", embeddings, {"images": ids.image_ids, "captions": ids.caption_ids},
                                  IndexSpec("flat"), {"model": "bench", "checkpoint_hash": ckpt.content_hash,
-                                                     "gallery_hash": catalogue.gallery_digest(ids, split.captions)})
+                                                     "gallery_hash": catalogue.gallery_digest(ids, split.captions),
+                                                     "paths_hash": paths_hash, "ranks_hash": {}})
     with sessions() as session, session.begin():
         record_model(session, "bench", "aoq", "benchmark", ckpt, ids, manifest, {}, {}, None)
     bump_generation(index_dir, ["bench"])
@@ -137,6 +160,15 @@ def bare_latencies(model_dir: Path, index_dir: Path, texts: list[str], k: int) -
     return np.asarray(out) * 1000
 
 
+def bare_batched_qps(model_dir: Path, index_dir: Path, texts: list[str], k: int) -> float:
+    """Queries per second of the service's batched path without the server: every text encoded
+    alone, then searched ``MAX_BATCH`` at a time, one thread."""
+    ckpt = load_checkpoint(model_dir)
+    index = load_model_index(index_dir).faiss["images"]
+    start = time.perf_counter()
+    for first in range(0, len(texts), MAX_BATCH):
+        search_many(index, np.stack([encode_text(ckpt, t) for t in texts[first:first + MAX_BATCH]]), k)
+    return len(texts) / (time.perf_counter() - start)
 
 
 def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
@@ -219,39 +251,55 @@ def load(port: int, texts: list[str], k: int, clients: int, duration: float) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gallery", type=int, default=100_000)
+    parser.add_argument("--gallery", type=int, default=None,
+                        help="gallery size (default: 100,000 small, 7,273 pretrained)")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="a trained checkpoint whose text encoder to use (default: untrained synthetic model)")
+    parser.add_argument("--encoders", choices=sorted(DEFAULT_GALLERY), default="small",
+                        help="small: the synthetic config's GRU; pretrained: the emoji demo's MiniLM / EfficientNet-Lite0")
     args = parser.parse_args()
+    gallery = args.gallery or DEFAULT_GALLERY[args.encoders]
 
     texts = queries(args.queries)
     with tempfile.TemporaryDirectory(prefix="aoq-serving-bench-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        env, index_dir = build_service(root, args.gallery, args.checkpoint)
-        print(f"gallery of {args.gallery} images indexed in {time.perf_counter() - t0:.1f} s", flush=True)
+        env, index_dir = build_service(root, gallery, args.checkpoint, args.encoders)
+        print(f"gallery of {gallery} images ({args.encoders} encoders) indexed in {time.perf_counter() - t0:.1f} s",
+              flush=True)
         bare = bare_latencies(root / "models" / "bench", index_dir, texts, args.k)
         print(f"bare  (encode + FAISS, 1 thread): p50 {np.percentile(bare, 50):.2f} ms, "
               f"p95 {np.percentile(bare, 95):.2f} ms", flush=True)
-        port = free_port()
-        server = start_server(env, port)
-        try:
-            http_ms = http_latencies(port, texts, args.k)
-            print(f"http  (POST /search/text):       p50 {np.percentile(http_ms, 50):.2f} ms, "
-                  f"p95 {np.percentile(http_ms, 95):.2f} ms", flush=True)
-            answered, errors, lat = load(port, texts, args.k, args.clients, args.duration)
-            print(f"load  ({args.clients} clients, {args.duration:.0f} s): {answered} answers, {errors} errors, "
-                  f"p50 {np.percentile(lat, 50):.1f} ms, p95 {np.percentile(lat, 95):.1f} ms", flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
-    p50, p95 = float(np.percentile(http_ms, 50)), float(np.percentile(http_ms, 95))
-    print(f"RESULT p50_ms={p50:.2f} p95_ms={p95:.2f} ratio_to_bare={p50 / float(np.percentile(bare, 50)):.2f} "
-          f"qps={answered / args.duration:.1f} errors={errors}")
+        bare_qps = bare_batched_qps(root / "models" / "bench", index_dir, texts, args.k)
+        print(f"bare batched (encode alone, FAISS {MAX_BATCH} at a time, 1 thread): {bare_qps:.1f} queries/s",
+              flush=True)
+        loads = {}
+        for batching in ("true", "false"):
+            port = free_port()
+            server = start_server({**env, "AOQ_BATCHING": batching}, port)
+            try:
+                if batching == "true":
+                    http_ms = http_latencies(port, texts, args.k)
+                    print(f"http  (POST /search/text, 1 client): p50 {np.percentile(http_ms, 50):.2f} ms, "
+                          f"p95 {np.percentile(http_ms, 95):.2f} ms", flush=True)
+                answered, errors, lat = load(port, texts, args.k, args.clients, args.duration)
+                loads[batching] = (answered / args.duration, errors)
+                print(f"load  ({args.clients} clients, {args.duration:.0f} s, batching {batching}): {answered} answers, "
+                      f"{errors} errors, {answered / args.duration:.1f} q/s, p50 {np.percentile(lat, 50):.1f} ms, "
+                      f"p95 {np.percentile(lat, 95):.1f} ms", flush=True)
+            finally:
+                server.terminate()
+                server.wait(timeout=60)
+    (qps, _), (qps_alone, _) = loads["true"], loads["false"]
+    errors = sum(e for _, e in loads.values())
+    p95 = float(np.percentile(http_ms, 95))
+    ratio = float(np.percentile(http_ms, 50)) / float(np.percentile(bare, 50))
+    extra = f" qps_one_by_one={qps_alone:.1f} speedup={qps / qps_alone:.2f}" if args.encoders == "pretrained" else ""
+    print(f"RESULT ratio_to_bare={ratio:.2f} qps={qps:.1f} p95_ms={p95:.2f} errors={errors}{extra}")
     return 0
 
 

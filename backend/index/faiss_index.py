@@ -336,11 +336,16 @@ def _apply_threads() -> None:
 
 def search(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` (scores, ids) of one query vector; ids of missing results (-1) are dropped."""
+    return search_many(index, query.reshape(1, -1), k)[0]
+
+
+def search_many(index: faiss.Index, queries: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Top-``k`` (scores, ids) of each row of ``queries`` in one FAISS call; missing results (-1) dropped."""
     _apply_threads()
     k = min(k, index.ntotal)
-    scores, ids = index.search(np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32), k)
-    keep = ids[0] >= 0
-    return scores[0][keep], ids[0][keep]
+    scores, ids = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+    keep = ids >= 0
+    return [(scores[i][keep[i]], ids[i][keep[i]]) for i in range(len(queries))]
 
 
 def full_rank(embeddings: np.ndarray, query: np.ndarray, positions: np.ndarray) -> float:

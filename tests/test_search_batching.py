@@ -1,0 +1,167 @@
+"""Micro-batching (aoq_serve.batching): concurrent searches answered together give exactly the
+answers each query gets alone (ids and scores, ties and mixed k included), batches stay within
+MAX_BATCH, a lone query runs at once, an error reaches every query of its batch; and on the real
+server, concurrent text and image queries answer exactly as the same queries sent one by one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import faiss
+import httpx
+import numpy as np
+import pytest
+
+from aoq_serve import batching
+from aoq_serve.index import faiss_index
+from tests.backend_helpers import build_service_fixture, run_server
+
+D = 32
+
+
+def _gallery(n: int = 3000) -> np.ndarray:
+    """Unit rows with many exact duplicates (identical captions embed identically): ties at every cut."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((n // 3, D)).astype(np.float32)
+    x = np.concatenate([base, base, base[::-1]])
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _flat(x: np.ndarray) -> faiss.Index:
+    index = faiss.IndexIDMap(faiss.IndexFlatIP(D))
+    index.add_with_ids(x, np.arange(len(x), dtype=np.int64) * 7 + 3)
+    return index
+
+
+def _hnsw(x: np.ndarray) -> faiss.Index:
+    index = faiss.IndexIDMap(faiss.IndexHNSWFlat(D, 16, faiss.METRIC_INNER_PRODUCT))
+    index.add_with_ids(x, np.arange(len(x), dtype=np.int64))
+    return index
+
+
+@pytest.fixture
+def batch_sizes(monkeypatch) -> list[int]:
+    """The number of queries of every FAISS call the batcher makes."""
+    sizes: list[int] = []
+    real = faiss_index.search_many
+
+    def counted(index: faiss.Index, queries: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        sizes.append(len(queries))
+        return real(index, queries, k)
+
+    monkeypatch.setattr(faiss_index, "search_many", counted)
+    batching.set_batching(True)
+    return sizes
+
+
+def _concurrently(calls: list[Callable[[], object]]) -> list[object]:
+    """Run every call in its own thread, all released at once."""
+    start = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], object]) -> object:
+        start.wait()
+        return call()
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+@pytest.mark.parametrize("build", [_flat, _hnsw], ids=["flat", "hnsw"])
+def test_concurrent_searches_equal_single_searches_exactly(build, batch_sizes):
+    x = _gallery()
+    index = build(x)
+    rng = np.random.default_rng(1)
+    # queries that are gallery rows tie with their duplicates; mixed k cuts through the ties
+    queries = np.concatenate([x[rng.choice(len(x), 24)], rng.standard_normal((24, D)).astype(np.float32)])
+    ks = [int(k) for k in rng.choice([1, 5, 10, 40], len(queries))]
+    alone = [faiss_index.search(index, q, k) for q, k in zip(queries, ks)]
+    for _ in range(3):
+        together = _concurrently([lambda q=q, k=k: batching.search(index, q, k) for q, k in zip(queries, ks)])
+        for (s1, i1), (s2, i2) in zip(alone, together):
+            assert np.array_equal(i1, i2) and np.array_equal(s1, s2)
+    assert max(batch_sizes) > 1, "no batch formed: the test did not exercise batching"
+    assert max(batch_sizes) <= batching.MAX_BATCH
+
+
+def test_a_full_batch_of_the_limit_is_scanned_as_single_queries():
+    """MAX_BATCH queries in one FAISS call equal the same queries one by one (below the BLAS switch)."""
+    x = _gallery()
+    index = _flat(x)
+    queries = np.concatenate([x[:batching.MAX_BATCH // 2], np.random.default_rng(2).standard_normal(
+        (batching.MAX_BATCH - batching.MAX_BATCH // 2, D)).astype(np.float32)])
+    together = faiss_index.search_many(index, queries, 10)
+    for q, (scores, ids) in zip(queries, together):
+        alone_scores, alone_ids = faiss_index.search(index, q, 10)
+        assert np.array_equal(ids, alone_ids) and np.array_equal(scores, alone_scores)
+
+
+def test_a_lone_query_is_searched_at_once_in_a_batch_of_one(batch_sizes):
+    index = _flat(_gallery())
+    query = np.random.default_rng(3).standard_normal(D).astype(np.float32)
+    for _ in range(5):
+        batching.search(index, query, 10)
+    assert batch_sizes == [1] * 5
+
+
+def test_an_error_reaches_every_query_of_the_batch_and_the_next_batch_runs(batch_sizes):
+    index = _flat(_gallery())
+    rng = np.random.default_rng(4)
+    wrong = [lambda: batching.search(index, rng.standard_normal(D + 1).astype(np.float32), 10) for _ in range(6)]
+
+    def outcome(call: Callable[[], object]) -> Callable[[], str]:
+        def run() -> str:
+            try:
+                call()
+            except Exception as error:  # noqa: BLE001 - the test reads which error came back
+                return type(error).__name__
+            return "answered"
+        return run
+
+    assert set(_concurrently([outcome(c) for c in wrong])) != {"answered"}
+    scores, ids = batching.search(index, rng.standard_normal(D).astype(np.float32), 10)
+    assert len(ids) == 10
+
+
+def test_batching_off_searches_each_query_alone(batch_sizes):
+    batching.set_batching(False)
+    try:
+        index = _flat(_gallery())
+        queries = np.random.default_rng(5).standard_normal((8, D)).astype(np.float32)
+        _concurrently([lambda q=q: batching.search(index, q, 10) for q in queries])
+    finally:
+        batching.set_batching(True)
+    assert batch_sizes == [1] * 8, "with batching off every query is searched alone"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory) -> Iterator[httpx.Client]:
+    fx = build_service_fixture(tmp_path_factory.mktemp("batching"))
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=60) as http:
+        yield http
+
+
+def _stripped(answer: dict) -> dict:
+    """An answer without its timing."""
+    return {key: value for key, value in answer.items() if key != "latency_ms"}
+
+
+@pytest.mark.slow
+def test_concurrent_requests_answer_as_single_requests_on_the_real_server(client, batch_sizes):
+    examples = client.get("/examples", params={"split": "test", "n": 8}).json()
+    texts = [c["text"] for c in examples["captions"]] + ["a small red circle", "zzz unknown words"]
+    requests = [("/search/text", {"json": {"query": t, "model": "baseline", "k": k}})
+                for t in texts for k in (3, 10)]
+    requests += [("/search/image", {"data": {"model": "aoq", "k": k, "image_id": str(i["id"])}})
+                 for i in examples["images"] for k in (5, 10)]
+    one_by_one = []
+    for path, kwargs in requests:
+        answer = client.post(path, **kwargs)
+        assert answer.status_code == 200, answer.text
+        one_by_one.append(_stripped(answer.json()))
+    batch_sizes.clear()
+    together = _concurrently([lambda p=p, kw=kw: client.post(p, **kw) for p, kw in requests])
+    assert [a.status_code for a in together] == [200] * len(requests)
+    assert [_stripped(a.json()) for a in together] == one_by_one
+    assert batch_sizes and max(batch_sizes) <= batching.MAX_BATCH
