@@ -142,7 +142,7 @@ def is_round1(arm: str) -> bool:
 def diagnostic_cells(seeds: list[dict[str, Any]], arm: str) -> list[str]:
     """Seed means of the hardness diagnostics of ``arm``'s own lists (image / caption anchors),
     or dashes without them."""
-    diags = [d for d in (s.get("arm_diagnostics", {}).get(arm, s["diagnostics"]) for s in seeds) if d]
+    diags = [d for d in (s["arm_diagnostics"][arm] for s in seeds) if d]
     if not diags:
         return ["—"] * 5
 
