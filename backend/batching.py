@@ -1,39 +1,53 @@
-"""Micro-batching of concurrent FAISS searches on one index (docs/serving.md, Micro-batching).
+"""Micro-batching of concurrent queries (docs/serving.md, Micro-batching): text encodings on one
+model and FAISS searches on one index.
 
-Each request encodes its own query in its own worker thread (a batch of n texts through torch
-rounds differently from n texts one by one, so encoding stays per query), then hands the vector
-to :func:`search`. Queries that meet on the same index are searched together: the first to
-arrive while nothing runs on that index becomes the leader and searches at once if it is alone;
-queries arriving while a batch runs wait for it and go in the next one (the collection window is
-the running batch, plus :data:`WINDOW_S` when a leader already has company). A batch holds at most
-:data:`MAX_BATCH` queries and is split by ``k``, so every query gets exactly the answer it gets
-alone (tested in tests/test_search_batching.py).
+Jobs that meet on the same target (a model's query encoder, an index) are run together. A job
+that arrives while fewer batches run on its target than it allows (:data:`ENCODE_LEADERS`,
+:data:`SEARCH_LEADERS`) runs at once (a job alone never waits); jobs arriving while every
+leader is busy wait, and when a batch ends the oldest of them leads the next one with the others
+(the running batch is the collection window: nothing waits on a timer). A batch holds at most
+:data:`MAX_BATCH` jobs and is run in groups of one key (the ``k`` of a search, the token bucket of a text), so
+every job gets exactly the answer it gets alone (tested in tests/test_search_batching.py):
+
+- a text is encoded by :mod:`aoq.models.invariant`, whose products have a shape fixed by the
+  text's own bucket;
+- FAISS's flat index scans each query of a call on its own below ``distance_compute_blas_threshold``
+  queries (a BLAS product above it rounds differently): :func:`search_limit` keeps batches under it;
+  HNSW and IVF search every query independently.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-import time
 import weakref
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import faiss
 import numpy as np
+import torch
 
+from aoq.models.invariant import bucket_length, encode_bucket
 from aoq_serve.index import faiss_index
 
-#: the most queries one FAISS call holds. FAISS's flat index switches to a BLAS matrix product at
-#: 20 queries (``distance_compute_blas_threshold``), which rounds differently from the per-query
-#: scan a single search takes; below it every query of a batch is scanned exactly as alone.
+#: the most jobs one batch holds.
 MAX_BATCH = 16
-#: how long a leader that already has company waits for more queries (seconds): a query alone
-#: never waits.
-WINDOW_S = 0.0005
+#: searches that may run at once on one index: one per core this process may use. A FAISS scan
+#: costs each query the same alone or batched, so a second core must not idle while queries wait.
+SEARCH_LEADERS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+#: encoding batches that may run at once on one model: one. Encoding gains from batching, and a
+#: second leader would start small batches with the stragglers (measured in docs/serving.md).
+ENCODE_LEADERS = 1
 
 _state = {"enabled": True}
 _attach = threading.Lock()
-#: each index's batcher, dropped with the index when a reload replaces it.
-_batchers: weakref.WeakKeyDictionary[faiss.Index, _Batcher] = weakref.WeakKeyDictionary()
+#: each target's batcher, dropped with the target when a reload replaces it.
+_batchers: weakref.WeakKeyDictionary[Any, _Batcher] = weakref.WeakKeyDictionary()
+
+#: runs one group of a batch: the jobs' payloads (all of one key) -> one result each.
+Work = Callable[[list[Any], Hashable], Sequence[Any]]
 
 
 def set_batching(enabled: bool) -> None:
@@ -41,86 +55,105 @@ def set_batching(enabled: bool) -> None:
     _state["enabled"] = enabled
 
 
-@dataclass(eq=False)  # compared by identity: a leader finds its own query in the waiting list
-class _Query:
-    vector: np.ndarray
-    k: int
+def search_limit() -> int:
+    """The most queries one FAISS call may hold and still scan each query as alone."""
+    return max(1, min(MAX_BATCH, faiss.cvar.distance_compute_blas_threshold - 1))
+
+
+@dataclass(eq=False)
+class _Job:
+    payload: Any
+    key: Hashable
+    #: set when the job is answered, or when a finishing leader hands it its slot.
+    wake: threading.Event = field(default_factory=threading.Event)
     done: bool = False
-    result: tuple[np.ndarray, np.ndarray] | None = None
+    result: Any = None
     error: BaseException | None = None
 
 
 @dataclass
 class _Batcher:
-    """The queries waiting on one index and whether a batch is being searched (it holds no
-    reference to the index, so that the index can go when a reload replaces it)."""
+    """The jobs waiting on one target and how many batches run on it (it holds no reference to
+    the target, so that the target can go when a reload replaces it). Each waiting job sleeps on
+    its own event: an arrival wakes nobody, a finished batch wakes its own jobs and the one job
+    that leads next."""
 
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    waiting: list[_Query] = field(default_factory=list)
-    busy: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    waiting: list[_Job] = field(default_factory=list)
+    running: int = 0
 
-    def submit(self, index: faiss.Index, query: _Query) -> tuple[np.ndarray, np.ndarray]:
-        with self.cond:
-            self.waiting.append(query)
-            if self.busy:
-                self.cond.notify_all()  # a leader may be collecting its batch
-            while self.busy and not query.done:
-                self.cond.wait()
-            if not query.done:
-                batch = self._lead(query)
-        if not query.done:
+    def submit(self, work: Work, job: _Job, limit: int, leaders: int) -> Any:
+        with self.lock:
+            lead = self.running < leaders
+            if lead:
+                self.running += 1
+            else:
+                self.waiting.append(job)
+        if not lead:
+            job.wake.wait()
+        if not job.done:  # leading: a free slot, or one handed over by a finished batch
+            with self.lock:
+                batch = [job, *self.waiting[:limit - 1]]
+                del self.waiting[:limit - 1]
             try:
-                _run(index, batch)
-            finally:  # the next leader must never wait on a batch that is gone
-                with self.cond:
-                    self.busy = False
-                    self.cond.notify_all()
-        if query.error is not None:
-            raise query.error
-        assert query.result is not None
-        return query.result
-
-    def _lead(self, own: _Query) -> list[_Query]:
-        """Take the leader's batch (its own query first, then the oldest waiting); holds the lock."""
-        self.busy = True
-        if len(self.waiting) > 1:
-            deadline = time.monotonic() + WINDOW_S
-            while len(self.waiting) < MAX_BATCH and (left := deadline - time.monotonic()) > 0:
-                self.cond.wait(left)
-        self.waiting.remove(own)
-        batch = [own, *self.waiting[:MAX_BATCH - 1]]
-        del self.waiting[:MAX_BATCH - 1]
-        return batch
+                _run(work, batch)
+            finally:  # the slot goes to the oldest waiting job: none waits on a batch that is gone
+                with self.lock:
+                    successor = self.waiting.pop(0) if self.waiting else None
+                    if successor is None:
+                        self.running -= 1
+                for answered in batch[1:]:
+                    if not answered.done:  # the batch was interrupted (not by an Exception)
+                        answered.error, answered.done = RuntimeError("the batch was interrupted"), True
+                    answered.wake.set()
+                if successor is not None:
+                    successor.wake.set()
+        if job.error is not None:
+            raise job.error
+        return job.result
 
 
-def _run(index: faiss.Index, batch: list[_Query]) -> None:
-    """Search a batch, one FAISS call per distinct ``k`` (a wider search cut to a smaller k could
-    order tied scores differently), and hand every query its answer or the error."""
-    for k in sorted({q.k for q in batch}):
-        group = [q for q in batch if q.k == k]
+def _run(work: Work, batch: list[_Job]) -> None:
+    """Run a batch one key at a time and hand every job its answer or the error."""
+    for key in dict.fromkeys(job.key for job in batch):
+        group = [job for job in batch if job.key == key]
         try:
-            answers = faiss_index.search_many(index, np.stack([q.vector for q in group]), k)
-            for q, answer in zip(group, answers):
-                q.result = answer
+            for job, result in zip(group, work([job.payload for job in group], key), strict=True):
+                job.result = result
         except Exception as error:  # every waiting request answers with it, none hangs
-            for q in group:
-                q.error = error
-        for q in group:
-            q.done = True
+            for job in group:
+                job.error = error
+        for job in group:
+            job.done = True
 
 
-def _batcher(index: faiss.Index) -> _Batcher:
-    """The index's batcher, created on its first search."""
+def _submit(target: Any, work: Work, payload: Any, key: Hashable, limit: int, leaders: int) -> Any:
+    """``work([payload], key)[0]``, run together with concurrent jobs on ``target`` when batching is on."""
+    if not _state["enabled"]:
+        return work([payload], key)[0]
     with _attach:
-        batcher = _batchers.get(index)
+        batcher = _batchers.get(target)
         if batcher is None:
-            batcher = _batchers[index] = _Batcher()
-        return batcher
+            batcher = _batchers[target] = _Batcher()
+    return batcher.submit(work, _Job(payload, key), limit, leaders)
 
 
 def search(index: faiss.Index, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` (scores, ids) of one query vector, as :func:`aoq_serve.index.faiss_index.search`
     gives them, searched together with concurrent queries on the same index when batching is on."""
-    if not _state["enabled"]:
-        return faiss_index.search(index, vector, k)
-    return _batcher(index).submit(index, _Query(np.asarray(vector, dtype=np.float32).reshape(-1), k))
+    def work(vectors: list[np.ndarray], k: Hashable) -> list[tuple[np.ndarray, np.ndarray]]:
+        # a wider search cut to a smaller k could order tied scores differently: one call per k
+        return faiss_index.search_many(index, np.stack(vectors), int(k))  # type: ignore[call-overload]
+
+    return _submit(index, work, np.asarray(vector, dtype=np.float32).reshape(-1), k, search_limit(), SEARCH_LEADERS)
+
+
+def encode(encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sequence: Sequence[int],
+           device: torch.device) -> np.ndarray:
+    """One token sequence's embedding by a batch-invariant query encoder
+    (:func:`aoq.models.invariant.query_text_encoder`), encoded together with concurrent texts of
+    the same token bucket when batching is on."""
+    def work(sequences: list[Sequence[int]], _: Hashable) -> np.ndarray:
+        return encode_bucket(encoder, sequences, device)
+
+    return _submit(encoder, work, sequence, bucket_length(len(sequence)), MAX_BATCH, ENCODE_LEADERS)

@@ -2,7 +2,9 @@
 through the model's own image path.
 
 Text: a ``gru`` model maps words outside its training vocabulary to ``<unk>``; a ``minilm``
-model's vocabulary is the pretrained WordPiece tokenizer, so any free text is encoded.
+model's vocabulary is the pretrained WordPiece tokenizer, so any free text is encoded. Queries go
+through the batch-invariant form of the text encoder (:mod:`aoq.models.invariant`), so a query
+encoded together with concurrent ones (:mod:`aoq_serve.batching`) gets the embedding it gets alone.
 
 Image paths by model kind:
 
@@ -19,20 +21,43 @@ Image paths by model kind:
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from PIL import Image
 
 from aoq.checkpoint import Checkpoint
 from aoq.data.loaders import load_pixels
-from aoq.embed import encode_image_inputs, encode_texts
+from aoq.embed import encode_image_inputs
 from aoq.features import extract_regions
+from aoq.models.invariant import query_text_encoder
+from aoq.models.joint import JointModel
+from aoq_serve import batching
 from aoq_serve.errors import ServiceError
+
+_making = threading.Lock()
+#: each served model's batch-invariant text encoder, made on its first query.
+_encoders: weakref.WeakKeyDictionary[JointModel, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _query_encoder(model: JointModel) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    with _making:
+        encoder = _encoders.get(model)
+        if encoder is None:
+            encoder = _encoders[model] = query_text_encoder(model)
+        return encoder
 
 
 def encode_text(checkpoint: Checkpoint, text: str) -> np.ndarray:
-    """One query's unit-norm embedding, shape (d,)."""
-    return encode_texts(checkpoint.model, checkpoint.vocab, [text])[0]
+    """One query's unit-norm embedding, shape (d,): the same whether it is encoded alone or
+    batched with concurrent queries."""
+    model = checkpoint.model
+    device = next(model.parameters()).device
+    return batching.encode(_query_encoder(model), checkpoint.vocab.encode(text), device)
 
 
 def upload_refusal(image_input: str, synthetic: bool, dataset: str) -> str | None:

@@ -6,6 +6,7 @@ server, concurrent text and image queries answer exactly as the same queries sen
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -165,3 +166,41 @@ def test_concurrent_requests_answer_as_single_requests_on_the_real_server(client
     assert [a.status_code for a in together] == [200] * len(requests)
     assert [_stripped(a.json()) for a in together] == one_by_one
     assert batch_sizes and max(batch_sizes) <= batching.MAX_BATCH
+
+
+def test_jobs_waiting_on_a_busy_leader_go_together_in_the_next_batch_oldest_first():
+    """One leader (as for encoding): while its batch runs, arrivals wait; when it ends, the oldest
+    waiting job leads the next batch and takes the others, in arrival order."""
+    batching.set_batching(True)
+    release, started = threading.Event(), threading.Event()
+    batches: list[list[int]] = []
+
+    def work(payloads: list[int], _key) -> list[int]:
+        batches.append(list(payloads))
+        if payloads[0] == 0:
+            started.set()
+            release.wait(10)
+        return [p * 10 for p in payloads]
+
+    target = _flat(_gallery(30))  # any weak-referenceable object stands for the target
+    answers: dict[int, int] = {}
+
+    def submit(p: int) -> None:
+        answers[p] = batching._submit(target, work, p, "key", batching.MAX_BATCH, 1)
+
+    first = threading.Thread(target=submit, args=(0,))
+    first.start()
+    assert started.wait(10)
+    waiting = []
+    for p in range(1, 6):  # arrive one after the other while the first batch runs
+        waiting.append(threading.Thread(target=submit, args=(p,)))
+        waiting[-1].start()
+        deadline = time.monotonic() + 10
+        while len(batching._batchers[target].waiting) < p and time.monotonic() < deadline:
+            time.sleep(0.001)
+    release.set()
+    for t in [first, *waiting]:
+        t.join(10)
+    assert batches == [[0], [1, 2, 3, 4, 5]]
+    assert answers == {p: p * 10 for p in range(6)}
+    assert batching._batchers[target].running == 0 and not batching._batchers[target].waiting
