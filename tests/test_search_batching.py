@@ -1,7 +1,9 @@
 """Micro-batching (aoq_serve.batching): concurrent searches answered together give exactly the
 answers each query gets alone (ids and scores, ties and mixed k included), batches stay within
-MAX_BATCH, a lone query runs at once, an error reaches every query of its batch; and on the real
-server, concurrent text and image queries answer exactly as the same queries sent one by one."""
+MAX_BATCH, a lone query runs at once, queries waiting on a busy leader go together in the next
+batch, an error reaches every query of its batch; and on the real server, concurrent text and
+image queries answer exactly as the same queries sent one by one, each answer (serialised by the
+route itself) exactly its declared model."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 
 from aoq_serve import batching
 from aoq_serve.index import faiss_index
+from aoq_serve.schemas import CompareImageOut, CompareTextOut, SearchImageOut, SearchTextOut
 from tests.backend_helpers import build_service_fixture, run_server
 
 D = 32
@@ -204,3 +207,19 @@ def test_jobs_waiting_on_a_busy_leader_go_together_in_the_next_batch_oldest_firs
     assert batches == [[0], [1, 2, 3, 4, 5]]
     assert answers == {p: p * 10 for p in range(6)}
     assert batching._batchers[target].running == 0 and not batching._batchers[target].waiting
+
+
+def test_search_answers_serialised_once_are_exactly_their_declared_models(client):
+    """The search and compare routes return their JSON themselves (not re-validated by FastAPI):
+    each answer must still be exactly its response model, no field more or less."""
+    examples = client.get("/examples", params={"split": "test", "n": 1}).json()
+    query, image_id = examples["captions"][0]["text"], str(examples["images"][0]["id"])
+    answers = {
+        SearchTextOut: client.post("/search/text", json={"query": query, "model": "baseline", "k": 3}),
+        SearchImageOut: client.post("/search/image", data={"model": "aoq", "k": 3, "image_id": image_id}),
+        CompareTextOut: client.post("/compare/text", json={"query": query, "k": 3}),
+        CompareImageOut: client.post("/compare/image", data={"k": 3, "image_id": image_id}),
+    }
+    for model, answer in answers.items():
+        assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
+        assert model.model_validate(answer.json()).model_dump(mode="json") == answer.json(), model.__name__

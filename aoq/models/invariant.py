@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from aoq.data.loaders import PAD_ID
 from aoq.models.joint import JointModel
+from aoq.models.packed_gru import directions, layer_weights
 from aoq.models.pretrained import MiniLMTextEncoder, mean_pool
 from aoq.models.text import TextEncoder
 
@@ -115,14 +116,12 @@ def gru_final_states(rnn: nn.GRU, embed: nn.Embedding, tokens: Tensor, lengths: 
     """The last layer's final states of ``rnn`` over padded ``tokens`` (B, T) of true ``lengths``,
     one (B, H) tensor per direction (forward first), as ``aoq.models.packed_gru`` gives them, each
     row computed by products of a shape fixed by T alone."""
-    directions = ("", "_reverse") if rnn.bidirectional else ("",)
     x = embed(tokens)
     finals: list[Tensor] = []
     for layer in range(rnn.num_layers):
         outputs, finals = [], []
-        for suffix in directions:
-            w_ih, b_ih, w_hh, b_hh = (getattr(rnn, f"{name}_l{layer}{suffix}")
-                                      for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh"))
+        for suffix in directions(rnn):
+            w_ih, b_ih, w_hh, b_hh = layer_weights(rnn, layer, suffix)
             reverse = suffix == "_reverse"
             seq = _reverse_within(x, lengths) if reverse else x
             last = layer + 1 == rnn.num_layers

@@ -80,6 +80,18 @@ def _direction(steps: list[Tensor], w_hh: Tensor, b_hh: Tensor, reverse: bool) -
     return outputs, torch.cat([h, *reversed(ended)])
 
 
+def directions(rnn: nn.GRU) -> tuple[str, ...]:
+    """The parameter-name suffixes of ``rnn``'s directions, forward first."""
+    return ("", "_reverse") if rnn.bidirectional else ("",)
+
+
+def layer_weights(rnn: nn.GRU, layer: int, suffix: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(weight_ih, bias_ih, weight_hh, bias_hh)`` of one layer and direction of ``rnn``."""
+    w_ih, b_ih, w_hh, b_hh = (getattr(rnn, f"{name}_l{layer}{suffix}")
+                              for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh"))
+    return w_ih, b_ih, w_hh, b_hh
+
+
 def packed_gru_final_states(rnn: nn.GRU, embed: nn.Embedding, tokens: PackedSequence) -> list[Tensor]:
     """The last layer's final states of ``rnn`` over the embedded packed ``tokens``, one (B, H)
     tensor per direction (forward first), rows in the caller's (unsorted) order: the last
@@ -91,7 +103,6 @@ def packed_gru_final_states(rnn: nn.GRU, embed: nn.Embedding, tokens: PackedSequ
     if rnn.dropout and rnn.training:
         raise ValueError("packed_gru_final_states does not apply nn.GRU's inter-layer dropout")
     sizes = tokens.batch_sizes.tolist()
-    directions = ("", "_reverse") if rnn.bidirectional else ("",)
     distinct, where = torch.unique(tokens.data, return_inverse=True)
     words = embed(distinct)
     where_steps = where.split(sizes)
@@ -99,9 +110,8 @@ def packed_gru_final_states(rnn: nn.GRU, embed: nn.Embedding, tokens: PackedSequ
     finals: list[Tensor] = []
     for layer in range(rnn.num_layers):
         outputs, finals = [], []
-        for suffix in directions:
-            w_ih, b_ih, w_hh, b_hh = (getattr(rnn, f"{name}_l{layer}{suffix}")
-                                      for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh"))
+        for suffix in directions(rnn):
+            w_ih, b_ih, w_hh, b_hh = layer_weights(rnn, layer, suffix)
             if x is None:
                 table = F.linear(words, w_ih, b_ih)
                 gates = [F.embedding(w, table) for w in where_steps]  # its gradient: faster than index_select's
