@@ -223,14 +223,17 @@ def test_detector_scores_by_hand() -> None:
     assert got["enabled"] == {"flagged": 5 / 8, "precision": 0.8, "recall": 1.0}
 
 
+@pytest.mark.parametrize("text", [False, True], ids=["with-teacher", "text-only"])
 @pytest.mark.parametrize("depth_factor", [1, 2, 16])
 @pytest.mark.parametrize("values", ["whole", "real", "near"])
-def test_filtered_lists_equal_the_brute_force_whatever_the_mined_depth(monkeypatch, depth_factor, values) -> None:
+def test_filtered_lists_equal_the_brute_force_whatever_the_mined_depth(monkeypatch, depth_factor, values,
+                                                                       text) -> None:
     """The lists equal filtering every anchor's whole ranking in the miner's order (canonical
     score, ties by id), whether a row finds its candidates in the deep list or has to be ranked
     over the whole gallery: with whole-number embeddings (exact products, many ties) and with
     real-valued ones, and with captions a few ulps apart (where a float32 product and the canonical
-    score order two captions differently)."""
+    score order two captions differently). Text filters only (``text``) take the compiled path
+    (aoq_train.mining.text_flags), any other set numpy's."""
     from aoq_train.mining import false_negatives
     from aoq_train.mining.canonical import canonical_pairs
     from aoq_train.mining.filters import first_flag, flag_rows
@@ -248,6 +251,8 @@ def test_filtered_lists_equal_the_brute_force_whatever_the_mined_depth(monkeypat
         cap = np.nextafter(cap, np.where(rng.random(cap.shape) < 0.5, np.inf, -np.inf)).astype(np.float32)
     texts = [f"t{rng.integers(0, 25)}" for _ in range(n_images * cpi)]  # many repeated texts
     filters = ["identity"] if values == "near" else ["identity", "teacher"]  # near: the teacher flags all
+    if text:
+        filters = ["identity", "semantic"]
     ids = text_ids(texts)
     sentences = rng.normal(size=(int(ids.max()) + 1, 4))
     sentences /= np.linalg.norm(sentences, axis=1, keepdims=True)
@@ -273,3 +278,86 @@ def test_filtered_lists_equal_the_brute_force_whatever_the_mined_depth(monkeypat
     np.testing.assert_array_equal(raw["img_raw"], full_img[:, :raw["img_raw"].shape[1]])
     bits = flag_rows(full_img[:, :top_c], np.arange(n_images), data, filters, True)
     np.testing.assert_array_equal(raw["img_flags"][:, :top_c], bits)
+
+
+def _random_filter_inputs(seed: int, n_images: int, cpi: int, n_texts: int, tau: float) -> FilterInputs:
+    """Random captions drawn from ``n_texts`` texts (many repeated), random sentence vectors and
+    embeddings: the filters flag a good share of every deep list, and some rows run out of it."""
+    rng = np.random.default_rng(seed)
+    ids = text_ids([f"t{rng.integers(0, n_texts)}" for _ in range(n_images * cpi)])
+    sentences = rng.normal(size=(int(ids.max()) + 1, 4))
+    sentences /= np.linalg.norm(sentences, axis=1, keepdims=True)
+    img = rng.normal(size=(n_images, 8)).astype(np.float32)
+    cap = (np.repeat(img, cpi, axis=0) + rng.normal(size=(n_images * cpi, 8))).astype(np.float32)
+    return FilterInputs(cpi, ids, near_duplicate_keys(sentences, tau), img, cap)
+
+
+def _exact_miner(data: FilterInputs):
+    """``mine(top_captions, top_images)``: every anchor's exact ranking (canonical score, then id)."""
+    from aoq_train.mining.canonical import canonical_pairs
+
+    img, cap, cpi = data.img_emb, data.cap_emb, data.captions_per_image
+
+    def ranking(queries: np.ndarray, gallery: np.ndarray, row: int, own: np.ndarray, k: int) -> np.ndarray:
+        scores = canonical_pairs(queries, gallery, np.full(len(gallery), row), np.arange(len(gallery)))
+        order = np.lexsort((np.arange(len(scores)), -scores))
+        return order[~np.isin(order, own)][:k]
+
+    def mine(top_captions: int, top_images: int) -> tuple[np.ndarray, np.ndarray]:
+        return (np.array([ranking(img, cap, i, np.arange(i * cpi, (i + 1) * cpi), top_captions)
+                          for i in range(len(img))]),
+                np.array([ranking(cap, img, c, [c // cpi], top_images) for c in range(len(cap))]))
+
+    return mine
+
+
+@pytest.mark.parametrize("bitmap", [True, False], ids=["bitmap", "binary-search"])
+@pytest.mark.parametrize("filters", [["identity"], ["semantic"], ["identity", "semantic"]])
+def test_the_compiled_text_path_gives_numpys_lists_flags_and_depths(monkeypatch, filters, bitmap) -> None:
+    """Text filters only are flagged by compiled kernels and ranked over the whole gallery with
+    the flagged items set aside first; forcing numpy's path (the teacher's) gives the same
+    artefact, byte for byte: lists, raw lists, every flag (unchecked ones included) and the
+    depth flagged, with the semantic filter's bitmaps and with its binary search."""
+    from aoq_train.mining import false_negatives, filters as filters_module
+
+    if not bitmap:
+        monkeypatch.setattr(filters_module, "NEAR_BITMAP_BITS", 0)
+    monkeypatch.setattr(false_negatives, "DEPTH_FACTOR", 2)
+    n_images, cpi = 60, 3
+    got = {}
+    for compiled in (True, False):
+        data = _random_filter_inputs(7, n_images, cpi, 10, 0.7)  # every filter runs rows out
+        assert (data.image_near_bitmap is not None) == bitmap
+        monkeypatch.setattr(false_negatives, "text_only", lambda names, on=compiled: on)
+        got[compiled] = false_negatives.filtered_lists(_exact_miner(data), 6, 4, n_images, cpi, data, filters)
+    (img_a, cap_a, raw_a), (img_b, cap_b, raw_b) = got[True], got[False]
+    np.testing.assert_array_equal(img_a, img_b)
+    np.testing.assert_array_equal(cap_a, cap_b)
+    assert img_a.dtype == img_b.dtype == cap_a.dtype == np.int32
+    assert raw_a.keys() == raw_b.keys()
+    for key in raw_a:
+        assert raw_a[key].shape == raw_b[key].shape and raw_a[key].dtype == raw_b[key].dtype, key
+        np.testing.assert_array_equal(raw_a[key], raw_b[key])
+    assert (raw_a["cap_flags"] == 0x80).any()  # some rows stopped early: unchecked flags compared too
+
+
+@pytest.mark.parametrize("depth_factor", [1, 8], ids=["ranked-beyond-the-deep-lists", "deep-lists-whole"])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_gallery_too_small_for_the_filters_is_refused_naming_the_anchor(monkeypatch, compiled,
+                                                                          depth_factor) -> None:
+    """Both paths refuse lists the whole gallery cannot fill, naming the first anchor short,
+    whether the rest of the gallery was ranked or the deep lists already held all of it."""
+    from aoq_train.mining import false_negatives
+
+    monkeypatch.setattr(false_negatives, "text_only", lambda names: compiled)
+    monkeypatch.setattr(false_negatives, "DEPTH_FACTOR", depth_factor)
+    cpi, n_images = 2, 6
+    texts = ["same"] * 8 + [f"t{i}" for i in range(4)]  # captions 0-7 (images 0-3) share one text
+    ids = text_ids(texts)
+    rng = np.random.default_rng(0)
+    img = rng.normal(size=(n_images, 4)).astype(np.float32)
+    cap = rng.normal(size=(n_images * cpi, 4)).astype(np.float32)
+    data = FilterInputs(cpi, ids, near_duplicate_keys(np.eye(int(ids.max()) + 1), 0.9), img, cap)
+    # caption 0's own image is 0; images 1-3 hold its text: only images 4 and 5 remain, 3 wanted
+    with pytest.raises(ValueError, match="the caption list of anchor 0 fewer than 3 candidates"):
+        false_negatives.filtered_lists(_exact_miner(data), 2, 3, n_images, cpi, data, ["identity"])

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from numba import njit
 
 from aoq.data.facts import normalised_text
 from aoq.names import FALSE_NEGATIVE_FILTERS
@@ -83,27 +84,51 @@ class FilterInputs:
         first = np.repeat(starts[ids] - np.cumsum(counts) + counts, counts)
         neighbours = dst[order][first + np.arange(counts.sum())]
         images = np.repeat(np.arange(len(ids)) // self.captions_per_image, counts)
-        return np.unique(images * n_texts + neighbours)
+        # a sort and a comparison with the next key: np.unique (hash based in recent numpy) was
+        # many times slower on these few million int64 keys
+        keys = np.sort(images * n_texts + neighbours)
+        return keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if len(keys) else keys
 
     @cached_property
     def image_near_bitmap(self) -> np.ndarray | None:
         """:attr:`image_near_texts` as a bitmap over all (image, text) keys (bit ``k % 8`` of byte
         ``k // 8``), a lookup many times faster than a binary search; None when it would hold
         more than ``NEAR_BITMAP_BITS`` bits."""
-        n_keys = (len(self.text_ids) // self.captions_per_image) * (int(self.text_ids.max()) + 1)
-        if n_keys > NEAR_BITMAP_BITS:
+        n_texts = int(self.text_ids.max()) + 1
+        n_keys = (len(self.text_ids) // self.captions_per_image) * n_texts
+        return None if n_keys > NEAR_BITMAP_BITS else _bitmap(self.image_near_texts, n_keys)
+
+    @cached_property
+    def text_near_bitmap(self) -> np.ndarray | None:
+        """:attr:`image_near_bitmap` text-major, keys ``t * N_i + i``: the images tested for one
+        caption anchor's text are then neighbouring bits, where the image-major layout puts
+        every image in another cache line; None when it would hold more than
+        ``NEAR_BITMAP_BITS`` bits."""
+        n_images, n_texts = len(self.text_ids) // self.captions_per_image, int(self.text_ids.max()) + 1
+        if n_images * n_texts > NEAR_BITMAP_BITS:
             return None
-        keys = self.image_near_texts
-        bitmap = np.zeros((n_keys + 7) // 8, dtype=np.uint8)
-        np.bitwise_or.at(bitmap, keys >> 3, (1 << (keys & 7)).astype(np.uint8))
-        return bitmap
+        images, texts = np.divmod(self.image_near_texts, n_texts)
+        return _bitmap(np.sort(texts * n_images + images), n_images * n_texts)
+
+
+def _bitmap(keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """Sorted distinct keys in ``[0, n_keys)`` as a bitmap (bit ``k % 8`` of byte ``k // 8``)."""
+    bitmap = np.zeros((n_keys + 7) // 8, dtype=np.uint8)
+    if len(keys):  # each byte's bits are one run of the sorted keys, or-ed by a reduceat (ufunc.at is slow)
+        byte = keys >> 3
+        starts = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))
+        bitmap[byte[starts]] = np.bitwise_or.reduceat((1 << (keys & 7)).astype(np.uint8), starts)
+    return bitmap
 
 
 def text_ids(captions: Sequence[str]) -> np.ndarray:
-    """One int64 id per caption, equal for captions of the same normalised text."""
+    """One int64 id per caption, equal for captions of the same normalised text (numbered in
+    order of first appearance)."""
     keys: dict[str, int] = {}
-    return np.fromiter((keys.setdefault(normalised_text(c), len(keys)) for c in captions), dtype=np.int64,
-                       count=len(captions))
+    # each distinct caption is normalised once (datasets repeat captions); dict.fromkeys keeps
+    # first appearances in order, so the ids are those of normalising every caption in turn
+    ids = {c: keys.setdefault(normalised_text(c), len(keys)) for c in dict.fromkeys(captions)}
+    return np.fromiter(map(ids.__getitem__, captions), dtype=np.int64, count=len(captions))
 
 
 def near_duplicate_keys(vectors: np.ndarray, tau: float) -> np.ndarray:
@@ -176,6 +201,12 @@ def first_flag(bits: np.ndarray, filters: Sequence[str]) -> np.ndarray:
     return codes
 
 
+def enabled_bits(filters: Sequence[str]) -> int:
+    """The flag bits of the enabled ``filters``: a candidate is kept (its :func:`first_flag` is
+    ``KEPT``) exactly where its flags and these have no bit in common."""
+    return sum(1 << k for k, name in enumerate(ORDER) if name in filters)
+
+
 def _own_captions(images: np.ndarray, cpi: int) -> np.ndarray:
     """(..., cpi) caption ids of the images."""
     return images[..., None] * cpi + np.arange(cpi)
@@ -228,9 +259,25 @@ _TESTS = {"identity": _identity, "semantic": _semantic, "teacher": _teacher}
 def compact(lists: np.ndarray, codes: np.ndarray, depth: int) -> np.ndarray | None:
     """The first ``depth`` unflagged ids of every row, in list order; None when a row has fewer
     (mine deeper and filter again)."""
-    kept = codes == KEPT
-    if (kept.sum(axis=1) < depth).any():
-        return None
-    # a stable sort of "flagged" moves every row's kept ids to its front, in their order
-    order = np.argsort(~kept, axis=1, kind="stable")[:, :depth]
-    return np.take_along_axis(np.asarray(lists), order, axis=1).astype(np.int32)
+    lists = np.asarray(lists)
+    out = np.empty((lists.shape[0], depth), dtype=np.int32)
+    # one compiled walk per row that stops at its depth: a stable argsort of the flags sorted
+    # every row in full (deep lists are many times deeper than what they keep)
+    return out if _compact_rows(lists, np.asarray(codes) == KEPT, depth, out) else None
+
+
+@njit(nogil=True, cache=True)
+def _compact_rows(lists: np.ndarray, kept: np.ndarray, depth: int, out: np.ndarray) -> bool:
+    """The first ``depth`` ids of every row of ``lists`` where ``kept``, in list order, into
+    ``out``; False (``out`` incomplete) when a row keeps fewer."""
+    for r in range(lists.shape[0]):
+        j = 0
+        for c in range(lists.shape[1]):
+            if j == depth:
+                break
+            if kept[r, c]:
+                out[r, j] = lists[r, c]
+                j += 1
+        if j < depth:
+            return False
+    return True
