@@ -39,25 +39,24 @@ from aoq_serve import batching
 from aoq_serve.errors import ServiceError
 
 _making = threading.Lock()
-#: each served model's batch-invariant text encoder, made on its first query.
-_encoders: weakref.WeakKeyDictionary[JointModel, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = \
-    weakref.WeakKeyDictionary()
+#: each served model's batch-invariant text encoder and device, made on its first query.
+_encoders: weakref.WeakKeyDictionary[JointModel, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                                                       torch.device]] = weakref.WeakKeyDictionary()
 
 
-def _query_encoder(model: JointModel) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def _query_encoder(model: JointModel) -> tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.device]:
     with _making:
-        encoder = _encoders.get(model)
-        if encoder is None:
-            encoder = _encoders[model] = query_text_encoder(model)
-        return encoder
+        made = _encoders.get(model)
+        if made is None:
+            made = _encoders[model] = (query_text_encoder(model), next(model.parameters()).device)
+        return made
 
 
 def encode_text(checkpoint: Checkpoint, text: str) -> np.ndarray:
     """One query's unit-norm embedding, shape (d,): the same whether it is encoded alone or
     batched with concurrent queries."""
-    model = checkpoint.model
-    device = next(model.parameters()).device
-    return batching.encode(_query_encoder(model), checkpoint.vocab.encode(text), device)
+    encoder, device = _query_encoder(checkpoint.model)
+    return batching.encode(encoder, checkpoint.vocab.encode(text), device)
 
 
 def upload_refusal(image_input: str, synthetic: bool, dataset: str) -> str | None:

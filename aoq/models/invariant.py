@@ -28,7 +28,6 @@ forgoes the larger products a padded batch would use.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -44,9 +43,6 @@ from aoq.models.text import TextEncoder
 
 #: token sequences are padded to the next multiple of this above their length.
 TOKEN_BUCKET = 8
-
-_patching = threading.Lock()
-
 
 def bucket_length(length: int) -> int:
     """The padded length of a sequence of ``length`` tokens: the next multiple of
@@ -76,11 +72,11 @@ class PerItemLinear(nn.Linear):
 
 def make_linears_per_item(module: nn.Module) -> None:
     """Turn every ``nn.Linear`` inside ``module`` into a :class:`PerItemLinear`, in place: same
-    parameters and state-dict keys, same function, batch-invariant products."""
-    with _patching:
-        for child in module.modules():
-            if type(child) is nn.Linear:
-                child.__class__ = PerItemLinear
+    parameters and state-dict keys, same function, batch-invariant products. Idempotent, so two
+    threads doing it at once do no harm."""
+    for child in module.modules():
+        if type(child) is nn.Linear:
+            child.__class__ = PerItemLinear
 
 
 def _reverse_within(x: Tensor, lengths: Tensor) -> Tensor:
