@@ -2,24 +2,27 @@
 model and FAISS searches on one index.
 
 Jobs that meet on the same target (a model's query encoder, an index) are run together. A job
-that arrives while fewer batches run on its target than it allows (:data:`ENCODE_LEADERS`,
-:data:`SEARCH_LEADERS`) runs at once (a job alone never waits); jobs arriving while every
-leader is busy wait, and when a batch ends the oldest of them leads the next one with the others
-(the running batch is the collection window: nothing waits on a timer). A batch holds at most
-:data:`MAX_BATCH` jobs and is run in groups of one key (the ``k`` of a search, the token bucket of a text), so
+that arrives while no batch runs on its target runs at once (a job alone never waits); jobs
+arriving while a batch runs wait, and when a batch ends the oldest of them leads the next one
+with the others (the running batch is the collection window: nothing waits on a timer). Where a
+target allows more batches at once (:data:`ENCODE_LEADERS`), a further one starts as soon as
+half a batch waits. A batch holds at most :data:`MAX_BATCH` jobs and is run in groups of one key
+(the ``k`` of a search, the token bucket of a text), so
 every job gets exactly the answer it gets alone (tested in tests/test_search_batching.py):
 
 - a text is encoded by :mod:`aoq.models.invariant`, whose products have a shape fixed by the
   text's own bucket;
-- FAISS's flat index scans each query of a call on its own below ``distance_compute_blas_threshold``
-  queries (a BLAS product above it rounds differently): :func:`search_limit` keeps batches under it;
-  HNSW and IVF search every query independently.
+- a flat index on the CPU is searched by :mod:`aoq_serve.index.scan`, whose scores do not depend
+  on the batch; batches of a FAISS index stay below ``distance_compute_blas_threshold`` queries
+  (:func:`search_limit`), under which FAISS's flat scan treats each query of a call on its own (a
+  BLAS product above it rounds differently); HNSW and IVF search every query independently.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -31,15 +34,19 @@ import torch
 
 from aoq.models.invariant import bucket_length, encode_bucket
 from aoq_serve.index import faiss_index
+from aoq_serve.index.scan import FlatScan
 
 #: the most jobs one batch holds.
 MAX_BATCH = 16
-#: searches that may run at once on one index: one per core this process may use. A FAISS scan
-#: costs each query the same alone or batched, so a second core must not idle while queries wait.
-SEARCH_LEADERS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-#: encoding batches that may run at once on one model: one. Encoding gains from batching, and a
-#: second leader would start small batches with the stragglers (measured in docs/serving.md).
-ENCODE_LEADERS = 1
+#: searches that may run at once on one index: one. A flat index is scanned once per batch
+#: (:mod:`aoq_serve.index.scan`), so a second leader would scan the gallery again for the
+#: stragglers of a batch (measured in docs/serving.md).
+SEARCH_LEADERS = 1
+#: encoding batches that may run at once on one model: one per core this process may use. A
+#: second batch starts beside a running one only with half a batch waiting (:meth:`_Batcher.submit`):
+#: a cheap encoder then keeps to one large batch at a time, an expensive one (MiniLM) gets both
+#: cores instead of all clients moving in one batch in lockstep (measured in docs/serving.md).
+ENCODE_LEADERS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 _state = {"enabled": True}
 _attach = threading.Lock()
@@ -55,17 +62,27 @@ def set_batching(enabled: bool) -> None:
     _state["enabled"] = enabled
 
 
-def search_limit() -> int:
-    """The most queries one FAISS call may hold and still scan each query as alone."""
+def search_limit(index: faiss_index.SearchIndex) -> int:
+    """The most queries one search of ``index`` may hold and still give each query its answer alone."""
+    if isinstance(index, FlatScan):
+        return MAX_BATCH
     return max(1, min(MAX_BATCH, faiss.cvar.distance_compute_blas_threshold - 1))
+
+
+def _held_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 @dataclass(eq=False)
 class _Job:
     payload: Any
     key: Hashable
-    #: set when the job is answered, or when a finishing leader hands it its slot.
-    wake: threading.Event = field(default_factory=threading.Event)
+    #: released when the job is answered, or when a finishing leader hands it its slot; a lock
+    #: rather than an ``Event``: releasing it is one C call, where ``Event.set`` runs a Python
+    #: condition under the GIL for every answer.
+    wake: threading.Lock = field(default_factory=_held_lock)
     done: bool = False
     result: Any = None
     error: BaseException | None = None
@@ -75,7 +92,7 @@ class _Job:
 class _Batcher:
     """The jobs waiting on one target and how many batches run on it (it holds no reference to
     the target, so that the target can go when a reload replaces it). Each waiting job sleeps on
-    its own event: an arrival wakes nobody, a finished batch wakes its own jobs and the one job
+    its own lock: an arrival wakes nobody, a finished batch wakes its own jobs and the one job
     that leads next."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -83,15 +100,28 @@ class _Batcher:
     running: int = 0
 
     def submit(self, work: Work, job: _Job, limit: int, leaders: int) -> Any:
+        starter = None
         with self.lock:
-            lead = self.running < leaders
-            if lead:
-                self.running += 1
+            if self.running == 0:
+                starter = job
             else:
                 self.waiting.append(job)
+                # a batch beside a running one starts only with enough jobs to be worth a core
+                if self.running < leaders and len(self.waiting) >= max(1, limit // 2):
+                    starter = self.waiting.pop(0)
+            if starter is not None:
+                self.running += 1
+        lead = starter is job
+        if starter is not None and not lead:
+            starter.wake.release()
         if not lead:
-            job.wake.wait()
+            job.wake.acquire()
         if not job.done:  # leading: a free slot, or one handed over by a finished batch
+            if lead:
+                # Let threads that are already running reach the queue first (queries answered
+                # by one batch of the previous step arrive together); alone, nothing runs and
+                # this returns at once.
+                time.sleep(0)
             with self.lock:
                 batch = [job, *self.waiting[:limit - 1]]
                 del self.waiting[:limit - 1]
@@ -105,9 +135,9 @@ class _Batcher:
                 for answered in batch[1:]:
                     if not answered.done:  # the batch was interrupted (not by an Exception)
                         answered.error, answered.done = RuntimeError("the batch was interrupted"), True
-                    answered.wake.set()
+                    answered.wake.release()
                 if successor is not None:
-                    successor.wake.set()
+                    successor.wake.release()
         if job.error is not None:
             raise job.error
         return job.result
@@ -138,14 +168,15 @@ def _submit(target: Any, work: Work, payload: Any, key: Hashable, limit: int, le
     return batcher.submit(work, _Job(payload, key), limit, leaders)
 
 
-def search(index: faiss.Index, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def search(index: faiss_index.SearchIndex, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` (scores, ids) of one query vector, as :func:`aoq_serve.index.faiss_index.search`
     gives them, searched together with concurrent queries on the same index when batching is on."""
     def work(vectors: list[np.ndarray], k: Hashable) -> list[tuple[np.ndarray, np.ndarray]]:
         # a wider search cut to a smaller k could order tied scores differently: one call per k
         return faiss_index.search_many(index, np.stack(vectors), int(k))  # type: ignore[call-overload]
 
-    return _submit(index, work, np.asarray(vector, dtype=np.float32).reshape(-1), k, search_limit(), SEARCH_LEADERS)
+    vector = np.asarray(vector, dtype=np.float32).reshape(-1)
+    return _submit(index, work, vector, k, search_limit(index), SEARCH_LEADERS)
 
 
 def encode(encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sequence: Sequence[int],

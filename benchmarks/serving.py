@@ -9,8 +9,9 @@ One run, on one machine:
    ``configs/synthetic.yaml``'s architecture (gallery default 100,000); ``--encoders pretrained``
    the packaged MiniLM / EfficientNet-Lite0 backbones of ``configs/emoji.yaml`` with fresh
    projection heads (nothing is downloaded; gallery default 7,273, the emoji demo's);
-2. **bare**: in this process, for each query, the text encoding plus the single-thread FAISS
-   search of the top 10 (``--queries`` queries after a warm-up): the floor any server pays; and
+2. **bare**: in this process, for each query, the text encoding plus the single-thread search of
+   the top 10 as the service runs it (the flat index's block scan, :mod:`aoq_serve.index.scan`)
+   (``--queries`` queries after a warm-up): the floor any server pays; and
    **bare batched**: the same queries encoded in batches of one token bucket and searched in
    batches, at most ``MAX_BATCH`` each, as the service batches them (docs/serving.md,
    Micro-batching), on one thread: the throughput floor of one core;
@@ -145,7 +146,7 @@ def build_service(root: Path, n: int, source: Path | None, encoders: str) -> tup
 
 
 def bare_latencies(model_dir: Path, index_dir: Path, texts: list[str], k: int) -> np.ndarray:
-    """Text encoding + FAISS search in this process, one query at a time, one thread each."""
+    """Text encoding + search in this process, one query at a time, one thread each."""
     import torch
 
     torch.set_num_threads(1)
@@ -178,8 +179,9 @@ def bare_batched_qps(model_dir: Path, index_dir: Path, texts: list[str], k: int)
     start = time.perf_counter()
     vectors = np.concatenate([encode_bucket(encoder, group[first:first + MAX_BATCH], device)
                               for group in buckets.values() for first in range(0, len(group), MAX_BATCH)])
-    for first in range(0, len(vectors), search_limit()):
-        search_many(index, vectors[first:first + search_limit()], k)
+    limit = search_limit(index)
+    for first in range(0, len(vectors), limit):
+        search_many(index, vectors[first:first + limit], k)
     return len(texts) / (time.perf_counter() - start)
 
 

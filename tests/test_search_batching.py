@@ -1,7 +1,8 @@
 """Micro-batching (aoq_serve.batching): concurrent searches answered together give exactly the
 answers each query gets alone (ids and scores, ties and mixed k included), batches stay within
 MAX_BATCH, a lone query runs at once, queries waiting on a busy leader go together in the next
-batch, an error reaches every query of its batch; and on the real server, concurrent text and
+batch, a second batch starts beside a running one only with half a batch waiting, an error
+reaches every query of its batch; and on the real server, concurrent text and
 image queries answer exactly as the same queries sent one by one, each answer (serialised by the
 route itself) exactly its declared model."""
 
@@ -19,6 +20,7 @@ import pytest
 
 from aoq_serve import batching
 from aoq_serve.index import faiss_index
+from aoq_serve.index.scan import FlatScan
 from aoq_serve.schemas import CompareImageOut, CompareTextOut, SearchImageOut, SearchTextOut
 from tests.backend_helpers import build_service_fixture, run_server
 
@@ -37,6 +39,10 @@ def _flat(x: np.ndarray) -> faiss.Index:
     index = faiss.IndexIDMap(faiss.IndexFlatIP(D))
     index.add_with_ids(x, np.arange(len(x), dtype=np.int64) * 7 + 3)
     return index
+
+
+def _scan(x: np.ndarray) -> FlatScan:
+    return FlatScan.from_vectors(x, np.arange(len(x), dtype=np.int64) * 7 + 3)
 
 
 def _hnsw(x: np.ndarray) -> faiss.Index:
@@ -72,7 +78,7 @@ def _concurrently(calls: list[Callable[[], object]]) -> list[object]:
         return list(pool.map(run, calls))
 
 
-@pytest.mark.parametrize("build", [_flat, _hnsw], ids=["flat", "hnsw"])
+@pytest.mark.parametrize("build", [_flat, _scan, _hnsw], ids=["flat", "scan", "hnsw"])
 def test_concurrent_searches_equal_single_searches_exactly(build, batch_sizes):
     x = _gallery()
     index = build(x)
@@ -171,25 +177,35 @@ def test_concurrent_requests_answer_as_single_requests_on_the_real_server(client
     assert batch_sizes and max(batch_sizes) <= batching.MAX_BATCH
 
 
+class _HeldBatches:
+    """Jobs submitted straight to a batcher whose work records each batch and holds the batch
+    with job 0 until ``release`` is set; each answer is its payload times 10."""
+
+    def __init__(self, limit: int, leaders: int) -> None:
+        batching.set_batching(True)
+        self.limit, self.leaders = limit, leaders
+        self.release, self.started = threading.Event(), threading.Event()
+        self.batches: list[list[int]] = []
+        self.answers: dict[int, int] = {}
+        self.target = _flat(_gallery(30))  # any weak-referenceable object stands for the target
+
+    def work(self, payloads: list[int], _key) -> list[int]:
+        self.batches.append(list(payloads))
+        if payloads[0] == 0:
+            self.started.set()
+            self.release.wait(10)
+        return [p * 10 for p in payloads]
+
+    def submit(self, p: int) -> None:
+        self.answers[p] = batching._submit(self.target, self.work, p, "key", self.limit, self.leaders)
+
+
 def test_jobs_waiting_on_a_busy_leader_go_together_in_the_next_batch_oldest_first():
     """One leader (as for encoding): while its batch runs, arrivals wait; when it ends, the oldest
     waiting job leads the next batch and takes the others, in arrival order."""
-    batching.set_batching(True)
-    release, started = threading.Event(), threading.Event()
-    batches: list[list[int]] = []
-
-    def work(payloads: list[int], _key) -> list[int]:
-        batches.append(list(payloads))
-        if payloads[0] == 0:
-            started.set()
-            release.wait(10)
-        return [p * 10 for p in payloads]
-
-    target = _flat(_gallery(30))  # any weak-referenceable object stands for the target
-    answers: dict[int, int] = {}
-
-    def submit(p: int) -> None:
-        answers[p] = batching._submit(target, work, p, "key", batching.MAX_BATCH, 1)
+    held = _HeldBatches(limit=batching.MAX_BATCH, leaders=1)
+    submit, batches, answers, release, started, target = (held.submit, held.batches, held.answers, held.release,
+                                                          held.started, held.target)
 
     first = threading.Thread(target=submit, args=(0,))
     first.start()
@@ -223,3 +239,33 @@ def test_search_answers_serialised_once_are_exactly_their_declared_models(client
     for model, answer in answers.items():
         assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
         assert model.model_validate(answer.json()).model_dump(mode="json") == answer.json(), model.__name__
+
+
+def test_a_second_batch_starts_beside_a_running_one_with_half_a_batch_waiting():
+    """Two leaders allowed (as for encoding on two cores), batches of at most 4: while one batch
+    runs, a lone arrival waits; the arrival that makes half a batch (2) starts a second batch with
+    the oldest waiting job leading, and later arrivals wait for one of the two to end."""
+    held = _HeldBatches(limit=4, leaders=2)
+    submit, batches, answers, release, started, target = (held.submit, held.batches, held.answers, held.release,
+                                                          held.started, held.target)
+
+    threads = [threading.Thread(target=submit, args=(0,))]
+    threads[0].start()
+    assert started.wait(10)
+    threads.append(threading.Thread(target=submit, args=(1,)))
+    threads[-1].start()
+    deadline = time.monotonic() + 10
+    while len(batching._batchers[target].waiting) < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    assert batches == [[0]], "one job waiting is not half a batch: no second batch"
+    threads.append(threading.Thread(target=submit, args=(2,)))
+    threads[-1].start()
+    while len(batches) < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert batches == [[0], [1, 2]]
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert answers == {p: p * 10 for p in range(3)}
+    assert batching._batchers[target].running == 0 and not batching._batchers[target].waiting

@@ -37,6 +37,7 @@ from aoq.hubness import Normaliser
 from aoq.io import (ArtefactError, atomic_dir, atomic_save_npy, atomic_write_json, parse_json, read_manifest,
                     write_manifest)
 from aoq_serve.index.bank import load_bank
+from aoq_serve.index.scan import FlatScan
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ RECALL_K = 10
 RECALL_QUERIES = 2000
 _HNSW_EF = (16, 32, 64, 128, 256, 512, 1024)
 _SCORE_TOLERANCE = 1e-5
+#: what a loaded index searches with: a FAISS index, or the CPU block scan of a flat one.
+SearchIndex = faiss.Index | FlatScan
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,7 @@ class LoadedIndex:
 
     path: Path
     manifest: dict[str, Any]
-    faiss: dict[str, faiss.Index]
+    faiss: dict[str, SearchIndex]
     embeddings: dict[str, np.ndarray]
     ids: dict[str, np.ndarray]
     #: the files as they were when their hashes were verified (see :meth:`changed_in_place`).
@@ -280,7 +283,7 @@ def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
                 f"{path}: {modality} index has {index.ntotal} vectors, embeddings {len(embeddings[modality])}, "
                 f"ids {len(ids[modality])}, manifest {n}"
             )
-        indexes[modality] = _maybe_gpu(index, use_gpu)
+        indexes[modality] = _serving_index(index, config["index_type"], embeddings[modality], ids[modality], use_gpu)
     hubness = load_bank(path, config)
     if _stamps(path) != stamps:
         raise ArtefactError(f"{path}: files changed while the index was being loaded; load it again")
@@ -302,6 +305,17 @@ def _read_embeddings(path: Path) -> np.ndarray:
 
 def _search_value(params: dict[str, Any]) -> int | None:
     return params.get("efSearch", params.get("nprobe"))
+
+
+def _serving_index(index: faiss.Index, index_type: str, vectors: np.ndarray, ids: np.ndarray,
+                   use_gpu: bool | None) -> SearchIndex:
+    """What serves a loaded index: the GPU copy when faiss-gpu is installed, the block scan of
+    :mod:`aoq_serve.index.scan` for a flat index on the CPU (the same exact search, cheaper per
+    query in a batch), else the FAISS index itself."""
+    served = _maybe_gpu(index, use_gpu)
+    if served is index and index_type == "flat":
+        return FlatScan.from_vectors(vectors, ids)
+    return served
 
 
 def _maybe_gpu(index: faiss.Index, use_gpu: bool | None) -> faiss.Index:
@@ -334,13 +348,13 @@ def _apply_threads() -> None:
         _local.threads = wanted
 
 
-def search(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def search(index: SearchIndex, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` (scores, ids) of one query vector; ids of missing results (-1) are dropped."""
     return search_many(index, query.reshape(1, -1), k)[0]
 
 
-def search_many(index: faiss.Index, queries: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Top-``k`` (scores, ids) of each row of ``queries`` in one FAISS call; missing results (-1) dropped."""
+def search_many(index: SearchIndex, queries: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Top-``k`` (scores, ids) of each row of ``queries`` in one call; missing results (-1) dropped."""
     _apply_threads()
     k = min(k, index.ntotal)
     scores, ids = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
