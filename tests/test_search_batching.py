@@ -199,30 +199,40 @@ class _HeldBatches:
     def submit(self, p: int) -> None:
         self.answers[p] = batching._submit(self.target, self.work, p, "key", self.limit, self.leaders)
 
+    def start(self, p: int) -> threading.Thread:
+        """Submit job ``p`` from a thread of its own."""
+        thread = threading.Thread(target=self.submit, args=(p,))
+        thread.start()
+        return thread
+
+    def until(self, condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def waiting(self) -> int:
+        return len(batching._batchers[self.target].waiting)
+
+    def idle(self) -> bool:
+        batcher = batching._batchers[self.target]
+        return batcher.running == 0 and not batcher.waiting
+
 
 def test_jobs_waiting_on_a_busy_leader_go_together_in_the_next_batch_oldest_first():
     """One leader (as for encoding): while its batch runs, arrivals wait; when it ends, the oldest
     waiting job leads the next batch and takes the others, in arrival order."""
     held = _HeldBatches(limit=batching.MAX_BATCH, leaders=1)
-    submit, batches, answers, release, started, target = (held.submit, held.batches, held.answers, held.release,
-                                                          held.started, held.target)
-
-    first = threading.Thread(target=submit, args=(0,))
-    first.start()
-    assert started.wait(10)
-    waiting = []
+    threads = [held.start(0)]
+    assert held.started.wait(10)
     for p in range(1, 6):  # arrive one after the other while the first batch runs
-        waiting.append(threading.Thread(target=submit, args=(p,)))
-        waiting[-1].start()
-        deadline = time.monotonic() + 10
-        while len(batching._batchers[target].waiting) < p and time.monotonic() < deadline:
-            time.sleep(0.001)
-    release.set()
-    for t in [first, *waiting]:
+        threads.append(held.start(p))
+        held.until(lambda p=p: held.waiting() >= p)
+    held.release.set()
+    for t in threads:
         t.join(10)
-    assert batches == [[0], [1, 2, 3, 4, 5]]
-    assert answers == {p: p * 10 for p in range(6)}
-    assert batching._batchers[target].running == 0 and not batching._batchers[target].waiting
+    assert held.batches == [[0], [1, 2, 3, 4, 5]]
+    assert held.answers == {p: p * 10 for p in range(6)}
+    assert held.idle()
 
 
 def test_search_answers_serialised_once_are_exactly_their_declared_models(client):
@@ -244,28 +254,19 @@ def test_search_answers_serialised_once_are_exactly_their_declared_models(client
 def test_a_second_batch_starts_beside_a_running_one_with_half_a_batch_waiting():
     """Two leaders allowed (as for encoding on two cores), batches of at most 4: while one batch
     runs, a lone arrival waits; the arrival that makes half a batch (2) starts a second batch with
-    the oldest waiting job leading, and later arrivals wait for one of the two to end."""
+    the oldest waiting job leading."""
     held = _HeldBatches(limit=4, leaders=2)
-    submit, batches, answers, release, started, target = (held.submit, held.batches, held.answers, held.release,
-                                                          held.started, held.target)
-
-    threads = [threading.Thread(target=submit, args=(0,))]
-    threads[0].start()
-    assert started.wait(10)
-    threads.append(threading.Thread(target=submit, args=(1,)))
-    threads[-1].start()
-    deadline = time.monotonic() + 10
-    while len(batching._batchers[target].waiting) < 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    threads = [held.start(0)]
+    assert held.started.wait(10)
+    threads.append(held.start(1))
+    held.until(lambda: held.waiting() >= 1)
     time.sleep(0.05)
-    assert batches == [[0]], "one job waiting is not half a batch: no second batch"
-    threads.append(threading.Thread(target=submit, args=(2,)))
-    threads[-1].start()
-    while len(batches) < 2 and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert batches == [[0], [1, 2]]
-    release.set()
+    assert held.batches == [[0]], "one job waiting is not half a batch: no second batch"
+    threads.append(held.start(2))
+    held.until(lambda: len(held.batches) >= 2)
+    assert held.batches == [[0], [1, 2]]
+    held.release.set()
     for t in threads:
         t.join(10)
-    assert answers == {p: p * 10 for p in range(3)}
-    assert batching._batchers[target].running == 0 and not batching._batchers[target].waiting
+    assert held.answers == {p: p * 10 for p in range(3)}
+    assert held.idle()

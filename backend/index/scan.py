@@ -103,9 +103,9 @@ class FlatScan:
             raise ValueError(f"queries of shape {queries.shape} for an index of dimension {self.d}")
         count, size = len(queries), min(k, self.ntotal)
         scores = np.full((count, k), -np.inf, dtype=np.float32)
-        positions = np.full((count, k), -1, dtype=np.int64)
+        ids = np.full((count, k), -1, dtype=np.int64)
         if size > 0:
-            best, where = scores[:, :size].copy(), positions[:, :size].copy()
-            _scan(self.blocks, self.ntotal, queries, size, best, where, np.empty((count, WIDTH), dtype=np.float32))
-            scores[:, :size], positions[:, :size] = best, self.ids[where]
-        return scores, positions
+            where = np.empty((count, size), dtype=np.int64)
+            _scan(self.blocks, self.ntotal, queries, size, scores, where, np.empty((count, WIDTH), dtype=np.float32))
+            ids[:, :size] = self.ids[where]
+        return scores, ids
