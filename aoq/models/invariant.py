@@ -17,7 +17,8 @@ Here every product a query's numbers go through has a shape fixed by that query 
 - every linear layer multiplies each sequence's (bucket x in) block on its own, in one batched
   product (:func:`per_item_linear`): the same block shape whatever else is in the batch;
 - the GRU runs every sequence for the bucket's steps, one row per sequence in each recurrent
-  product, and keeps each sequence's state at its own last token (:func:`gru_final_states`).
+  product, and keeps each sequence's state at its own last token (:func:`gru_final_states`);
+  its gates' sigmoid and tanh run on rows padded to whole SIMD chunks (:func:`rowwise`).
 
 Everything else the encoders do is row-wise (activations, layer norms, attention within one
 sequence, masked mean pooling). ``tests/test_invariant_encoding.py`` checks the bitwise identity
@@ -43,6 +44,11 @@ from aoq.models.text import TextEncoder
 
 #: token sequences are padded to the next multiple of this above their length.
 TOKEN_BUCKET = 8
+#: floats per chunk that covers whole SIMD vectors on every CPU torch targets (two AVX-512 vectors
+#: are 32): ATen runs an elementwise op over the flattened tensor in vector chunks and finishes
+#: with a scalar tail, and the tail's sigmoid rounds differently from the vector one, so a row
+#: whose width is not a multiple of the chunk rounds by its place in the batch.
+SIMD_CHUNK = 64
 
 def bucket_length(length: int) -> int:
     """The padded length of a sequence of ``length`` tokens: the next multiple of
@@ -86,6 +92,13 @@ def _reverse_within(x: Tensor, lengths: Tensor) -> Tensor:
     return x.gather(1, index[..., None].expand(-1, -1, x.shape[2]))
 
 
+def rowwise(op: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """``op`` (elementwise) of a (B, W) tensor, each row padded to a multiple of
+    :data:`SIMD_CHUNK` so that every element takes the vector path, whatever B is."""
+    pad = -x.shape[1] % SIMD_CHUNK
+    return op(F.pad(x, (0, pad)))[:, :x.shape[1]] if pad else op(x)
+
+
 def _direction(gates: Tensor, lengths: Tensor, w_hh: Tensor, b_hh: Tensor, keep_states: bool
                ) -> tuple[Tensor | None, Tensor]:
     """One GRU direction over precomputed input gates (B, T, 3H): every step's states (B, T, H; zero
@@ -100,8 +113,8 @@ def _direction(gates: Tensor, lengths: Tensor, w_hh: Tensor, b_hh: Tensor, keep_
     for t in range(int(lengths.max())):
         i_rz, i_n = gates[:, t].split([2 * hidden, hidden], 1)
         h_rz, h_n = (torch.bmm(h.unsqueeze(1), w_t).squeeze(1) + b_hh).split([2 * hidden, hidden], 1)
-        r, z = (i_rz + h_rz).sigmoid_().split(hidden, 1)
-        n = (i_n + r * h_n).tanh_()
+        r, z = rowwise(torch.sigmoid, i_rz + h_rz).split(hidden, 1)
+        n = rowwise(torch.tanh, i_n + r * h_n)
         h = torch.where((t < lengths)[:, None], (h - n) * z + n, h)
         if states is not None:
             states[:, t] = h
