@@ -5,10 +5,11 @@ Jobs that meet on the same target (a model's query encoder, an index) are run to
 that arrives while no batch runs on its target runs at once (a job alone never waits); jobs
 arriving while a batch runs wait, and when a batch ends the oldest of them leads the next one
 with the others (the running batch is the collection window: nothing waits on a timer). Where a
-target allows more batches at once (:data:`ENCODE_LEADERS`), a further one starts as soon as
-half a batch waits. A batch holds at most :data:`MAX_BATCH` jobs and is run in groups of one key
-(the ``k`` of a search, the token bucket of a text), so
-every job gets exactly the answer it gets alone (tested in tests/test_search_batching.py):
+target allows more batches at once (:data:`ENCODE_LEADERS`), a batch beside a running one starts,
+or follows one that ends, only with half a batch waiting; fewer wait for the running batch. A
+batch holds at most :data:`MAX_BATCH` jobs and is run in groups of one key (the ``k`` of a
+search, the token bucket of a text), so every job gets exactly the answer it gets alone (tested
+in tests/test_search_batching.py):
 
 - a text is encoded by :mod:`aoq.models.invariant`, whose products have a shape fixed by the
   text's own bucket;
@@ -43,8 +44,8 @@ MAX_BATCH = 16
 #: stragglers of a batch (measured in docs/serving.md).
 SEARCH_LEADERS = 1
 #: encoding batches that may run at once on one model: one per core this process may use. A
-#: second batch starts beside a running one only with half a batch waiting (:meth:`_Batcher.submit`):
-#: a cheap encoder then keeps to one large batch at a time, an expensive one (MiniLM) gets both
+#: batch beside a running one needs half a batch waiting (:meth:`_Batcher._worth_a_batch`): a
+#: cheap encoder then keeps to one large batch at a time, an expensive one (MiniLM) gets both
 #: cores instead of all clients moving in one batch in lockstep (measured in docs/serving.md).
 ENCODE_LEADERS = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
@@ -99,6 +100,14 @@ class _Batcher:
     waiting: list[_Job] = field(default_factory=list)
     running: int = 0
 
+    def _worth_a_batch(self, limit: int, beside: int) -> bool:
+        """Whether the waiting jobs start a batch now, ``beside`` other batches running (under
+        ``self.lock``). With none running, any waiting job does: none waits on a batch that is
+        gone. Beside a running batch only half a batch is worth a core; fewer wait and go with
+        the next batch, since small batches side by side cost an expensive encoder the most per
+        text (docs/serving.md, Micro-batching)."""
+        return len(self.waiting) >= (1 if beside == 0 else max(1, limit // 2))
+
     def submit(self, work: Work, job: _Job, limit: int, leaders: int) -> Any:
         starter = None
         with self.lock:
@@ -106,8 +115,7 @@ class _Batcher:
                 starter = job
             else:
                 self.waiting.append(job)
-                # a batch beside a running one starts only with enough jobs to be worth a core
-                if self.running < leaders and len(self.waiting) >= max(1, limit // 2):
+                if self.running < leaders and self._worth_a_batch(limit, beside=self.running):
                     starter = self.waiting.pop(0)
             if starter is not None:
                 self.running += 1
@@ -127,9 +135,10 @@ class _Batcher:
                 del self.waiting[:limit - 1]
             try:
                 _run(work, batch)
-            finally:  # the slot goes to the oldest waiting job: none waits on a batch that is gone
+            finally:
                 with self.lock:
-                    successor = self.waiting.pop(0) if self.waiting else None
+                    worth = self._worth_a_batch(limit, beside=self.running - 1)
+                    successor = self.waiting.pop(0) if worth else None
                     if successor is None:
                         self.running -= 1
                 for answered in batch[1:]:

@@ -178,22 +178,24 @@ def test_concurrent_requests_answer_as_single_requests_on_the_real_server(client
 
 
 class _HeldBatches:
-    """Jobs submitted straight to a batcher whose work records each batch and holds the batch
-    with job 0 until ``release`` is set; each answer is its payload times 10."""
+    """Jobs submitted straight to a batcher whose work records each batch and holds a batch led
+    by a job of ``held`` until that job's ``release`` event is set; each answer is its payload
+    times 10."""
 
-    def __init__(self, limit: int, leaders: int) -> None:
+    def __init__(self, limit: int, leaders: int, held: tuple[int, ...] = (0,)) -> None:
         batching.set_batching(True)
         self.limit, self.leaders = limit, leaders
-        self.release, self.started = threading.Event(), threading.Event()
+        self.release = {p: threading.Event() for p in held}
+        self.started = {p: threading.Event() for p in held}
         self.batches: list[list[int]] = []
         self.answers: dict[int, int] = {}
         self.target = _flat(_gallery(30))  # any weak-referenceable object stands for the target
 
     def work(self, payloads: list[int], _key) -> list[int]:
         self.batches.append(list(payloads))
-        if payloads[0] == 0:
-            self.started.set()
-            self.release.wait(10)
+        if payloads[0] in self.release:
+            self.started[payloads[0]].set()
+            self.release[payloads[0]].wait(10)
         return [p * 10 for p in payloads]
 
     def submit(self, p: int) -> None:
@@ -223,11 +225,11 @@ def test_jobs_waiting_on_a_busy_leader_go_together_in_the_next_batch_oldest_firs
     waiting job leads the next batch and takes the others, in arrival order."""
     held = _HeldBatches(limit=batching.MAX_BATCH, leaders=1)
     threads = [held.start(0)]
-    assert held.started.wait(10)
+    assert held.started[0].wait(10)
     for p in range(1, 6):  # arrive one after the other while the first batch runs
         threads.append(held.start(p))
         held.until(lambda p=p: held.waiting() >= p)
-    held.release.set()
+    held.release[0].set()
     for t in threads:
         t.join(10)
     assert held.batches == [[0], [1, 2, 3, 4, 5]]
@@ -257,7 +259,7 @@ def test_a_second_batch_starts_beside_a_running_one_with_half_a_batch_waiting():
     the oldest waiting job leading."""
     held = _HeldBatches(limit=4, leaders=2)
     threads = [held.start(0)]
-    assert held.started.wait(10)
+    assert held.started[0].wait(10)
     threads.append(held.start(1))
     held.until(lambda: held.waiting() >= 1)
     time.sleep(0.05)
@@ -265,8 +267,34 @@ def test_a_second_batch_starts_beside_a_running_one_with_half_a_batch_waiting():
     threads.append(held.start(2))
     held.until(lambda: len(held.batches) >= 2)
     assert held.batches == [[0], [1, 2]]
-    held.release.set()
+    held.release[0].set()
     for t in threads:
         t.join(10)
     assert held.answers == {p: p * 10 for p in range(3)}
+    assert held.idle()
+
+
+def test_a_batch_ending_beside_a_running_one_leaves_fewer_than_half_a_batch_to_wait():
+    """Two leaders, batches of at most 4: when a batch ends while another runs, one waiting job
+    (less than half a batch) does not start a batch of one beside it; it waits, and leads the
+    next batch when the other batch ends."""
+    held = _HeldBatches(limit=4, leaders=2, held=(0, 1))
+    threads = [held.start(0)]
+    assert held.started[0].wait(10)
+    threads.append(held.start(1))
+    held.until(lambda: held.waiting() >= 1)
+    threads.append(held.start(2))  # half a batch: a second batch starts, led by job 1
+    assert held.started[1].wait(10)
+    threads.append(held.start(3))
+    held.until(lambda: held.waiting() >= 1)
+    held.release[1].set()
+    held.until(lambda: held.answers.keys() >= {1, 2})
+    time.sleep(0.05)
+    assert held.batches == [[0], [1, 2]], "a batch of one started beside the running batch"
+    assert held.waiting() == 1
+    held.release[0].set()
+    for t in threads:
+        t.join(10)
+    assert held.batches == [[0], [1, 2], [3]]
+    assert held.answers == {p: p * 10 for p in range(4)}
     assert held.idle()
