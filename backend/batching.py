@@ -111,13 +111,9 @@ class _Batcher:
     def submit(self, work: Work, job: _Job, limit: int, leaders: int) -> Any:
         starter = None
         with self.lock:
-            if self.running == 0:
-                starter = job
-            else:
-                self.waiting.append(job)
-                if self.running < leaders and self._worth_a_batch(limit, beside=self.running):
-                    starter = self.waiting.pop(0)
-            if starter is not None:
+            self.waiting.append(job)  # with no batch running nothing else waits: the job leads
+            if self.running < leaders and self._worth_a_batch(limit, beside=self.running):
+                starter = self.waiting.pop(0)
                 self.running += 1
         lead = starter is job
         if starter is not None and not lead:

@@ -16,9 +16,10 @@ guards a service exposed to a network needs.
   its address, so one client holding many idle sockets is refused alone instead of starving
   every other client of the global cap. HTTP/1.1 answers one request at a time per connection,
   so this caps a client's concurrent requests too.
-- **Event loop.** uvloop where it is installed (a dependency of the service on Linux and macOS):
-  the event-loop thread runs every request's HTTP work under the GIL, and uvloop's loop and
-  transports cost less of it per request than asyncio's (docs/serving.md, Speed).
+- **Event loop.** uvloop where it is installed (a dependency of the service on Linux and macOS,
+  taken by uvicorn's default loop choice): the event-loop thread runs every request's HTTP work
+  under the GIL, and uvloop's loop and transports cost less of it per request than asyncio's
+  (docs/serving.md, Speed).
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ def protocol_class(settings: Settings) -> type[GuardedH11Protocol]:
 def make_server(app: Any, settings: Settings) -> uvicorn.Server:
     """The uvicorn server for ``app`` with the timeouts and limits of ``settings``."""
     config = uvicorn.Config(
-        app, http=protocol_class(settings), loop="auto", log_level=settings.log_level, access_log=False,
+        app, http=protocol_class(settings), log_level=settings.log_level, access_log=False,
         timeout_keep_alive=settings.keep_alive_s,
     )
     return uvicorn.Server(config)
