@@ -4,7 +4,7 @@
 Scope ``all`` ranks every split the index holds (FAISS); scope ``test`` ranks the evaluation
 split alone, scored exactly against its embeddings (one matrix-vector product: an evaluation
 split is small next to a training split). The correct answers follow the model's evaluation
-rule (:mod:`aoq_serve.truth`); under the text rule the captions of one text are one answer, so an
+rule (:mod:`aoq_serve.search.truth`); under the text rule the captions of one text are one answer, so an
 image query lists each text once with the number of captions it stands for.
 
 ``normalise`` re-ranks by a query-time hubness correction (:mod:`aoq.hubness`, docs/serving.md,
@@ -29,11 +29,8 @@ from PIL import Image
 
 from aoq.hubness import CANDIDATE_FACTOR, Normaliser, normalise_rows, query_applies, rerank
 from aoq.names import Normalisation, PositiveRule
-from aoq_serve import batching
-from aoq_serve.featurize import encode_text, encode_upload
-from aoq_serve.gallery import GalleryView
-from aoq_serve.index import faiss_index
 from aoq_serve.errors import ServiceError
+from aoq_serve.index import faiss_index
 from aoq_serve.registry import ServingModel
 from aoq_serve.schemas import (
     THUMBNAIL_SIZE,
@@ -45,7 +42,10 @@ from aoq_serve.schemas import (
     SearchImageOut,
     SearchTextOut,
 )
-from aoq_serve.truth import Truth, image_truth, rank_among, text_truth
+from aoq_serve.search import batching
+from aoq_serve.search.featurize import encode_text, encode_upload
+from aoq_serve.search.gallery import GalleryView
+from aoq_serve.search.truth import Truth, image_truth, rank_among, text_truth
 
 #: named ground-truth images an answer carries (a text of many copies has many correct images).
 MAX_NAMED_TRUTH = 8
@@ -56,7 +56,7 @@ FETCH_FACTOR = 4
 
 @dataclass(frozen=True)
 class Urls:
-    """Absolute URLs of images, built from the service's public base (:func:`aoq_serve.hosts.public_base`)."""
+    """Absolute URLs of images, built from the service's public base (:func:`aoq_serve.guards.hosts.public_base`)."""
 
     base: str
 
