@@ -15,21 +15,21 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aoq_serve.batching import set_batching
 from aoq_serve.config import Settings
-from aoq_serve.store.db import make_engine, session_factory
-from aoq_serve.decode import MemoryBudget
 from aoq_serve.deps import Service
 from aoq_serve.errors import ServiceError
-from aoq_serve.faults import endpoint, first_line
-from aoq_serve.hosts import HostCheckMiddleware
+from aoq_serve.guards.faults import endpoint, first_line
+from aoq_serve.guards.hosts import HostCheckMiddleware
+from aoq_serve.guards.limits import BodyLimitMiddleware
 from aoq_serve.index.faiss_index import set_search_threads
-from aoq_serve.store.integrity import check_catalogue
-from aoq_serve.limits import BodyLimitMiddleware
-from aoq_serve.negatives import NegativesService
-from aoq_serve.querylog import QueryLogger
 from aoq_serve.registry import Registry
 from aoq_serve.routes import analysis, items, search, service
+from aoq_serve.search.batching import set_batching
+from aoq_serve.search.decode import MemoryBudget
+from aoq_serve.search.negatives import NegativesService
+from aoq_serve.store.db import make_engine, session_factory
+from aoq_serve.store.integrity import check_catalogue
+from aoq_serve.store.querylog import QueryLogger
 from aoq_serve.version import VERSION
 
 log = logging.getLogger(__name__)

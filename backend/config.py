@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     #: concurrency comes from serving several requests at once.
     torch_threads: int = Field(1, ge=1)
     faiss_threads: int = Field(1, ge=1)
-    #: search concurrent queries to one index together (aoq_serve.batching); off: each query alone.
+    #: search concurrent queries to one index together (aoq_serve.search.batching); off: each query alone.
     batching: bool = True
     #: seconds between checks of ``index.json`` for a rebuilt index (0: only ``POST /admin/reload``).
     reload_poll_s: float = Field(2.0, ge=0)
@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     #: the address clients reach the service at (``https://search.example``): image URLs in
     #: answers are built from it, and its host is accepted in the ``Host`` header. Unset: the
-    #: local address each connection arrived on (aoq_serve.hosts).
+    #: local address each connection arrived on (aoq_serve.guards.hosts).
     public_url: str | None = None
     #: more names the ``Host`` header may carry (loopback names and the listening address always may).
     allowed_hosts: list[str] = Field(default_factory=list)

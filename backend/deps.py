@@ -11,14 +11,14 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from aoq_serve.config import Settings
-from aoq_serve.decode import MemoryBudget
 from aoq_serve.errors import ServiceError
-from aoq_serve.faults import Faults, endpoint
-from aoq_serve.hosts import public_base
-from aoq_serve.negatives import NegativesService
-from aoq_serve.querylog import QueryLogger
+from aoq_serve.guards.faults import Faults, endpoint
+from aoq_serve.guards.hosts import public_base
 from aoq_serve.registry import Registry, Snapshot
-from aoq_serve.search import Urls
+from aoq_serve.search.decode import MemoryBudget
+from aoq_serve.search.engine import Urls
+from aoq_serve.search.negatives import NegativesService
+from aoq_serve.store.querylog import QueryLogger
 
 
 @dataclass
@@ -60,7 +60,7 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 async def get_urls(request: Request) -> Urls:
-    # Never from the Host header (aoq_serve.hosts): a forged Host must not reach the answer's links.
+    # Never from the Host header (aoq_serve.guards.hosts): a forged Host must not reach the answer's links.
     return Urls(public_base(request.app.state.service.settings, request.scope))
 
 

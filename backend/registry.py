@@ -10,7 +10,7 @@ The gallery's caption text, ids and image paths are checked too: ``aoq index`` r
 digests (:func:`aoq_serve.store.catalogue.gallery_digest`, ``paths_digest``) in each index manifest,
 so a caption or path edited in the catalogue (or a damaged row) disables the models of that
 gallery, on SQLite and PostgreSQL. The digests of the stored ranks are checked on every
-``/failures`` read (:mod:`aoq_serve.failures`).
+``/failures`` read (:mod:`aoq_serve.search.failures`).
 
 A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
 an old index with a new catalogue inside one answer: requests in flight finish on the old
@@ -36,12 +36,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
 from aoq.io import ArtefactError, read_manifest, sha256_file
-from aoq_serve.store import catalogue
-from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.config import Settings
-from aoq_serve.store.db import Model
 from aoq_serve.errors import ServiceError
-from aoq_serve.gallery import GalleryView, Span
 from aoq_serve.index.faiss_index import (
     MODALITIES,
     FileStamp,
@@ -50,6 +46,10 @@ from aoq_serve.index.faiss_index import (
     load_model_index,
     read_generation,
 )
+from aoq_serve.search.gallery import GalleryView, Span
+from aoq_serve.store import catalogue
+from aoq_serve.store.catalogue import SplitIds
+from aoq_serve.store.db import Model
 
 log = logging.getLogger(__name__)
 

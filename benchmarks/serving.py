@@ -53,12 +53,10 @@ from aoq.data.dataset import SplitData  # noqa: E402
 from aoq.data.vocab import Vocabulary  # noqa: E402
 from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
 from aoq.net import ServerNotReady, free_port, wait_http  # noqa: E402
-from aoq_serve.store import catalogue  # noqa: E402
 from aoq_serve.index.build import record_model  # noqa: E402
+from aoq_serve.store import catalogue  # noqa: E402
 from aoq_serve.store.db import create_schema, make_engine, session_factory  # noqa: E402
 from aoq.models.invariant import bucket_length, encode_bucket, query_text_encoder  # noqa: E402
-from aoq_serve.batching import MAX_BATCH, search_limit, set_batching  # noqa: E402
-from aoq_serve.featurize import encode_text  # noqa: E402
 from aoq_serve.index.faiss_index import (  # noqa: E402
     IndexSpec,
     bump_generation,
@@ -68,6 +66,8 @@ from aoq_serve.index.faiss_index import (  # noqa: E402
     set_search_threads,
     write_model_index,  # noqa: E402
 )
+from aoq_serve.search.batching import MAX_BATCH, search_limit, set_batching  # noqa: E402
+from aoq_serve.search.featurize import encode_text  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "pink", "grey", "turquoise", "golden"]
 SHAPES = ["circle", "square", "triangle", "star", "cross", "disc", "box", "rhombus", "block", "ring"]

@@ -17,16 +17,16 @@ from sqlalchemy import func, select
 
 from aoq.data.dataset import SplitData
 from aoq.io import ArtefactError
-from aoq_serve.store import catalogue
+from aoq_serve.errors import ServiceError
+from aoq_serve.guards.paths import safe_path
 from aoq_serve.index import faiss_index
+from aoq_serve.search.decode import decode_upload
+from aoq_serve.search.failures import failure_cases
+from aoq_serve.search.featurize import upload_refusal
+from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import CatalogueError
 from aoq_serve.store.db import QueryLog, QueryRank, create_schema, make_engine, session_factory
-from aoq_serve.decode import decode_upload
-from aoq_serve.errors import ServiceError
-from aoq_serve.failures import failure_cases
-from aoq_serve.featurize import upload_refusal
-from aoq_serve.paths import safe_path
-from aoq_serve.querylog import QueryLogger
+from aoq_serve.store.querylog import QueryLogger
 from tests.backend_helpers import unit_vectors
 
 

@@ -2,7 +2,7 @@
 published ports on 127.0.0.1, and the page loaded in Chromium.
 
 Needs a Docker engine (``scripts/docker-engine.sh`` starts Debian's ``dockerd`` as root when none
-answers) and docker-compose; skipped where neither can be had. ``scripts/docker-base.sh`` makes
+answers, and the module stops that daemon again when it is done) and docker-compose; skipped where neither can be had. ``scripts/docker-base.sh`` makes
 the base image and the build inputs. The stack runs the tiny demo (``docker/quick.yml``) under its
 own project name on free ports; ``down --volumes`` removes its containers, network and volumes
 afterwards, while the current images and their layers stay, so a second run of the same tree
@@ -99,7 +99,18 @@ def stack() -> Iterator[Stack]:
                             timeout=120)
     if engine.returncode != 0:
         pytest.skip(f"no Docker engine: {engine.stderr.strip()}")
+    # the pid of a dockerd the script had to start: the suite stops every daemon it starts
+    started = engine.stdout.strip()
+    try:
+        yield from _stack()
+    finally:
+        if started:
+            stop = subprocess.run(["bash", "scripts/docker-engine.sh", "--stop", started], cwd=REPO,
+                                  capture_output=True, text=True, timeout=120)
+            _check(stop, "stopping the dockerd this test started")
 
+
+def _stack() -> Iterator[Stack]:
     timings: dict[str, float] = {}
     start = time.monotonic()
     _check(subprocess.run(["bash", "scripts/docker-base.sh"], cwd=REPO, capture_output=True, text=True,

@@ -8,9 +8,9 @@ import faiss
 import numpy as np
 import pytest
 
-from aoq_serve.batching import MAX_BATCH
 from aoq_serve.index.faiss_index import IndexSpec, load_model_index, search_many, write_model_index
 from aoq_serve.index.scan import WIDTH, FlatScan
+from aoq_serve.search.batching import MAX_BATCH
 
 
 def _unit(n: int, d: int, seed: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Batch-invariant query encoding (aoq.models.invariant) and the service's encoder batching: a text
 encoded with any company of its token bucket, at any position, gets bit for bit the embedding it
 gets alone (GRU one- and two-layer, one- and two-way; MiniLM); the embeddings agree with the
-training path's within float rounding; concurrent encodes through aoq_serve.batching form batches
+training path's within float rounding; concurrent encodes through aoq_serve.search.batching form batches
 and answer exactly as alone."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from aoq.data.vocab import Vocabulary
 from aoq.embed import encode_texts
 from aoq.models.invariant import PerItemLinear, bucket_length, encode_bucket, query_text_encoder, rowwise
 from aoq.models.joint import build_model, text_vocabulary
-from aoq_serve import batching
+from aoq_serve.search import batching
 
 CPU = torch.device("cpu")
 WORDS = ("a small big red green blue circle square star ring on the left right top bottom and next to wall "

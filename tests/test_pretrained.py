@@ -34,7 +34,7 @@ from aoq.models import packages
 from aoq.models.effnet_lite import load_lite0, map_package_keys
 from aoq.models.joint import build_model, text_vocabulary
 from aoq.models.pretrained import MiniLMTextEncoder, WordPieceVocab, effnet_normalise
-from aoq_serve.featurize import encode_text, encode_upload
+from aoq_serve.search.featurize import encode_text, encode_upload
 from tests.fixtures import write_karpathy_fixture
 from aoq_train.objectives.losses import round2_loss
 from aoq_train.round1 import round1_step

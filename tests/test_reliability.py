@@ -28,7 +28,7 @@ from aoq.checkpoint import load_checkpoint
 from aoq.io import read_manifest
 from aoq.net import ServerNotReady, free_port, wait_http
 from aoq_serve.index.faiss_index import load_model_index, read_generation
-from aoq_serve.querylog import QueryLogger
+from aoq_serve.store.querylog import QueryLogger
 from tests.backend_helpers import ServiceFixture, build_service_fixture, retrain, run_server
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Micro-batching (aoq_serve.batching): concurrent searches answered together give exactly the
+"""Micro-batching (aoq_serve.search.batching): concurrent searches answered together give exactly the
 answers each query gets alone (ids and scores, ties and mixed k included), batches stay within
 MAX_BATCH, a lone query runs at once, queries waiting on a busy leader go together in the next
 batch, a second batch starts beside a running one only with half a batch waiting, an error
@@ -18,10 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
-from aoq_serve import batching
 from aoq_serve.index import faiss_index
 from aoq_serve.index.scan import FlatScan
 from aoq_serve.schemas import CompareImageOut, CompareTextOut, SearchImageOut, SearchTextOut
+from aoq_serve.search import batching
 from tests.backend_helpers import build_service_fixture, run_server
 
 D = 32

@@ -128,6 +128,37 @@ def test_ranks_of_the_ground_truth_follow_the_normalised_list(service, arrays) -
     assert compare.json()["left"]["results"] == out["results"][:12]
 
 
+@pytest.mark.parametrize("scope", ["test", "all"])
+def test_a_search_normalises_each_scope_once(service, arrays, monkeypatch, scope) -> None:
+    """A scope's normalised scores serve its top list, the ranks of the ground truth and the text
+    rule's wider caption lists: one normalisation of each scope a search reads (k = 1 puts the
+    ranks beyond the list, so they are computed over the scope)."""
+    from aoq_serve.search import engine
+
+    _, client = service
+    sizes: list[int] = []
+
+    def counted(scores: np.ndarray, *args, **kwargs) -> np.ndarray:
+        sizes.append(scores.shape[1])
+        return normalise_rows(scores, *args, **kwargs)
+
+    normalise_rows = engine.normalise_rows
+    monkeypatch.setattr(engine, "normalise_rows", counted)
+    query = load_split(arrays["ckpt"].config.data, "test").captions[0]
+    image_id = str(arrays["image_ids"][_test_span(arrays["manifest"]).start])
+    test_images, test_captions = SIZES["test"], SIZES["test"] * 5
+    every = (len(arrays["images"]), len(arrays["captions"]))
+    for send, scoped in ((lambda: client.post("/search/text", json={"query": query, "model": MODEL, "k": 1,
+                                                                     "scope": scope, "normalise": "invsoftmax"}),
+                          [test_images] if scope == "test" else [every[0], test_images]),
+                         (lambda: client.post("/search/image", data={"model": MODEL, "k": "1", "image_id": image_id,
+                                                                     "scope": scope, "normalise": "invsoftmax"}),
+                          [test_captions] if scope == "test" else [every[1], test_captions])):
+        sizes.clear()
+        assert send().status_code == 200
+        assert sorted(sizes) == sorted(scoped)
+
+
 @pytest.fixture(scope="module")
 def legacy(service, tmp_path_factory) -> Iterator[httpx.Client]:
     """The service over a copy of the fixture's index and catalogue in which the ``aoq`` model's

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from aoq_serve.decode import MemoryBudget, decode_cost, decode_upload
+from aoq_serve.search.decode import MemoryBudget, decode_cost, decode_upload
 from tests.backend_helpers import build_service_fixture, serve_process
 
 #: the budget the server test runs with, and the allowance on top of it for everything else a
@@ -113,7 +113,7 @@ def test_decode_cost_counts_the_full_size_buffer_of_the_stored_mode():
 _MEASURE = """
 import sys, threading
 from PIL import Image
-from aoq_serve.decode import MemoryBudget, decode_cost, decode_upload
+from aoq_serve.search.decode import MemoryBudget, decode_cost, decode_upload
 def status(key):
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key))
 data = open(sys.argv[1], "rb").read()

@@ -40,14 +40,14 @@ from aoq.device import resolve_device
 from aoq.embed import encode_split
 from aoq.hubness import bank_provenance
 from aoq.io import ArtefactError, read_manifest
+from aoq_serve.guards.paths import relative_to_data, stored_data_config
+from aoq_serve.index.bank import MANIFEST_KEY, bank_arrays
+from aoq_serve.index.faiss_index import IndexSpec, bump_generation, write_model_index
+from aoq_serve.index.reports import gallery_ranks, model_report
+from aoq_serve.search.negatives import TRAIN_SPLIT
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.store.db import create_schema, make_engine, session_factory, utcnow
-from aoq_serve.index.bank import MANIFEST_KEY, bank_arrays
-from aoq_serve.index.faiss_index import IndexSpec, bump_generation, write_model_index
-from aoq_serve.negatives import TRAIN_SPLIT
-from aoq_serve.paths import relative_to_data, stored_data_config
-from aoq_serve.index.reports import gallery_ranks, model_report
 
 log = logging.getLogger(__name__)
 

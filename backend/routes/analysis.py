@@ -9,8 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
-from aoq_serve.failures import RanksChanged, failure_cases
-from aoq_serve.faults import endpoint
+from aoq_serve.guards.faults import endpoint
 from aoq_serve.schemas import (
     MAX_ID,
     ErrorOut,
@@ -20,6 +19,7 @@ from aoq_serve.schemas import (
     NegativeItem,
     NegativesOut,
 )
+from aoq_serve.search.failures import RanksChanged, failure_cases
 
 router = APIRouter(tags=["analysis"])
 ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 422, 503)}

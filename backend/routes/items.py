@@ -8,11 +8,9 @@ import numpy as np
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import Response
 
-from aoq_serve.store import catalogue
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
-from aoq_serve.images import checked_file, media_type, thumbnail_png
-from aoq_serve.paths import safe_path
+from aoq_serve.guards.paths import safe_path
 from aoq_serve.registry import Snapshot
 from aoq_serve.schemas import (
     MAX_GALLERY_PAGE,
@@ -29,7 +27,9 @@ from aoq_serve.schemas import (
     GalleryPageOut,
     Scope,
 )
-from aoq_serve.search import gallery_image
+from aoq_serve.search.engine import gallery_image
+from aoq_serve.store import catalogue
+from aoq_serve.store.images import checked_file, media_type, thumbnail_png
 
 router = APIRouter(tags=["items"])
 ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}

@@ -10,7 +10,6 @@ from PIL import Image
 from pydantic import BaseModel
 
 from aoq.names import Normalisation
-from aoq_serve.decode import decode_upload
 from aoq_serve.deps import ServiceDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
 from aoq_serve.registry import Snapshot
@@ -29,7 +28,8 @@ from aoq_serve.schemas import (
     SearchTextIn,
     SearchTextOut,
 )
-from aoq_serve.search import search_image, search_text
+from aoq_serve.search.decode import decode_upload
+from aoq_serve.search.engine import search_image, search_text
 
 router = APIRouter(tags=["search"])
 ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 413, 415, 422)}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from aoq_serve.store import catalogue
-from aoq_serve.access import require_admin
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep
+from aoq_serve.errors import ServiceError
+from aoq_serve.guards.access import require_admin
+from aoq_serve.guards.faults import CATALOGUE
 from aoq_serve.schemas import (
     DatasetOut,
     ErrorOut,
@@ -15,8 +16,7 @@ from aoq_serve.schemas import (
     ReloadOut,
     SplitCounts,
 )
-from aoq_serve.errors import ServiceError
-from aoq_serve.faults import CATALOGUE
+from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import CatalogueError
 from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.version import VERSION

@@ -21,8 +21,8 @@ from sqlalchemy import func, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from aoq_serve.store.catalogue import CatalogueError
 from aoq_serve.config import Settings
+from aoq_serve.store.catalogue import CatalogueError
 from aoq_serve.store.db import Base, Caption, DatasetSplit, Image, make_engine
 
 

@@ -32,11 +32,11 @@ from aoq.data.loaders import load_pixels
 from aoq.embed import encode_caption_inputs, encode_image_inputs, encode_texts
 from aoq.io import ArtefactError
 from aoq.mined import UNCHECKED, MinedNegatives, load_mined, removed_by
+from aoq_serve.errors import ServiceError
+from aoq_serve.guards.paths import safe_path, served_data_config
+from aoq_serve.registry import ServingModel
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import SplitIds
-from aoq_serve.errors import ServiceError
-from aoq_serve.paths import safe_path, served_data_config
-from aoq_serve.registry import ServingModel
 
 Kind = Literal["caption", "image"]
 #: the catalogue name of the training split and the size of the random batch (paper: 128).

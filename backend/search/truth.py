@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from aoq.names import PositiveRule
-from aoq_serve.gallery import GalleryView
 from aoq_serve.index.faiss_index import tied_rank
 from aoq_serve.schemas import Scope
+from aoq_serve.search.gallery import GalleryView
 
 _NONE = np.empty(0, dtype=np.int64)
 

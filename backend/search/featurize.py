@@ -4,7 +4,7 @@ through the model's own image path.
 Text: a ``gru`` model maps words outside its training vocabulary to ``<unk>``; a ``minilm``
 model's vocabulary is the pretrained WordPiece tokenizer, so any free text is encoded. Queries go
 through the batch-invariant form of the text encoder (:mod:`aoq.models.invariant`), so a query
-encoded together with concurrent ones (:mod:`aoq_serve.batching`) gets the embedding it gets alone.
+encoded together with concurrent ones (:mod:`aoq_serve.search.batching`) gets the embedding it gets alone.
 
 Image paths by model kind:
 
@@ -35,8 +35,8 @@ from aoq.embed import encode_image_inputs
 from aoq.features import extract_regions
 from aoq.models.invariant import query_text_encoder
 from aoq.models.joint import JointModel
-from aoq_serve import batching
 from aoq_serve.errors import ServiceError
+from aoq_serve.search import batching
 
 _making = threading.Lock()
 #: each served model's batch-invariant text encoder and device, made on its first query.

@@ -4,7 +4,7 @@
 Scope ``all`` ranks every split the index holds (FAISS); scope ``test`` ranks the evaluation
 split alone, scored exactly against its embeddings (one matrix-vector product: an evaluation
 split is small next to a training split). The correct answers follow the model's evaluation
-rule (:mod:`aoq_serve.truth`); under the text rule the captions of one text are one answer, so an
+rule (:mod:`aoq_serve.search.truth`); under the text rule the captions of one text are one answer, so an
 image query lists each text once with the number of captions it stands for.
 
 ``normalise`` re-ranks by a query-time hubness correction (:mod:`aoq.hubness`, docs/serving.md,
@@ -22,18 +22,15 @@ otherwise it is computed against every embedding of the scope.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image
 
 from aoq.hubness import CANDIDATE_FACTOR, Normaliser, normalise_rows, query_applies, rerank
 from aoq.names import Normalisation, PositiveRule
-from aoq_serve import batching
-from aoq_serve.featurize import encode_text, encode_upload
-from aoq_serve.gallery import GalleryView
-from aoq_serve.index import faiss_index
 from aoq_serve.errors import ServiceError
+from aoq_serve.index import faiss_index
 from aoq_serve.registry import ServingModel
 from aoq_serve.schemas import (
     THUMBNAIL_SIZE,
@@ -45,7 +42,10 @@ from aoq_serve.schemas import (
     SearchImageOut,
     SearchTextOut,
 )
-from aoq_serve.truth import Truth, image_truth, rank_among, text_truth
+from aoq_serve.search import batching
+from aoq_serve.search.featurize import encode_text, encode_upload
+from aoq_serve.search.gallery import GalleryView
+from aoq_serve.search.truth import Truth, image_truth, rank_among, text_truth
 
 #: named ground-truth images an answer carries (a text of many copies has many correct images).
 MAX_NAMED_TRUTH = 8
@@ -56,7 +56,7 @@ FETCH_FACTOR = 4
 
 @dataclass(frozen=True)
 class Urls:
-    """Absolute URLs of images, built from the service's public base (:func:`aoq_serve.hosts.public_base`)."""
+    """Absolute URLs of images, built from the service's public base (:func:`aoq_serve.guards.hosts.public_base`)."""
 
     base: str
 
@@ -79,40 +79,68 @@ def _rule(served: ServingModel) -> PositiveRule:
     return served.checkpoint.config.eval.positives
 
 
-def _span(view: GalleryView, modality: str, scope: Scope) -> range:
-    return view.image_range(scope) if modality == "images" else view.caption_range(scope)
+@dataclass(frozen=True)
+class _Query:
+    """One search on one served model: what it ranks (``modality``: the gallery's images or
+    captions), the query's vector, the scope searched and the normalisation.
+
+    A scope's scores (a matrix-vector product over the scope, then its normalisation) are
+    computed at most once per search: its top list, the ranks of the correct items and the text
+    rule's wider caption lists all read them from ``_scored``, which the same query in another
+    scope (:meth:`within`) shares.
+    """
+
+    served: ServingModel
+    modality: str
+    vector: np.ndarray
+    scope: Scope
+    normalise: Normalisation
+    _scored: dict[Scope, tuple[np.ndarray, bool]] = field(default_factory=dict, repr=False, compare=False)
+
+    def within(self, scope: Scope) -> _Query:
+        """The same query searching ``scope``."""
+        return replace(self, scope=scope, _scored=self._scored)
+
+    def span(self, scope: Scope | None = None) -> range:
+        """Gallery positions of the ranked items of a scope (default: the searched one)."""
+        view, scope = self.served.gallery.view, scope or self.scope
+        return view.image_range(scope) if self.modality == "images" else view.caption_range(scope)
+
+    def scored(self, scope: Scope | None = None) -> tuple[np.ndarray, bool]:
+        """Every score of a scope under ``normalise`` (indexed from the scope's first item), and
+        whether the query was normalised.
+
+        Raises:
+            ServiceError: 409 a normalisation on an index built without a hubness bank.
+        """
+        scope = scope or self.scope
+        if scope not in self._scored:
+            span = self.span(scope)
+            embeddings = self.served.index.embeddings[self.modality][span.start:span.stop]
+            raw = np.asarray(embeddings @ self.vector.astype(np.float32), dtype=np.float32)
+            if self.normalise == "none":
+                self._scored[scope] = raw, False
+            else:
+                normaliser = _normaliser(self, scope)
+                applied = bool(query_applies(self.normalise, np.argmax(raw)[None], normaliser.active)[0])
+                self._scored[scope] = normalise_rows(raw[None, :], normaliser, self.normalise)[0], applied
+        return self._scored[scope]
 
 
-def _scores(served: ServingModel, modality: str, vector: np.ndarray, span: range) -> np.ndarray:
-    """Scores of the items of ``span`` against a query vector."""
-    embeddings = served.index.embeddings[modality][span.start:span.stop]
-    return np.asarray(embeddings @ vector.astype(np.float32), dtype=np.float32)
-
-
-def _normaliser(served: ServingModel, modality: str, scope: Scope) -> Normaliser:
+def _normaliser(query: _Query, scope: Scope) -> Normaliser:
     """The stored normaliser of a scope's items (indexed from the scope's first item).
 
     Raises:
         ServiceError: 409 the index was built without a hubness bank.
     """
+    served = query.served
     if served.index.hubness is None:
         raise ServiceError(409, f"model {served.name!r}: its index holds no hubness bank (built before normalisation "
                                 "existed); run aoq index again, or search with normalise none")
-    whole = served.index.hubness[modality][scope]
-    span = _span(served.gallery.view, modality, scope) if scope == "test" else range(len(whole.active))
+    whole = served.index.hubness[query.modality][scope]
+    span = query.span(scope) if scope == "test" else range(len(whole.active))
     return Normaliser(log_denominator=whole.log_denominator[span.start:span.stop],
                       active=whole.active[span.start:span.stop], beta=whole.beta)
-
-
-def _scope_scores(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope,
-                  normalise: Normalisation) -> tuple[np.ndarray, bool]:
-    """Every score of a scope under ``normalise``, and whether the query was normalised."""
-    raw = _scores(served, modality, vector, _span(served.gallery.view, modality, scope))
-    if normalise == "none":
-        return raw, False
-    normaliser = _normaliser(served, modality, scope)
-    applied = bool(query_applies(normalise, np.argmax(raw)[None], normaliser.active)[0])
-    return normalise_rows(raw[None, :], normaliser, normalise)[0], applied
 
 
 @dataclass(frozen=True)
@@ -124,59 +152,52 @@ class _Top:
     normalised: bool
 
 
-def _top(served: ServingModel, modality: str, vector: np.ndarray, k: int, scope: Scope,
-         normalise: Normalisation) -> _Top:
-    """The top ``k`` (scores, gallery positions) of a scope, best first."""
-    if scope == "all":
-        pool = k if normalise == "none" else k * CANDIDATE_FACTOR
-        normaliser = None if normalise == "none" else _normaliser(served, modality, scope)
-        scores, ids = batching.search(served.index.faiss[modality], vector, pool)
-        positions = np.searchsorted(served.index.ids[modality], ids)
-        return _Top(*rerank(normalise, scores, positions, normaliser, k))
-    span = _span(served.gallery.view, modality, scope)
-    scores, applied = _scope_scores(served, modality, vector, scope, normalise)
+def _top(query: _Query, k: int) -> _Top:
+    """The top ``k`` (scores, gallery positions) of the searched scope, best first."""
+    if query.scope == "all":
+        plain = query.normalise == "none"
+        normaliser = None if plain else _normaliser(query, "all")
+        scores, ids = batching.search(query.served.index.faiss[query.modality], query.vector,
+                                      k if plain else k * CANDIDATE_FACTOR)
+        positions = np.searchsorted(query.served.index.ids[query.modality], ids)
+        return _Top(*rerank(query.normalise, scores, positions, normaliser, k))
+    scores, applied = query.scored()
     k = min(k, len(scores))
     top = np.argpartition(-scores, k - 1)[:k]
     top = top[np.lexsort((top, -scores[top]))]
-    return _Top(scores[top], top + span.start, applied)
+    return _Top(scores[top], top + query.span().start, applied)
 
 
-def _exact(served: ServingModel, scope: Scope, normalise: Normalisation) -> bool:
+def _exact(query: _Query) -> bool:
     """Whether a top list holds everything scoring above its last item (a re-ranked pool need not)."""
-    return scope == "test" or (served.index.config["index_type"] == "flat" and normalise == "none")
+    return query.scope == "test" or (query.served.index.config["index_type"] == "flat" and query.normalise == "none")
 
 
-def _scope_rank(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, normalise: Normalisation,
-                scores: np.ndarray, positions: np.ndarray, truth: np.ndarray) -> float:
-    found = np.isin(positions, truth)
-    if found.any() and _exact(served, scope, normalise):
+def _scope_rank(query: _Query, top: _Top, truth: np.ndarray) -> float:
+    found = np.isin(top.positions, truth)
+    if found.any() and _exact(query):
         # Exact top list: everything scoring at or above the best correct item is in it too,
         # unless a tie runs past the cut (the last score equals it): then rank the whole scope.
-        best = scores[found].max()
-        if scores[-1] < best:
-            return faiss_index.tied_rank(scores[~found], scores[found])
-    span = _span(served.gallery.view, modality, scope)
-    return rank_among(_scope_scores(served, modality, vector, scope, normalise)[0], span, truth)
+        best = top.scores[found].max()
+        if top.scores[-1] < best:
+            return faiss_index.tied_rank(top.scores[~found], top.scores[found])
+    return rank_among(query.scored()[0], query.span(), truth)
 
 
-def _ranks(served: ServingModel, modality: str, vector: np.ndarray, scope: Scope, normalise: Normalisation,
-           top: _Top, truth: Truth) -> tuple[float | None, float | None]:
+def _ranks(query: _Query, top: _Top, truth: Truth) -> tuple[float | None, float | None]:
     """(rank in the scope, rank in the evaluation split) of the best correct item."""
-    in_scope = _scope_rank(served, modality, vector, scope, normalise, top.scores, top.positions, truth.in_scope) \
-        if truth.in_scope.size else None
+    in_scope = _scope_rank(query, top, truth.in_scope) if truth.in_scope.size else None
     if not truth.in_eval.size:
         return in_scope, None
-    if scope == "test":
+    if query.scope == "test":
         return in_scope, in_scope
-    span = _span(served.gallery.view, modality, "test")
-    return in_scope, rank_among(_scope_scores(served, modality, vector, "test", normalise)[0], span, truth.in_eval)
+    return in_scope, rank_among(query.scored("test")[0], query.span("test"), truth.in_eval)
 
 
-def _context(served: ServingModel, modality: str, scope: Scope, normalise: Normalisation, top: _Top
-             ) -> SearchContext:
-    view = served.gallery.view
-    return SearchContext(scope=scope, searched=len(_span(view, modality, scope)), eval_split=view.eval.split,
-                         positives=_rule(served), normalise=normalise, normalised=top.normalised)
+def _context(query: _Query, top: _Top) -> SearchContext:
+    view = query.served.gallery.view
+    return SearchContext(scope=query.scope, searched=len(query.span()), eval_split=view.eval.split,
+                         positives=_rule(query.served), normalise=query.normalise, normalised=top.normalised)
 
 
 def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Scope = "all",
@@ -188,18 +209,18 @@ def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Sco
     """
     start = time.perf_counter()
     view, ids = served.gallery.view, served.gallery.ids
-    vector = encode_text(served.checkpoint, query)
-    top = _top(served, "images", vector, k, scope, normalise)
+    ask = _Query(served, "images", encode_text(served.checkpoint, query), scope, normalise)
+    top = _top(ask, k)
     scores, positions = top.scores, top.positions
     truth = text_truth(view, _rule(served), query, scope)
-    scope_rank, eval_rank = _ranks(served, "images", vector, scope, normalise, top, truth)
+    scope_rank, eval_rank = _ranks(ask, top, truth)
     correct = set(truth.in_scope.tolist())
     results = [ImageHit(rank=r + 1, score=float(s), is_ground_truth=int(p) in correct,
                         **gallery_image(served, int(p), urls).model_dump())
                for r, (s, p) in enumerate(zip(scores, positions))]
     outside = None
     if scope == "test":
-        wide_top = _top(served, "images", vector, k, "all", normalise)
+        wide_top = _top(ask.within("all"), k)
         wide_scores, wide = wide_top.scores, wide_top.positions
         beyond = [r for r, p in enumerate(wide) if p not in view.eval.images]
         if beyond:
@@ -210,7 +231,7 @@ def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Sco
         model=served.name, query=query,
         caption_id=None if truth.caption is None else int(ids.caption_ids[truth.caption]),
         query_split=None if truth.caption is None else view.caption_split(truth.caption),
-        context=_context(served, "images", scope, normalise, top),
+        context=_context(ask, top),
         ground_truth_ids=[int(ids.image_ids[p]) for p in truth.in_scope],
         ground_truth=[gallery_image(served, int(p), urls) for p in truth.in_scope[:MAX_NAMED_TRUTH]],
         scope_rank=scope_rank, ground_truth_rank=eval_rank, results=results, outside=outside,
@@ -248,15 +269,14 @@ def _caption_rows(view: GalleryView, rule: PositiveRule, scores: np.ndarray, pos
     return rows
 
 
-def _listed(served: ServingModel, vector: np.ndarray, k: int, scope: Scope, normalise: Normalisation,
-            own: dict[int, int]) -> tuple[list[_Row], _Top]:
+def _listed(query: _Query, k: int, own: dict[int, int]) -> tuple[list[_Row], _Top]:
     """The rows of a caption list and the top list they were read from: under the text rule,
     wider searches until ``k`` distinct texts are found or the scope is exhausted."""
-    view, rule = served.gallery.view, _rule(served)
-    span = view.caption_range(scope)
+    view, rule = query.served.gallery.view, _rule(query.served)
+    span = query.span()
     fetch = k if rule == "pair" else min(len(span), k * FETCH_FACTOR)
     while True:
-        top = _top(served, "captions", vector, fetch, scope, normalise)
+        top = _top(query, fetch)
         rows = _caption_rows(view, rule, top.scores, top.positions, k, span, own)
         if len(rows) >= k or fetch >= len(span):
             return rows, top
@@ -303,21 +323,22 @@ def search_image(
         query = gallery_image(served, position, urls)
     else:
         vector = encode_upload(served.checkpoint, upload, gallery.synthetic, gallery.dataset)
-    rows, top = _listed(served, vector, k, scope, normalise, own)
+    ask = _Query(served, "captions", vector, scope, normalise)
+    rows, top = _listed(ask, k, own)
     scope_rank = eval_rank = None
     correct: set[int] = set()
     if truth is not None:
-        scope_rank, eval_rank = _ranks(served, "captions", vector, scope, normalise, top, truth)
+        scope_rank, eval_rank = _ranks(ask, top, truth)
         correct = set(truth.in_scope.tolist())
     outside = None
     if scope == "test":
         shown = {int(view.keys[r.position]) for r in rows}
-        wide, _ = _listed(served, vector, k, "all", normalise, own)
+        wide, _ = _listed(ask.within("all"), k, own)
         beyond = [r for r in wide if r.position not in view.eval.captions and int(view.keys[r.position]) not in shown]
         if beyond:
             outside = _caption_hit(served, beyond[0], set(), urls)
     return SearchImageOut(
-        model=served.name, image_id=image_id, query=query, context=_context(served, "captions", scope, normalise, top),
+        model=served.name, image_id=image_id, query=query, context=_context(ask, top),
         ground_truth_ids=[] if truth is None else [int(gallery.ids.caption_ids[c]) for c in truth.in_scope],
         ground_truth_texts=texts, scope_rank=scope_rank, ground_truth_rank=eval_rank,
         results=[_caption_hit(served, r, correct, urls) for r in rows], outside=outside,
