@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from aoq.io import ArtefactError, atomic_write_json, read_manifest, sha256_json
 
 log = logging.getLogger(__name__)
@@ -90,8 +92,6 @@ class StageLedger:
 
 def _one_thread() -> None:
     """A stage process's torch pool: one thread, as the processes share the cores."""
-    import torch
-
     torch.set_num_threads(1)
 
 
@@ -100,7 +100,7 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
 
     With ``workers > 1`` the detachable stages that must run (:attr:`Stage.detached`) start at
     once, on up to ``workers - 1`` other processes of one thread each, while this process runs
-    the others in order; each is recorded when the loop reaches it and it has finished, so the
+    the others in order on its torch threads less one per such stage; each is recorded when the loop reaches it and it has finished, so the
     ledger reads as in a serial run. Their results are those of a serial run: a stage's output
     depends on its inputs, not on the process or thread count that computed it.
 
@@ -118,6 +118,11 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
             for stage in detachable:
                 log.info("stage %s: running in another process -> %s", stage.name, stage.output)
                 early[stage.name] = (pool.apply_async(stage.detached()), time.perf_counter())  # type: ignore[misc]
+    threads = torch.get_num_threads()
+    if pool is not None:
+        # this process shares the cores with the others: more threads would only wait on each
+        # other (a multi-threaded pass is slowest when a core it waits for is busy elsewhere)
+        torch.set_num_threads(max(1, threads - len(early)))
     finished = False
     try:
         for stage in stages:
@@ -139,6 +144,7 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
             status[stage.name] = "ran"
         finished = True
     finally:
+        torch.set_num_threads(threads)
         if pool is not None:
             # after an error or an interrupt the other processes stop too (their training state
             # is saved as it goes, so a later run resumes them)
