@@ -184,6 +184,7 @@ def test_rendering_processes_give_the_same_files(built, tmp_path, monkeypatch):
 
     out, _ = built
     monkeypatch.setattr(builder, "RENDER_CHUNK", 8)  # several chunks over two processes, back in order
+    monkeypatch.setattr(builder, "RENDER_POOL_MIN", 0)
     build_emoji_dataset(tmp_path / "pooled", limit=LIMIT, seed=1, sources=SOURCES, progress=False, workers=2)
     assert file_hashes(tmp_path / "pooled") == file_hashes(out)
 

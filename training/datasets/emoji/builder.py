@@ -222,7 +222,7 @@ def render_all(
     chunks = [emoji[s:s + RENDER_CHUNK] for s in range(0, len(emoji), RENDER_CHUNK)]
     bar = tqdm(total=len(emoji), desc="rendering emoji", unit="emoji", disable=not progress)
     with bar, contextlib.ExitStack() as stack:
-        if workers > 1 and len(chunks) > 1:
+        if workers > 1 and len(emoji) >= RENDER_POOL_MIN:
             pool = stack.enter_context(ProcessPoolExecutor(
                 min(workers, len(chunks)), mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_renderers, initargs=(sources,)))
@@ -240,6 +240,9 @@ def render_all(
 
 #: emoji per task of the rendering processes: small enough to keep them busy to the end.
 RENDER_CHUNK = 64
+#: fewer emoji than this render in this process: a rendering process takes about a second to
+#: start (imports, fonts), the time of some 70 emoji.
+RENDER_POOL_MIN = 500
 _RENDERERS: tuple[NotoRenderer, TwemojiRenderer] | None = None
 
 
