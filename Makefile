@@ -16,11 +16,13 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
+# --no-compile: pip would byte-compile every module of every package (torch, transformers,
+# gradio...), about half of its CPU time; Python compiles the modules a program imports, once.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_PIN)"
-	$(PY) -m pip install --quiet -e ".[all,test]"
+	$(PY) -m pip install --quiet --no-compile "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet --no-compile -e ".[all,test]"
 	touch $(STAMP)
 
 # Chromium + chromedriver for the browser tests; docker-compose, docker.io and debootstrap for the
@@ -35,8 +37,10 @@ data-deps:
 test: setup system-deps data-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# exec: the demo replaces the recipe's shell, so a signal to make's child reaches it directly.
-demo: setup $(if $(filter emoji,$(DATASET)),data-deps,)
+# The venv and the dataset's sources are set up side by side (-j2); exec: the demo replaces the
+# recipe's shell, so a signal to make's child reaches it directly.
+demo:
+	@$(MAKE) --no-print-directory -j2 setup $(if $(filter emoji,$(DATASET)),data-deps,)
 	exec $(PY) -m aoq_cli.demo --dataset $(DATASET) $(if $(QUICK),--quick,) --backend-port $(BACKEND_PORT) --ui-port $(UI_PORT)
 
 # Quick versions of the benchmarks; each prints a RESULT line of ratios measured in one run.

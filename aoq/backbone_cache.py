@@ -47,6 +47,15 @@ from aoq.io import (
     sha256_json,
     write_manifest,
 )
+from aoq.backbone_runtime import (
+    OnnxImageBackbone,
+    has_image_onnx,
+    image_onnx,
+    requested_runtime,
+    runtime_name,
+    runtime_version,
+)
+from aoq.models.effnet_lite import FEATURE_DIM, INPUT_SIZE
 from aoq.models.joint import JointModel
 from aoq.models.pretrained import (
     IMAGE_PREPROCESS,
@@ -65,6 +74,9 @@ _MARK = "backbone_features"
 #: fewer images than this run in this process: starting a worker (torch import, weights) costs
 #: about as much CPU as featurising 100-200 images.
 POOL_MIN_IMAGES = 1000
+#: ``auto`` exports the image backbone to ONNX for this many images or more: the export takes
+#: about as long as PyTorch featurising 200-400 images.
+EXPORT_MIN_IMAGES = 1000
 
 
 def cache_root(root: str | Path | None = None) -> Path:
@@ -86,7 +98,7 @@ class CachedFeatures:
 
 
 def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarray] | None,
-                    rows: int) -> CachedFeatures | None:
+                    rows: int, made_by: Callable[[], str] | None = None) -> CachedFeatures | None:
     """Return the entry for ``key_inputs``, computing and storing it on a miss.
 
     Args:
@@ -94,6 +106,8 @@ def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarr
         key_inputs: JSON-able; its ``backbone.name`` names the subfolder, its SHA-256 the entry.
         compute: makes the (rows, dim) float32 array on a miss; None only looks (a miss gives None).
         rows: the expected number of rows (an entry with another count is recomputed).
+        made_by: names the runtime that computed the features (called after ``compute``), for the
+            manifest; not part of the key.
     """
     key = sha256_json(key_inputs)
     folder = root / key_inputs["backbone"]["name"] / key
@@ -113,7 +127,8 @@ def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarr
         raise ValueError(f"computed {array.shape[0]} feature rows, expected {rows}")
     with atomic_dir(folder) as tmp:
         np.save(tmp / FEATURES, array)
-        write_manifest(tmp, KIND, key_inputs, key=key, shape=list(array.shape))
+        write_manifest(tmp, KIND, key_inputs, key=key, shape=list(array.shape),
+                       runtime=made_by() if made_by else runtime_version("torch"))
     return CachedFeatures(np.load(folder / FEATURES, mmap_mode="r"), folder, hit=False)
 
 
@@ -135,59 +150,108 @@ def has_entry(key_inputs: dict, root: str | Path | None = None) -> bool:
     return (folder / "manifest.json").is_file() and (folder / FEATURES).is_file()
 
 
-@torch.inference_mode()
-def _image_features(encoder: EffNetImageEncoder, paths: Sequence[Path], batch_size: int,
-                    bar: tqdm | None = None) -> np.ndarray:
+ImageRunner = Callable[[torch.Tensor], np.ndarray]
+
+
+def _torch_runner(encoder: EffNetImageEncoder) -> ImageRunner:
     device = next(encoder.parameters()).device
-    out = [np.zeros((0, encoder.feature_dim), np.float32)]
+
+    @torch.inference_mode()
+    def run(pixels: torch.Tensor) -> np.ndarray:
+        return encoder.backbone_features(pixels.to(device)).float().cpu().numpy()
+
+    return run
+
+
+def _image_features(run: ImageRunner, paths: Sequence[Path], batch_size: int, bar: tqdm | None = None) -> np.ndarray:
+    out = [np.zeros((0, FEATURE_DIM), np.float32)]
     for start in range(0, len(paths), batch_size):
         batch = paths[start:start + batch_size]
-        pixels = torch.stack([load_pixels(p, encoder.input_size) for p in batch])
-        out.append(encoder.backbone_features(pixels.to(device)).float().cpu().numpy())
+        out.append(run(torch.stack([load_pixels(p, INPUT_SIZE) for p in batch])))
         if bar is not None:
             bar.update(len(batch))
     return np.concatenate(out)
 
 
-_WORKER_ENCODER: EffNetImageEncoder | None = None
+@dataclass(frozen=True)
+class ImageRuntime:
+    """How image features are computed: ``name`` (``torch`` or ``onnxruntime``), the exported
+    model of the latter, and the images per forward pass.
+
+    PyTorch takes batches of 8: at 32 the 224 x 224 activations are large enough that the
+    allocator hands them back to the kernel after every layer, and the page faults cost as much
+    as the convolutions (docs/models.md, Speed). ONNX Runtime takes one image at a time, its
+    fastest (docs/performance.md)."""
+
+    name: str = "torch"
+    onnx: Path | None = None
+    batch_size: int = 8
+
+    def runner(self, encoder: EffNetImageEncoder | None) -> ImageRunner:
+        if self.name == "onnxruntime":
+            assert self.onnx is not None
+            return OnnxImageBackbone(self.onnx)
+        return _torch_runner(encoder if encoder is not None else EffNetImageEncoder(embed_dim=8).eval())
 
 
-def _init_worker() -> None:
-    """A pool worker's own frozen backbone (the head is not used), on one thread: the workers
-    share the cores between them."""
-    global _WORKER_ENCODER
+def image_runtime(encoder: EffNetImageEncoder, root: Path, n_images: int, name: str | None = None) -> ImageRuntime:
+    """The runtime that featurises ``n_images`` images (``AOQ_BACKBONE_RUNTIME``,
+    :mod:`aoq.backbone_runtime`), with the backbone exported to ONNX under ``root`` when it is
+    ONNX Runtime. ``auto`` exports only for :data:`EXPORT_MIN_IMAGES` images or more (the export
+    costs seconds), and uses an export already there for any number."""
+    chosen = runtime_name(name)
+    small = n_images < EXPORT_MIN_IMAGES and not has_image_onnx(encoder, root)
+    if chosen == "torch" or (small and requested_runtime(name) == "auto"):
+        return ImageRuntime()
+    return ImageRuntime("onnxruntime", image_onnx(encoder, root), batch_size=1)
+
+
+_WORKER_RUN: ImageRunner | None = None
+
+
+def _init_worker(runtime: ImageRuntime) -> None:
+    """A pool worker's own backbone (PyTorch's without the head, or an ONNX Runtime session), on
+    one thread: the workers share the cores between them."""
+    global _WORKER_RUN
     torch.set_num_threads(1)
-    _WORKER_ENCODER = EffNetImageEncoder(embed_dim=8).eval()
+    _WORKER_RUN = runtime.runner(None)
 
 
 def _worker_chunk(paths: list[Path], batch_size: int) -> np.ndarray:
-    assert _WORKER_ENCODER is not None
-    return _image_features(_WORKER_ENCODER, paths, batch_size)
+    assert _WORKER_RUN is not None
+    return _image_features(_WORKER_RUN, paths, batch_size)
 
 
-def image_backbone_features(encoder: EffNetImageEncoder, paths: Sequence[Path], batch_size: int = 8,
-                            progress: bool = False, workers: int = 1) -> np.ndarray:
+def _chunks(paths: Sequence[Path], batch_size: int) -> list[list[Path]]:
+    # Chunks of a few batches keep every worker busy to the end and the bar moving; they are cut
+    # at the same places whatever the number of workers, so the rows never depend on it.
+    step = 16 * batch_size
+    return [list(paths[s:s + step]) for s in range(0, len(paths), step)]
+
+
+def _image_pool(workers: int, runtime: ImageRuntime) -> ProcessPoolExecutor:
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(runtime,))
+
+
+def image_backbone_features(encoder: EffNetImageEncoder, paths: Sequence[Path], progress: bool = False,
+                            workers: int = 1, runtime: ImageRuntime | None = None) -> np.ndarray:
     """Pooled EfficientNet-Lite0 features of image files, (len(paths), 1280) float32.
 
     Args:
-        batch_size: images per forward pass. Small batches are cheaper on CPU: at 32 the 224 x 224
-            activations are large enough that the allocator hands them back to the kernel after
-            every layer, and the page faults cost as much as the convolutions; at 8 they are
-            reused (docs/models.md, Speed).
+        runtime: PyTorch (the default) or ONNX Runtime (:func:`image_runtime`).
         workers: processes to share the work (each imports torch and loads its own copy of the
             backbone, a few seconds and some hundreds of MB); 1 runs in this process. Rows are in
             ``paths`` order either way.
     """
+    runtime = runtime or ImageRuntime("torch")
     bar = tqdm(total=len(paths), desc="EfficientNet-Lite0 features", disable=not progress, leave=False)
     with bar:
         if workers <= 1 or len(paths) < POOL_MIN_IMAGES:
-            return _image_features(encoder, paths, batch_size, bar)
-        # Chunks of a few batches keep both workers busy to the end and the bar moving.
-        step = 16 * batch_size
-        chunks = [list(paths[s:s + step]) for s in range(0, len(paths), step)]
-        context = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker) as pool:
-            futures = [pool.submit(_worker_chunk, chunk, batch_size) for chunk in chunks]
+            return _image_features(runtime.runner(encoder), paths, runtime.batch_size, bar)
+        chunks = _chunks(paths, runtime.batch_size)
+        with _image_pool(workers, runtime) as pool:
+            futures = [pool.submit(_worker_chunk, chunk, runtime.batch_size) for chunk in chunks]
             out = []
             for future, chunk in zip(futures, chunks):
                 out.append(future.result())
@@ -256,22 +320,21 @@ def with_backbone_features(model: JointModel, split: SplitData, vocab, *, root: 
         enc: EffNetImageEncoder = model.image_encoder  # type: ignore[assignment]
         paths = list(split.image_paths)
         inputs = image_key_inputs(want["image"], paths)
-        entry = cached_features(
-            base, inputs,
-            (lambda: image_backbone_features(enc, paths, progress=progress, workers=workers)) if compute_missing
-            else None, len(paths))
+        chosen: list[ImageRuntime] = []  # decided on a miss only: ONNX Runtime may export first
+
+        def compute() -> np.ndarray:
+            chosen.append(image_runtime(enc, base, len(paths)))
+            return image_backbone_features(enc, paths, progress=progress, workers=workers, runtime=chosen[0])
+
+        entry = cached_features(base, inputs, compute if compute_missing else None, len(paths),
+                                lambda: runtime_version(chosen[0].name))
         if entry is None:
             complete = False
         else:
             log.info("%s %s image features: %s", "cached" if entry.hit else "computed", split.name, entry.path)
             features = entry.features
     if text:
-        tenc: MiniLMTextEncoder = model.text_encoder  # type: ignore[assignment]
-        inputs = caption_key_inputs(want["text"], split.captions)
-        entry = cached_features(
-            base, inputs,
-            (lambda: caption_backbone_features(tenc, vocab, split.captions, progress=progress)) if compute_missing
-            else None, split.n_captions)
+        entry = _caption_entry(model.text_encoder, vocab, split, base, progress, compute_missing)  # type: ignore[arg-type]
         if entry is None:
             complete = False
         else:
@@ -279,3 +342,68 @@ def with_backbone_features(model: JointModel, split: SplitData, vocab, *, root: 
             caption_features = entry.features
     extra = {**split.extra, _MARK: want} if complete else split.extra
     return dataclasses.replace(split, features=features, caption_features=caption_features, extra=extra)
+
+
+def precompute_backbone_features(model: JointModel, splits: Sequence[SplitData], vocab, *,
+                                 root: str | Path | None = None, progress: bool = False, workers: int = 1) -> None:
+    """Every missing cache entry of ``splits`` in one go (``make demo``): the image features of
+    all splits on a pool of ``workers`` processes while this process computes the caption
+    features on one thread, so that the cores stay busy with both. Each entry is the one
+    :func:`with_backbone_features` computes (same key, same rows, same runtime rule).
+
+    Raises:
+        DataError: an image backbone needs image files and a split has none.
+    """
+    image, text = cached_modalities(model)
+    base = cache_root(root)
+    jobs: list[tuple[list[Path], dict]] = []
+    if image:
+        enc: EffNetImageEncoder = model.image_encoder  # type: ignore[assignment]
+        for split in splits:
+            if split.image_paths is None:
+                raise DataError(f"{split.source}: model.image_encoder=effnet_lite0 needs the image files")
+            inputs = image_key_inputs(enc.identity.to_dict(), list(split.image_paths))
+            if not has_entry(inputs, base):
+                jobs.append((list(split.image_paths), inputs))
+    total = sum(len(paths) for paths, _ in jobs)
+    runtime = image_runtime(enc, base, total) if jobs else ImageRuntime()
+    pool = _image_pool(workers, runtime) if workers > 1 and total >= POOL_MIN_IMAGES else None
+    bar = tqdm(total=total, desc="EfficientNet-Lite0 features", disable=not progress or not total, leave=False)
+    futures = []
+    if pool is not None:
+        for paths, _ in jobs:
+            futures.append([pool.submit(_worker_chunk, chunk, runtime.batch_size)
+                            for chunk in _chunks(paths, runtime.batch_size)])
+            for future, chunk in zip(futures[-1], _chunks(paths, runtime.batch_size)):
+                future.add_done_callback(lambda _, n=len(chunk): bar.update(n))
+    threads = torch.get_num_threads()
+    try:
+        if text:
+            if pool is not None:
+                torch.set_num_threads(1)  # the pool's workers have the other cores
+            for split in splits:
+                _caption_entry(model.text_encoder, vocab, split, base, progress)  # type: ignore[arg-type]
+        torch.set_num_threads(threads)
+        for k, (paths, inputs) in enumerate(jobs):
+            def compute(k: int = k, paths: list[Path] = paths) -> np.ndarray:
+                if pool is None:
+                    return _image_features(runtime.runner(enc), paths, runtime.batch_size, bar)
+                return np.concatenate([future.result() for future in futures[k]])
+
+            entry = cached_features(base, inputs, compute, len(paths), lambda: runtime_version(runtime.name))
+            log.info("computed image features: %s", entry.path if entry else None)
+    finally:
+        torch.set_num_threads(threads)
+        bar.close()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+
+def _caption_entry(encoder: MiniLMTextEncoder, vocab, split: SplitData, base: Path, progress: bool,
+                   compute_missing: bool = True) -> CachedFeatures | None:
+    inputs = caption_key_inputs(encoder.identity.to_dict(), split.captions)
+    return cached_features(
+        base, inputs,
+        (lambda: caption_backbone_features(encoder, vocab, split.captions, progress=progress)) if compute_missing
+        else None, split.n_captions)

@@ -52,3 +52,34 @@ def full_precision(t: torch.Tensor) -> torch.Tensor:
     """``t`` cast back to float32 when autocast made it half or bfloat16; float32 and float64
     (the exactness tests) pass unchanged."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+#: the CPU flags that decide which kernels run (and so the speed of every benchmark), in this order
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16",
+               "amx_int8", "asimd", "sve")
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """One line naming the CPU and the flags of :data:`SPEED_FLAGS` it has, for benchmark output:
+    ``cpu="<model name>" family=<f> model=<m> cores=<n> flags=<a,b,...> torch_threads=<t>``.
+
+    ``cpuinfo``: the text of ``/proc/cpuinfo`` (read when None; elsewhere than Linux the model
+    comes from :mod:`platform` and no flags are listed)."""
+    import os
+    import platform
+
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    first: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        first.setdefault(key.strip(), value.strip())
+    name = first.get("model name") or platform.processor() or platform.machine() or "unknown"
+    flags = set((first.get("flags") or first.get("Features") or "").split())
+    have = ",".join(f for f in SPEED_FLAGS if f in flags) or "none"
+    return (f'cpu="{name}" family={first.get("cpu family", "?")} model={first.get("model", "?")} '
+            f"cores={os.cpu_count()} flags={have} torch_threads={torch.get_num_threads()}")

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aoq.device import cpu_description  # noqa: E402
 from aoq.config import load_config  # noqa: E402
 from aoq_train.mining import mine_with_checkpoint  # noqa: E402
 
@@ -44,6 +45,7 @@ def main() -> int:
     parser.add_argument("--filters", default="identity,semantic")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each, best kept (default: %(default)s)")
     args = parser.parse_args()
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     overrides = args.overrides or ["data.path=data/demo-emoji/dataset_emoji.json"]
     plain = load_config(args.config, overrides)
     filtered = load_config(args.config, [*overrides, f"mining.filters=[{args.filters}]"])

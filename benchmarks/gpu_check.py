@@ -50,8 +50,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from aoq.device import cpu_description, seed_everything  # noqa: E402
 from aoq.config import ModelConfig, Round2Config, TrainConfig  # noqa: E402
-from aoq.device import seed_everything  # noqa: E402
 from aoq.io import atomic_write_json  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
 from aoq_train.round1 import round1_step  # noqa: E402
@@ -330,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--synth-images", type=int, default=None, help="training images of the two-round run")
     p.add_argument("--parts", default=",".join(PARTS))
     args = p.parse_args(argv)
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
@@ -339,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes(args.tiny)
     summary: dict[str, Any] = {
         "cuda": cuda, "tiny": args.tiny, "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "parts": {},
+        "host_cpu": cpu_description(), "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "parts": {},
     }
     parts: dict[str, Callable[[], dict[str, Any]]] = {
         "tests": lambda: part_tests(sizes, device, out, args.tiny),

@@ -23,6 +23,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from aoq.device import cpu_description
 from aoq.checkpoint import load_checkpoint
 from aoq.data.load import load_split
 from aoq.embed import encode_split
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--split", default="test", help="the split measured (default test)")
     parser.add_argument("--json", type=Path, help="also write every row as JSON here")
     args = parser.parse_args()
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     folders = sorted(p.parent for p in args.models.glob("*/manifest.json") if not p.parent.name.startswith("."))
     rows = [row for folder in folders for row in measure(folder, args.split)]
     print(table(rows))

@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aoq.device import cpu_description  # noqa: E402
 from aoq.metrics import evaluate_sims, i2t_ranks, t2i_ranks  # noqa: E402
 
 
@@ -68,6 +69,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="1,000 images (a few seconds)")
     args = parser.parse_args()
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     n_images = 1000 if args.quick else args.images
     cpi = args.captions_per_image
 

@@ -72,6 +72,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aoq.device import cpu_description  # noqa: E402
 from aoq_train.mining import fused, mine_offline_negatives  # noqa: E402
 from aoq_train.mining.canonical import canonical_pairs  # noqa: E402
 from aoq_train.mining.driver import product_precision  # noqa: E402
@@ -346,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="mine the whole COCO shape once in this precision (~5 min in bf16 on 2 AMX cores, ~10 "
                         "GB of memory) and check 128 lists against a float64 brute force")
     args = p.parse_args(argv)
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     if args.threads:
         torch.set_num_threads(args.threads)
     warm_kernels()

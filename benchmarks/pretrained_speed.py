@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aoq.device import cpu_description  # noqa: E402
 from aoq.backbone_cache import caption_backbone_features, image_backbone_features  # noqa: E402
 from aoq.config import config_from_dict  # noqa: E402
 from aoq.data.dataset import SplitData  # noqa: E402
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--epoch-images", type=int, default=5000)
     args = parser.parse_args()
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "synth"

@@ -46,11 +46,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from aoq.device import cpu_description, seed_everything  # noqa: E402
 from aoq.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from aoq.config import load_config  # noqa: E402
 from aoq.data.dataset import SplitData  # noqa: E402
 from aoq.data.vocab import Vocabulary  # noqa: E402
-from aoq.device import seed_everything  # noqa: E402
 from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
 from aoq.net import ServerNotReady, free_port, wait_http  # noqa: E402
 from aoq_serve.index.build import record_model  # noqa: E402
@@ -276,6 +276,7 @@ def main() -> int:
     parser.add_argument("--encoders", choices=sorted(DEFAULT_GALLERY), default="small",
                         help="small: the synthetic config's GRU; pretrained: the emoji demo's MiniLM / EfficientNet-Lite0")
     args = parser.parse_args()
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     gallery = args.gallery or DEFAULT_GALLERY[args.encoders]
 
     texts = queries(args.queries)

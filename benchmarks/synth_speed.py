@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aoq.device import cpu_description  # noqa: E402
 from aoq_train.datasets.synth.writer import write_dataset  # noqa: E402
 
 
@@ -40,6 +41,7 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=1200, help="images per run (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="all-core worker count")
     args = parser.parse_args()
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     if args.images < 3 or args.workers < 1:
         parser.error("need --images >= 3 and --workers >= 1")
     with tempfile.TemporaryDirectory(prefix="synth-speed-") as tmp:

@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from aoq.device import cpu_description, resolve_device, seed_everything  # noqa: E402
 from aoq.config import load_config  # noqa: E402
-from aoq.device import resolve_device, seed_everything  # noqa: E402
 from aoq.features import FEATURE_DIM, N_REGIONS  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
 from aoq_train.round1 import round1_step  # noqa: E402
@@ -142,6 +142,7 @@ def main() -> int:
                         help="compare train.precision fp32 and bf16 (autocast) instead, at torch's thread count")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved fp32/bf16 runs with --bf16")
     args = parser.parse_args()
+    print(cpu_description(), flush=True)  # the machine every figure below comes from
     if args.quick:
         args.steps, args.warmup = 8, 2
         args.threads = str(torch.get_num_threads())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from aoq_cli import int_at_least
 from aoq_train.datasets.emoji.builder import SPLIT_BY
@@ -25,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="folder with UnicodeData.txt and emoji/emoji-test.txt (env AOQ_UNICODE_DIR)")
     sources.add_argument("--twemoji-dir", default=None,
                          help="npm prefix or folder of @twemoji/svg (env AOQ_TWEMOJI_DIR; default .cache/twemoji)")
+    emoji.add_argument("--workers", type=int_at_least(1), default=os.cpu_count() or 1,
+                       help="processes that render the pictures; the files are the same for any number "
+                            "(default: the CPU count, %(default)s)")
     emoji.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -36,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     sources = locate_sources(args.noto_font, args.cldr_dir, args.unicode_dir, args.twemoji_dir)
     manifest = build_emoji_dataset(
         args.out, split_by=args.split_by, limit=args.limit, seed=args.seed, sources=sources,
-        progress=not args.no_progress,
+        progress=not args.no_progress, workers=args.workers,
     )
     stats = manifest["stats"]
     sizes = "/".join(str(stats["splits"][s]["images"]) for s in ("train", "dev", "test"))

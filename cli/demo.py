@@ -152,13 +152,14 @@ def demo_config(variant: DemoVariant, data_root: Path, runs_root: Path) -> Exper
     return cfg
 
 
-def ensure_data(variant: DemoVariant, data_root: Path) -> None:
-    """Build the variant's dataset unless it is already there."""
+def ensure_data(variant: DemoVariant, data_root: Path, workers: int = 1) -> None:
+    """Build the variant's dataset unless it is already there (the emoji rendered by ``workers``
+    processes)."""
     out = data_root / variant.name
     if variant.dataset == "emoji":
         from aoq_train.datasets.emoji.builder import ensure_emoji_dataset
 
-        ensure_emoji_dataset(out, limit=variant.limit, include=variant.include)
+        ensure_emoji_dataset(out, limit=variant.limit, include=variant.include, workers=workers)
     else:
         from aoq_train.datasets.synth.writer import ensure_dataset
 
@@ -167,13 +168,14 @@ def ensure_data(variant: DemoVariant, data_root: Path) -> None:
 
 def ensure_features(cfg: ExperimentConfig, workers: int) -> None:
     """Compute the frozen pretrained backbones' features of every split into the feature cache
-    once, on ``workers`` processes, so training, mining and indexing only run the heads. When
-    every entry is there, no model is even built (that alone takes seconds)."""
+    once (images on ``workers`` processes while this one does the captions), so training, mining
+    and indexing only run the heads. When every entry is there, no model is even built (that
+    alone takes seconds)."""
     from aoq.backbone_cache import (
         caption_key_inputs,
         has_entry,
         image_key_inputs,
-        with_backbone_features,
+        precompute_backbone_features,
     )
     from aoq.data.load import load_split
     from aoq.models import packages
@@ -195,8 +197,7 @@ def ensure_features(cfg: ExperimentConfig, workers: int) -> None:
 
     model = build_model(cfg.model, 1, None if image else 1)
     vocab = text_vocabulary(cfg.model, [], cfg.data.vocab_threshold)
-    for split in missing:
-        with_backbone_features(model, split, vocab, progress=True, workers=workers)
+    precompute_backbone_features(model, missing, vocab, progress=True, workers=workers)
 
 
 def ensure_indexes(models_dir: Path, data_root: Path, index_dir: Path, catalogue_url: str | None) -> None:
@@ -225,11 +226,11 @@ def prepare(variant: DemoVariant, timings: dict[str, tuple[float, float]], worke
     data_root, runs_root = _data_root(), _runs_root()
     cfg = demo_config(variant, data_root, runs_root)
     with timed("dataset", timings):
-        ensure_data(variant, data_root)
+        ensure_data(variant, data_root, workers)
     with timed("features", timings):
         ensure_features(cfg, workers)
     with timed("pipeline", timings):
-        result = run_pipeline(cfg, resolve_arms(variant.arms))
+        result = run_pipeline(cfg, resolve_arms(variant.arms), workers=workers)
     print("\n" + comparison_table(result.comparison) + "\n", flush=True)
     models_dir, index_dir = cfg.run_dir / "models", cfg.run_dir / "index"
     with timed("indexes", timings):
@@ -298,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-only", action="store_true", help="data, models and indexes; no servers")
     parser.add_argument("--exit-when-ready", action="store_true", help="stop the servers after the first query")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="processes computing backbone features (default: the CPU count, %(default)s)")
+                        help="processes sharing the work: rendering, backbone features, the models trained "
+                             "side by side (default: the CPU count, %(default)s)")
     parser.add_argument("--host", default=os.environ.get("AOQ_DEMO_HOST", "127.0.0.1"))
     parser.add_argument("--backend-port", type=int, default=int(os.environ.get("BACKEND_PORT", 8000)))
     parser.add_argument("--ui-port", type=int, default=int(os.environ.get("UI_PORT", 7860)))

@@ -179,6 +179,16 @@ def test_same_inputs_give_byte_identical_output(built, tmp_path):
     assert file_hashes(other) != file_hashes(out)
 
 
+def test_rendering_processes_give_the_same_files(built, tmp_path, monkeypatch):
+    from aoq_train.datasets.emoji import builder
+
+    out, _ = built
+    monkeypatch.setattr(builder, "RENDER_CHUNK", 8)  # several chunks over two processes, back in order
+    monkeypatch.setattr(builder, "RENDER_POOL_MIN", 0)
+    build_emoji_dataset(tmp_path / "pooled", limit=LIMIT, seed=1, sources=SOURCES, progress=False, workers=2)
+    assert file_hashes(tmp_path / "pooled") == file_hashes(out)
+
+
 def _fake_twemoji(root: Path, svgs: dict[str, str]) -> Path:
     root.mkdir()
     (root / "package.json").write_text('{"name": "@twemoji/svg", "version": "0.0.0-test"}')

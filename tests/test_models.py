@@ -44,6 +44,23 @@ def test_vse_pooling_is_over_regions():
     torch.testing.assert_close(enc(x), enc(x.mean(dim=1)), atol=1e-6, rtol=0)
 
 
+def test_vse_mean_pooling_equals_the_fc_per_region_then_the_mean():
+    # the encoder takes the mean first; the values and gradients of the per-region form stay
+    torch.manual_seed(0)
+    enc = VSEImageEncoder(D, E, "mean").double()
+    x = torch.randn(B, R, D, dtype=torch.double, requires_grad=True)
+    weights = torch.randn(B, E, dtype=torch.double)
+    (enc(x) * weights).sum().backward()
+    fast = [t.grad.clone() for t in (x, enc.fc.weight, enc.fc.bias)]
+    for t in (x, enc.fc.weight, enc.fc.bias):
+        t.grad = None
+    per_region = torch.nn.functional.normalize(enc.fc(x).mean(dim=1), dim=-1)
+    torch.testing.assert_close(enc(x), per_region, atol=1e-12, rtol=0)
+    (per_region * weights).sum().backward()
+    for got, want in zip(fast, (x.grad, enc.fc.weight.grad, enc.fc.bias.grad)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
 def test_vse_rejects_bad_rank():
     with pytest.raises(ValueError, match="must be \\(B, D\\) or \\(B, R, D\\)"):
         VSEImageEncoder(D, E)(torch.randn(2, 3, 4, D))

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from aoq.backbone_cache import (
+    ImageRuntime,
     cached_features,
     caption_backbone_features,
     has_entry,
@@ -268,9 +269,10 @@ def test_worker_processes_give_the_rows_of_one_process(model, cfg, monkeypatch) 
 
     monkeypatch.setattr(backbone_cache, "POOL_MIN_IMAGES", 0)
     paths = list(load_split(cfg.data, "train").image_paths)  # 10 pictures
-    alone = image_backbone_features(model.image_encoder, paths, batch_size=1)
+    one = ImageRuntime(batch_size=1)
+    alone = image_backbone_features(model.image_encoder, paths, runtime=one)
     # 40 rows in chunks of 16 batches of 1: three chunks over two workers, back in order
-    pooled = image_backbone_features(model.image_encoder, paths * 4, batch_size=1, workers=2)
+    pooled = image_backbone_features(model.image_encoder, paths * 4, runtime=one, workers=2)
     assert pooled.shape == (40, 1280)
     assert np.allclose(pooled, np.concatenate([alone] * 4), atol=1e-5)
 

@@ -1,4 +1,7 @@
-"""Hashed stages: skipped when unchanged, re-run when inputs or outputs change."""
+"""Hashed stages: skipped when unchanged, re-run when inputs or outputs change; detached stages in
+another process."""
+
+import json
 
 from aoq.io import write_manifest
 from aoq_train.pipeline.stages import Stage, StageLedger, run_stages
@@ -52,3 +55,53 @@ def test_downstream_sees_upstream_hash(tmp_path):
     assert run_stages(down(1), StageLedger(ledger_path)) == {"up": "ran", "down": "ran"}
     assert run_stages(down(1), StageLedger(ledger_path)) == {"up": "skipped", "down": "skipped"}
     assert run_stages(down(2), StageLedger(ledger_path)) == {"up": "ran", "down": "ran"}
+
+
+def _build_in_child(out, text):
+    """A detached stage's work (module level: it is pickled into the other process)."""
+    import os
+
+    out.mkdir(exist_ok=True)
+    (out / "x.txt").write_text(f"{text} {os.getpid()}")
+    write_manifest(out, "test", {})
+
+
+def _fail_in_child():
+    raise RuntimeError("the other process failed")
+
+
+def test_detached_stages_run_in_another_process_and_are_recorded(tmp_path):
+    import functools
+    import os
+
+    calls = []
+    side = tmp_path / "side"
+    prepared = []
+
+    def detached():
+        prepared.append(os.getpid())  # the preparation runs here
+        return functools.partial(_build_in_child, side, "side")
+
+    stages = [_stage(tmp_path, calls, "first"),
+              Stage("side", side, lambda: {"side": 1}, lambda: calls.append("side in this process"), detached),
+              _stage(tmp_path, calls, "last")]
+    ledger_path = tmp_path / "pipeline.json"
+    assert run_stages(stages, StageLedger(ledger_path), workers=2) == {"first": "ran", "side": "ran", "last": "ran"}
+    assert calls == ["first", "last"] and prepared == [os.getpid()]
+    text, pid = (side / "x.txt").read_text().split()
+    assert text == "side" and int(pid) != os.getpid()
+    assert set(json.loads(ledger_path.read_text())["stages"]) == {"first", "side", "last"}
+    assert run_stages(stages, StageLedger(ledger_path), workers=2) == dict.fromkeys(["first", "side", "last"], "skipped")
+    # one process: the same stage runs in order, in this process
+    assert run_stages(stages, StageLedger(tmp_path / "serial.json")) == {"first": "ran", "side": "ran", "last": "ran"}
+    assert calls[-3:] == ["first", "side in this process", "last"]
+
+
+def test_a_failing_detached_stage_fails_the_run(tmp_path):
+    import pytest
+
+    stages = [_stage(tmp_path, [], "first"),
+              Stage("side", tmp_path / "side", lambda: {}, lambda: None, lambda: _fail_in_child)]
+    with pytest.raises(RuntimeError, match="the other process failed"):
+        run_stages(stages, StageLedger(tmp_path / "pipeline.json"), workers=2)
+    assert set(json.loads((tmp_path / "pipeline.json").read_text())["stages"]) == {"first"}

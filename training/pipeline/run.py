@@ -18,10 +18,12 @@ baseline. A stage runs again only when something it depends on changed (see
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +200,7 @@ def run_pipeline(
     arms: list[Arm] | None = None,
     *,
     progress_bar: bool = True,
+    workers: int = 1,
 ) -> PipelineResult:
     """Round 1 -> mining -> round 2 (one run per arm) -> publish -> compare; resumable.
 
@@ -206,6 +209,8 @@ def run_pipeline(
         arms: what to train beside the baseline (:mod:`aoq_train.pipeline.arms`); default one arm "aoq"
             with the configured method. Round-2 arms share round 1 and the mined negatives;
             round-1 arms (GOAL, the label term) train like the baseline with their own settings.
+        workers: processes; with more than one, the round-1 arms train in other processes
+            beside the baseline, its mining and the round-2 arms (:func:`run_stages`).
 
     Returns:
         Stage status (ran/skipped), the published model folders and the comparison results.
@@ -271,7 +276,7 @@ def run_pipeline(
         lambda: {"evaluations": {k: _content_hash(run_dir / "evaluation" / k) for k in models}},
         lambda: write_comparison(run_dir, list(models), cfg.data.test_split, comparison_dir),
     ))
-    status = run_stages(stages, ledger)
+    status = run_stages(stages, ledger, workers)
     comparison = json.loads((comparison_dir / "comparison.json").read_text())
     return PipelineResult(run_dir, status, models, comparison)
 
@@ -302,12 +307,25 @@ def _round1_stages(name, cfg, train_dir, models_dir, data_id, ledger, train_roun
         _fresh(train_dir, ledger, stage, _round1_inputs(cfg, data_id))
         train_round1(cfg, train_dir, progress_bar=progress_bar)
 
+    def detached() -> Callable[[], None]:
+        _fresh(train_dir, ledger, stage, _round1_inputs(cfg, data_id))
+        return functools.partial(_train_round1_quietly, cfg, train_dir)
+
+    # A round-1 arm needs nothing the baseline's stages make, so it may train beside them.
     return [
-        Stage(stage, train_dir / "best", lambda: _round1_inputs(cfg, data_id), run),
+        Stage(stage, train_dir / "best", lambda: _round1_inputs(cfg, data_id), run,
+              detached if name != "baseline" else None),
         Stage(f"publish:{name}", models_dir / name,
               lambda: {"source": _content_hash(train_dir / "best"), "role": name},
               lambda: publish(train_dir / "best", models_dir / name, name, extra)),
     ]
+
+
+def _train_round1_quietly(cfg: ExperimentConfig, train_dir: Path) -> None:
+    """A round-1 arm trained in another process (no progress bar to mix with this one's)."""
+    from aoq_train.round1 import train_round1
+
+    train_round1(cfg, train_dir, progress_bar=False)
 
 
 def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, data_id, ledger, train_round2,

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import time
 from collections.abc import Callable
+from multiprocessing.pool import AsyncResult, Pool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from aoq.io import ArtefactError, atomic_write_json, read_manifest, sha256_json
 
@@ -34,12 +38,16 @@ class Stage:
         inputs: returns a JSON-able description of everything the output depends on; called
             when the stage is reached, so it may read the hashes of upstream outputs.
         run: builds the output; called with no arguments; must leave ``output`` complete.
+        detached: for a stage that reads no output of an earlier stage: does what ``run`` does
+            before its work, in this process, and returns the work as a picklable callable, which
+            :func:`run_stages` with ``workers > 1`` runs in another process beside the others.
     """
 
     name: str
     output: Path
     inputs: Callable[[], dict[str, Any]]
     run: Callable[[], None]
+    detached: Callable[[], Callable[[], None]] | None = None
 
     def input_hash(self) -> str:
         return sha256_json(self.inputs())
@@ -82,22 +90,67 @@ class StageLedger:
         return output_hash
 
 
-def run_stages(stages: list[Stage], ledger: StageLedger) -> dict[str, str]:
+def _one_thread() -> None:
+    """A stage process's torch pool: one thread, as the processes share the cores."""
+    torch.set_num_threads(1)
+
+
+def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> dict[str, str]:
     """Run the stages in order, skipping those that are current.
+
+    With ``workers > 1`` the detachable stages that must run (:attr:`Stage.detached`) start at
+    once, on up to ``workers - 1`` other processes of one thread each, while this process runs
+    the others in order on its torch threads less one per such stage; each is recorded when the loop reaches it and it has finished, so the
+    ledger reads as in a serial run. Their results are those of a serial run: a stage's output
+    depends on its inputs, not on the process or thread count that computed it.
 
     Returns:
         stage name -> ``"skipped"`` or ``"ran"``.
     """
     status: dict[str, str] = {}
-    for stage in stages:
-        input_hash = stage.input_hash()
-        if ledger.is_current(stage, input_hash):
-            log.info("stage %s: up to date, skipped (%s)", stage.name, stage.output)
-            status[stage.name] = "skipped"
-            continue
-        log.info("stage %s: running -> %s", stage.name, stage.output)
-        start = time.perf_counter()
-        stage.run()
-        ledger.record(stage, input_hash, time.perf_counter() - start)
-        status[stage.name] = "ran"
+    early: dict[str, tuple[AsyncResult, float]] = {}
+    pool: Pool | None = None
+    if workers > 1:
+        detachable = [s for s in stages if s.detached is not None and not ledger.is_current(s, s.input_hash())]
+        if detachable:
+            # spawn: no fork of a process holding torch threads
+            pool = multiprocessing.get_context("spawn").Pool(min(workers - 1, len(detachable)), _one_thread)
+            for stage in detachable:
+                log.info("stage %s: running in another process -> %s", stage.name, stage.output)
+                early[stage.name] = (pool.apply_async(stage.detached()), time.perf_counter())  # type: ignore[misc]
+    threads = torch.get_num_threads()
+    if pool is not None:
+        # this process shares the cores with the others: more threads would only wait on each
+        # other (a multi-threaded pass is slowest when a core it waits for is busy elsewhere)
+        torch.set_num_threads(max(1, threads - len(early)))
+    finished = False
+    try:
+        for stage in stages:
+            input_hash = stage.input_hash()
+            if stage.name in early:
+                result, start = early[stage.name]
+                result.get()
+                ledger.record(stage, input_hash, time.perf_counter() - start)
+                status[stage.name] = "ran"
+                continue
+            if ledger.is_current(stage, input_hash):
+                log.info("stage %s: up to date, skipped (%s)", stage.name, stage.output)
+                status[stage.name] = "skipped"
+                continue
+            log.info("stage %s: running -> %s", stage.name, stage.output)
+            start = time.perf_counter()
+            stage.run()
+            ledger.record(stage, input_hash, time.perf_counter() - start)
+            status[stage.name] = "ran"
+        finished = True
+    finally:
+        torch.set_num_threads(threads)
+        if pool is not None:
+            # after an error or an interrupt the other processes stop too (their training state
+            # is saved as it goes, so a later run resumes them)
+            if finished:
+                pool.close()
+            else:
+                pool.terminate()
+            pool.join()
     return status

@@ -18,11 +18,14 @@ then vendor), PNGs are written with fixed options, and splits come from a seeded
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import multiprocessing
 import shutil
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +93,7 @@ def build_emoji_dataset(
     include: tuple[str, ...] = (),
     sources: EmojiSources | None = None,
     progress: bool = True,
+    workers: int = 1,
 ) -> dict:
     """Build the dataset into ``out`` (atomically replacing an earlier emoji dataset there).
 
@@ -103,6 +107,7 @@ def build_emoji_dataset(
         include: CLDR short names whose bases ``limit`` keeps first (a demo whose tests name them).
         sources: the inputs (default: :func:`locate_sources` with its defaults/environment).
         progress: show a progress bar while rendering.
+        workers: processes that render (the files are the same for any number).
 
     Returns:
         The manifest written, with ``stats``: images per vendor and split, drops by reason.
@@ -124,7 +129,7 @@ def build_emoji_dataset(
     catalogue = load_catalogue(sources.emoji_test, [sources.cldr_annotations, sources.cldr_derived],
                                sources.unicode_data)
     chosen = select_emoji(catalogue, limit, seed, include)
-    pictures, dropped = render_all(chosen, sources, progress)
+    pictures, dropped = render_all(chosen, sources, progress, workers)
     pictures, shared = drop_shared_artwork(pictures)
     for vendor, n in shared.items():
         dropped[vendor][DROP_SHARED] += n
@@ -162,7 +167,7 @@ def build_config(sources: EmojiSources, split_by: str, limit: int | None, seed: 
 
 def ensure_emoji_dataset(
     out: str | Path, *, split_by: str = "base", limit: int | None = None, seed: int = 0,
-    include: tuple[str, ...] = (), sources: EmojiSources | None = None, progress: bool = True,
+    include: tuple[str, ...] = (), sources: EmojiSources | None = None, progress: bool = True, workers: int = 1,
 ) -> bool:
     """Build the dataset into ``out`` unless it already holds one built from these sources with
     these arguments (``make demo``). Returns True when it built, False when it skipped.
@@ -179,7 +184,7 @@ def ensure_emoji_dataset(
     except ArtefactError:
         pass
     build_emoji_dataset(out, split_by=split_by, limit=limit, seed=seed, include=include, sources=sources,
-                        progress=progress)
+                        progress=progress, workers=workers)
     return True
 
 
@@ -208,14 +213,51 @@ def select_emoji(catalogue: list[Emoji], limit: int | None, seed: int, include: 
 
 
 def render_all(
-    emoji: list[Emoji], sources: EmojiSources, progress: bool
+    emoji: list[Emoji], sources: EmojiSources, progress: bool, workers: int = 1
 ) -> tuple[list[Picture], dict[str, Counter[str]]]:
-    """Every vendor's picture of every emoji, minus missing and blank ones (counted by reason)."""
-    noto = NotoRenderer(sources.noto_font)
-    twemoji = TwemojiRenderer(sources.twemoji_svg_dir)
+    """Every vendor's picture of every emoji, minus missing and blank ones (counted by reason),
+    in ``emoji`` order, rendered by ``workers`` processes (the same pictures for any number)."""
     pictures: list[Picture] = []
     dropped: dict[str, Counter[str]] = {vendor: Counter() for vendor in VENDORS}
-    for item in tqdm(emoji, desc="rendering emoji", unit="emoji", disable=not progress):
+    chunks = [emoji[s:s + RENDER_CHUNK] for s in range(0, len(emoji), RENDER_CHUNK)]
+    bar = tqdm(total=len(emoji), desc="rendering emoji", unit="emoji", disable=not progress)
+    with bar, contextlib.ExitStack() as stack:
+        if workers > 1 and len(emoji) >= RENDER_POOL_MIN:
+            pool = stack.enter_context(ProcessPoolExecutor(
+                min(workers, len(chunks)), mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_renderers, initargs=(sources,)))
+            results = pool.map(_render_chunk, chunks)
+        else:
+            _init_renderers(sources)
+            results = map(_render_chunk, chunks)
+        for chunk, (rendered, chunk_dropped) in zip(chunks, results):
+            pictures += rendered
+            for vendor in VENDORS:
+                dropped[vendor].update(chunk_dropped[vendor])
+            bar.update(len(chunk))
+    return pictures, dropped
+
+
+#: emoji per task of the rendering processes: small enough to keep them busy to the end.
+RENDER_CHUNK = 64
+#: fewer emoji than this render in this process: a rendering process takes about a second to
+#: start (imports, fonts), the time of some 70 emoji.
+RENDER_POOL_MIN = 500
+_RENDERERS: tuple[NotoRenderer, TwemojiRenderer] | None = None
+
+
+def _init_renderers(sources: EmojiSources) -> None:
+    global _RENDERERS
+    _RENDERERS = (NotoRenderer(sources.noto_font), TwemojiRenderer(sources.twemoji_svg_dir))
+
+
+def _render_chunk(emoji: list[Emoji]) -> tuple[list[Picture], dict[str, Counter[str]]]:
+    """The pictures of a run of emoji, and the drops by vendor and reason."""
+    assert _RENDERERS is not None
+    noto, twemoji = _RENDERERS
+    pictures: list[Picture] = []
+    dropped: dict[str, Counter[str]] = {vendor: Counter() for vendor in VENDORS}
+    for item in emoji:
         for vendor in VENDORS:
             image = noto.render(item.text) if vendor == "noto" else twemoji.render(item.codepoints)
             if image is None:
