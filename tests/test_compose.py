@@ -347,8 +347,10 @@ def test_ci_runs_the_same_setup_recipe():
     setup_prereqs, recipe = _make_recipe("setup")
     assert recipe == [] and setup_prereqs == ["$(STAMP)"]
     _, install = _make_recipe("$(STAMP)")
-    assert any('pip install --quiet "$(TORCH_PIN)"' in line for line in install)
-    assert any('pip install --quiet -e ".[all,test]"' in line for line in install)
+    # flags such as --no-compile may sit between `install` and the packages
+    installs = [line.split() for line in install if "pip install" in line]
+    assert any('"$(TORCH_PIN)"' in words for words in installs)
+    assert any(words[-2:] == ["-e", '".[all,test]"'] for words in installs)
 
 
 def _stages(path: Path = REPO / "Dockerfile") -> list[tuple[str, list[tuple[str, str]]]]:
