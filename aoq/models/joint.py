@@ -106,6 +106,12 @@ class JointModel(nn.Module):
         """(B, T) padded token ids and (B,) lengths -> (B, d), unit L2 norm."""
         return self.text_encoder(tokens, lengths)
 
+    def pair_scores(self, img: Tensor, cap: Tensor, lengths: Tensor) -> Tensor:
+        """(B, C) scores of every pair of B encoded images and C encoded captions: the cosines
+        ``img @ cap.T`` (``lengths``, the captions' word counts, matter to cross-attention
+        models only, :class:`aoq.models.cross.CrossAttentionModel`)."""
+        return img @ cap.T
+
     def forward(self, images: Tensor, tokens: Tensor, lengths: Tensor, groups: int = 1) -> tuple[Tensor, Tensor]:
         """Both modalities' embeddings. The rows may stack ``groups`` equal groups (round 2: the
         positives, the offline negatives, the derived items): an encoder that normalises with
@@ -198,10 +204,12 @@ def build_model(
             built after the encoders so their initial weights do not depend on it.
 
     Raises:
-        ValueError: a feature model without ``img_dim``.
+        ValueError: a feature model without ``img_dim``; labels for a cross-attention model.
         PretrainedPackageError: a pretrained encoder whose package is not installed.
     """
     model = _encoders(model_cfg, vocab_size, img_dim, resnet_arch)
+    if n_labels and model_cfg.image_encoder in ("scan", "bfan"):
+        raise ValueError("train.label_lambda > 0 needs a joint embedding; scan/bfan have none")
     if n_labels:
         model.label_head = nn.Linear(model_cfg.embed_dim, n_labels)
     return model
@@ -209,6 +217,12 @@ def build_model(
 
 def _encoders(model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, resnet_arch: str | None) -> JointModel:
     kind, dim = model_cfg.image_encoder, model_cfg.embed_dim
+    if kind in ("vse", "vsrn", "scan", "bfan") and img_dim is None:
+        raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim)")
+    if kind in ("scan", "bfan"):
+        from aoq.models.cross import CrossAttentionModel  # it subclasses JointModel
+
+        return CrossAttentionModel(model_cfg, vocab_size, img_dim)
     text = _text_encoder(model_cfg, vocab_size)
     if kind == "effnet_lite0":
         from aoq.models.pretrained import EffNetImageEncoder
@@ -216,8 +230,6 @@ def _encoders(model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, resn
         image_enc = EffNetImageEncoder(dim, model_cfg.image_finetune_blocks, model_cfg.projection)
         return JointModel(image_enc, text, "pixels", None, dim)
     if kind in ("vse", "vsrn"):
-        if img_dim is None:
-            raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim)")
         if kind == "vse":
             image: nn.Module = VSEImageEncoder(img_dim, model_cfg.embed_dim, model_cfg.pooling)
         else:
