@@ -272,7 +272,31 @@ def evaluate_embeddings(
     def fn(rows: slice, cols: slice) -> np.ndarray:
         return img_emb[rows] @ cap_emb[cols].T
 
-    n_images = img_emb.shape[0]
+    return _evaluate_protocol(fn, img_emb.shape[0], captions_per_image, protocol, fold_images, n_folds, texts)
+
+
+def evaluate_scores(
+    sims: np.ndarray, captions_per_image: int = 5, protocol: Protocol = "full", *,
+    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
+) -> dict:
+    """:func:`evaluate_embeddings` on a score matrix (a pair model's, :mod:`aoq.pair_scores`):
+    (n_images, n_captions), or for ``1k5fold`` and ``5k`` at least its first 5,000 images' rows and
+    their captions' columns.
+
+    Raises:
+        ValueError: as :func:`evaluate_embeddings`.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOLS}")
+    sims = _as_sims(sims, captions_per_image)
+    if not np.isfinite(sims).all():
+        raise ValueError("scores contain NaN or infinite values")
+    return _evaluate_protocol(array_fn(sims), sims.shape[0], captions_per_image, protocol, fold_images, n_folds,
+                              texts)
+
+
+def _evaluate_protocol(fn: SimsFn, n_images: int, captions_per_image: int, protocol: str, fold_images: int,
+                       n_folds: int, texts: Sequence[str] | None) -> dict:
     if protocol == "1k5fold":
         return fold_1k(fn, captions_per_image, n_images=n_images, fold_images=fold_images, n_folds=n_folds,
                        texts=texts)

@@ -27,6 +27,8 @@ class CrossAttentionModel(JointModel):
     variant (docs/models.md).
     """
 
+    pairwise = True
+
     def __init__(self, model_cfg: ModelConfig, vocab_size: int, img_dim: int) -> None:
         super().__init__(
             RegionEncoder(img_dim, model_cfg.embed_dim),

@@ -37,10 +37,15 @@ class JointModel(nn.Module):
             by both modalities, present only for models trained with ``train.label_lambda > 0``
             (retrieval never uses it).
 
+    ``pairwise`` (a class attribute): False here, True for models whose scores need both inputs
+    at once (:class:`aoq.models.cross.CrossAttentionModel`), which have no embedding to index.
+
     The weights of frozen pretrained backbones are left out of :meth:`state_dict` (they come from
     their packages; :meth:`backbone_identities` names them), so checkpoints and trainer states
     hold only what training changed.
     """
+
+    pairwise = False
 
     def __init__(
         self,
