@@ -212,3 +212,15 @@ def test_unknown_settings_refused():
         ScanSettings("t2i", "l1norm")
     with pytest.raises(ValueError):
         bfan_scores(*_inputs(False, 0.0)[:1], REGIONS, _inputs(False, 0.0)[1], LENGTHS, "max")
+
+
+@pytest.mark.parametrize("score", [
+    lambda i, r, c, n, aligned: scan_scores(i, r, c, n, SCAN_PRESETS["t2i_lse"], aligned=aligned),
+    lambda i, r, c, n, aligned: scan_scores(i, r, c, n, ScanSettings("i2t", "softmax", "Mean", 4.0), aligned=aligned),
+    lambda i, r, c, n, aligned: bfan_scores(i, r, c, n, "prob", aligned=aligned),
+])
+def test_aligned_pairs_are_the_diagonal(score):
+    images, captions = _inputs(False, float("nan"))
+    images, regions = torch.cat([images, images[:1]]), torch.cat([REGIONS, REGIONS[:1]])  # B = C = 4
+    full = score(images, regions, captions, LENGTHS, False)
+    torch.testing.assert_close(score(images, regions, captions, LENGTHS, True), full.diagonal(), atol=1e-12, rtol=0)

@@ -79,3 +79,19 @@ def test_configuration_refused():
         build_model(ModelConfig(image_encoder="scan"), VOCAB, None)
     with pytest.raises(ValueError, match="joint embedding"):
         build_model(ModelConfig(image_encoder="bfan", embed_dim=E), VOCAB, IMG_DIM, n_labels=3)
+
+
+@pytest.mark.parametrize("kind", ["scan", "bfan"])
+def test_round2_scores_of_a_cross_model(kind):
+    """Round 2 reads every score of a cross-attention model from its pair scores."""
+    from aoq_train.round2.train import round2_scores
+
+    model = _model(kind)
+    batch = _batch()  # two groups of two: [positives | offline items]
+    img, cap = model(batch["images"], batch["tokens"], batch["lengths"])
+    s = round2_scores(img, cap, 2, model=model, lengths=LENGTHS)
+    full = model.pair_scores(img, cap, LENGTHS)
+    torch.testing.assert_close(s["scores"], full[:2, :2])
+    torch.testing.assert_close(s["i2t_off"], full[:2, 2:].diagonal())
+    torch.testing.assert_close(s["t2i_off"], full[2:, :2].diagonal())
+    torch.testing.assert_close(s["off_pair"], full[2:, 2:].diagonal())

@@ -284,18 +284,14 @@ def _load(ckpt_dir: str | Path, split_name: str, data_path: str | Path | None, d
     return ckpt, data_cfg, split, common
 
 
-def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path | None,
-                  device: str | torch.device, batch_size: int, labels: bool, bank: bool = False) -> tuple:
-    """One split of a checkpoint's data (or of ``data_path``), its embeddings by the checkpoint's
-    model, the fields every result of it carries (split, checkpoint hash, vocabulary coverage),
-    the checkpoint config's ``eval.positives`` and, with ``bank``, the training split's
-    (images, captions, provenance) embeddings (else None); ``labels``: the split must have labels
-    (checked before encoding)."""
-    return _encoded(_load(ckpt_dir, split_name, data_path, device, labels), batch_size, bank)
-
-
 def _encoded(loaded: tuple, batch_size: int, bank: bool) -> tuple:
-    """:func:`_load_encoded` from what :func:`_load` returned."""
+    """The split of :func:`_load`'s result, its embeddings by the checkpoint's model, the fields
+    every result of it carries, the checkpoint config's ``eval.positives`` and, with ``bank``, the
+    training split's (images, captions, provenance) embeddings (else None).
+
+    Raises:
+        ValueError: a cross-attention model (it has no embeddings).
+    """
     ckpt, data_cfg, split, common = loaded
     if ckpt.model.pairwise:
         raise ValueError("a cross-attention model has no embeddings: evaluate it with aoq evaluate "
@@ -342,12 +338,35 @@ def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels
     Returns:
         ``{protocol: result}``, each result as :func:`evaluate_checkpoint`'s for that protocol.
     """
-    split, img, cap, common, positives, _ = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
+    loaded = _load(ckpt_dir, split_name, None, device, labels)
+    if loaded[0].model.pairwise:
+        return _compare_pairwise(loaded, labels, batch_size, ndcg_k)
+    split, img, cap, common, positives, _ = _encoded(loaded, batch_size, False)
     protocols = PROTOCOLS if split.n_images >= 5000 else ("full",)
     results = {p: {**_recalls(img, cap, split, p, positives), **common} for p in protocols}
     if labels:
         where = "1k5fold" if "1k5fold" in results else "full"
         results[where]["labels"] = _label_scores(img, cap, split, ndcg_k, folds=where == "1k5fold")
+    return results
+
+
+def _compare_pairwise(loaded: tuple, labels: bool, batch_size: int, ndcg_k: int) -> dict:
+    """:func:`compare_checkpoint` for a cross-attention model: one score matrix of the split, every
+    protocol from it; the label-wise metrics (``labels``) go with ``full``."""
+    ckpt, _, split, common = loaded
+    device = next(ckpt.model.parameters()).device
+    fragments = encode_fragments(ckpt.model, ckpt.vocab, split, batch_size=batch_size, device=device)
+    sims, timing = score_matrix(ckpt.model.pair_scores, fragments, device)
+    positives = ckpt.config.eval.positives
+    texts = split.captions if positives == "text" else None
+    scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(*COCO_5K)}
+    protocols = PROTOCOLS if split.n_images >= COCO_5K[0] else ("full",)
+    results = {p: {**evaluate_scores(sims, split.captions_per_image, p, texts=texts), "positives": positives,
+                   "scoring": scoring, **common} for p in protocols}
+    if labels:
+        targets = multi_hot(split.labels, label_vocabulary(split.labels))
+        results["full"]["labels"] = {**label_metrics_of_scores(sims, sims.T, targets, split.captions_per_image, ndcg_k),
+                                     "n_labels": int(targets.shape[1])}
     return results
 
 

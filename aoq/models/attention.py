@@ -122,31 +122,43 @@ def aggregate(r: Tensor, mask: Tensor, agg: str, lambda_lse: float) -> Tensor:
 class Fragments:
     """The masked, zero-padded inputs of a batch of pairs and their pairwise products.
 
+    Every (image b, caption c) pair (B x C pairs, ``aligned`` False), or the B pairs (image b,
+    caption b) (``aligned`` True, B = C; the caption axis below then has size 1 and the captions
+    run along the image axis).
+
     Attributes:
-        region_mask: (B, R) valid regions; word_mask: (C, L) valid words.
-        s: (B, C, R, L) region-word dot products.
-        region_gram: (B, 1, R, R); word_gram: (1, C, L, L).
-        region_sq: (B, 1, R); word_sq: (1, C, L) squared norms.
-        pair_region_mask: (B, 1, R, 1); pair_word_mask: (1, C, 1, L) for broadcasting over s.
+        s: (B, C, R, L) region-word dot products (C = 1 when aligned).
+        region_valid: (B, 1, R) valid regions; word_valid: (1, C, L), aligned (B, 1, L) valid words.
+        region_gram: (B, 1, R, R); word_gram: (1, C, L, L), aligned (B, 1, L, L).
+        region_sq: (B, 1, R); word_sq: like word_valid, squared norms.
+        pair_region_mask: (B, 1, R, 1); pair_word_mask: (1, C, 1, L) (aligned (B, 1, 1, L)), for
+            broadcasting over s.
     """
 
-    def __init__(self, images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor) -> None:
+    def __init__(self, images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor,
+                 aligned: bool = False) -> None:
         if images.ndim != 3 or captions.ndim != 3 or images.shape[-1] != captions.shape[-1]:
             raise ValueError(f"expected images (B, R, D) and captions (C, L, D), got {tuple(images.shape)} "
                              f"and {tuple(captions.shape)}")
+        if aligned and images.shape[0] != captions.shape[0]:
+            raise ValueError(f"aligned pairs need as many captions as images, got {captions.shape[0]} "
+                             f"and {images.shape[0]}")
         device = images.device
-        self.region_mask = valid_mask(region_counts, images.shape[0], images.shape[1], device)
-        self.word_mask = valid_mask(lengths, captions.shape[0], captions.shape[1], device)
-        v = zero_padding(images, self.region_mask)
-        e = zero_padding(captions, self.word_mask)
-        self.s = torch.einsum("brd,cld->bcrl", v, e)
+        region_mask = valid_mask(region_counts, images.shape[0], images.shape[1], device)
+        word_mask = valid_mask(lengths, captions.shape[0], captions.shape[1], device)
+        v = zero_padding(images, region_mask)
+        e = zero_padding(captions, word_mask)
+        caption_axis = 1 if aligned else 0
+        self.s = (torch.einsum("brd,bld->brl", v, e).unsqueeze(1) if aligned
+                  else torch.einsum("brd,cld->bcrl", v, e))
+        self.region_valid = region_mask.unsqueeze(1)
+        self.word_valid = word_mask.unsqueeze(caption_axis)
         self.region_gram = (v @ v.transpose(1, 2)).unsqueeze(1)
-        self.word_gram = (e @ e.transpose(1, 2)).unsqueeze(0)
+        self.word_gram = (e @ e.transpose(1, 2)).unsqueeze(caption_axis)
         self.region_sq = v.pow(2).sum(-1).unsqueeze(1)
-        self.word_sq = e.pow(2).sum(-1).unsqueeze(0)
-        self.pair_region_mask = self.region_mask[:, None, :, None]
-        self.pair_word_mask = self.word_mask[None, :, None, :]
-
+        self.word_sq = e.pow(2).sum(-1).unsqueeze(caption_axis)
+        self.pair_region_mask = self.region_valid.unsqueeze(-1)
+        self.pair_word_mask = self.word_valid.unsqueeze(-2)
 
 
 def word_attention(f: Fragments, norm: str, lambda_softmax: float) -> Tensor:

@@ -74,7 +74,7 @@ def focal_attention(alpha: Tensor, source_mask: Tensor, focal: str) -> Tensor:
 
 
 def bfan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor,
-                focal: str = "equal", lambda_softmax: float = BFAN_LAMBDA_SOFTMAX) -> Tensor:
+                focal: str = "equal", lambda_softmax: float = BFAN_LAMBDA_SOFTMAX, aligned: bool = False) -> Tensor:
     """The BFAN score (both directions summed) of every (image, caption) pair.
 
     Args:
@@ -84,20 +84,23 @@ def bfan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, 
         lengths: (C,) words per caption, 1..L.
         focal: ``equal`` or ``prob`` (eq. 3).
         lambda_softmax: temperature of the pre-assigned attention.
+        aligned: score only the pairs (image b, caption b) (B = C).
 
     Returns:
-        (B, C) scores, rows images and columns captions (the layout of :mod:`aoq.metrics`).
+        (B, C) scores, rows images and columns captions (the layout of :mod:`aoq.metrics`);
+        aligned: the (B,) diagonal.
     """
     if focal not in FOCAL_TYPES:
         raise ValueError(f"unknown focal type {focal!r} ({' or '.join(FOCAL_TYPES)})")
-    f = Fragments(images, region_counts, captions, lengths)
+    f = Fragments(images, region_counts, captions, lengths, aligned)
     words = focal_attention(word_attention(f, "clipped_l2norm", lambda_softmax),
-                            f.region_mask[:, None, None, :], focal)
+                            f.region_valid.unsqueeze(-2), focal)
     regions = focal_attention(region_attention(f, "clipped_l2norm", lambda_softmax),
-                              f.word_mask[None, :, None, :], focal)
-    t2i = aggregate(word_cosines(f, words), f.word_mask.unsqueeze(0), "Mean", 0.0)
-    i2t = aggregate(region_cosines(f, regions), f.region_mask.unsqueeze(1), "Mean", 0.0)
-    return t2i + i2t
+                              f.pair_word_mask, focal)
+    t2i = aggregate(word_cosines(f, words), f.word_valid, "Mean", 0.0)
+    i2t = aggregate(region_cosines(f, regions), f.region_valid, "Mean", 0.0)
+    scores = t2i + i2t
+    return scores[:, 0] if aligned else scores
 
 
 def ensemble_scores(scores: list[Tensor]) -> Tensor:

@@ -47,3 +47,10 @@ class CrossAttentionModel(JointModel):
         if self.kind == "scan":
             return scan_scores(img, None, cap, lengths, self.scan_settings)
         return bfan_scores(img, None, cap, lengths, self.bfan_focal)
+
+    def aligned_scores(self, img: Tensor, cap: Tensor, lengths: Tensor) -> Tensor:
+        """(B,) scores of the pairs (image b, caption b) of (B, R, d) images and (B, T, d) captions."""
+        lengths = lengths.to(cap.device)
+        if self.kind == "scan":
+            return scan_scores(img, None, cap, lengths, self.scan_settings, aligned=True)
+        return bfan_scores(img, None, cap, lengths, self.bfan_focal, aligned=True)

@@ -117,6 +117,10 @@ class JointModel(nn.Module):
         models only, :class:`aoq.models.cross.CrossAttentionModel`)."""
         return img @ cap.T
 
+    def aligned_scores(self, img: Tensor, cap: Tensor, lengths: Tensor) -> Tensor:
+        """(B,) scores of the pairs (image b, caption b): the row-wise dot products."""
+        return (img * cap).sum(dim=1)
+
     def forward(self, images: Tensor, tokens: Tensor, lengths: Tensor, groups: int = 1) -> tuple[Tensor, Tensor]:
         """Both modalities' embeddings. The rows may stack ``groups`` equal groups (round 2: the
         positives, the offline negatives, the derived items): an encoder that normalises with

@@ -70,17 +70,17 @@ SCAN_PRESETS: dict[str, ScanSettings] = {
 def scan_t2i(f: Fragments, settings: ScanSettings) -> Tensor:
     """SCAN t2i (eqs. 1-7, words attend to regions) for every pair: (B, C)."""
     r = word_cosines(f, word_attention(f, settings.norm, settings.lambda_softmax))
-    return aggregate(r, f.word_mask.unsqueeze(0), settings.agg, settings.lambda_lse)
+    return aggregate(r, f.word_valid, settings.agg, settings.lambda_lse)
 
 
 def scan_i2t(f: Fragments, settings: ScanSettings) -> Tensor:
     """SCAN i2t (regions attend to words) for every pair: (B, C)."""
     r = region_cosines(f, region_attention(f, settings.norm, settings.lambda_softmax))
-    return aggregate(r, f.region_mask.unsqueeze(1), settings.agg, settings.lambda_lse)
+    return aggregate(r, f.region_valid, settings.agg, settings.lambda_lse)
 
 
 def scan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor,
-                settings: ScanSettings) -> Tensor:
+                settings: ScanSettings, aligned: bool = False) -> Tensor:
     """The SCAN score of every (image, caption) pair.
 
     Args:
@@ -89,9 +89,12 @@ def scan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, 
         captions: (C, L, D) word features (padding beyond ``lengths`` is never read).
         lengths: (C,) words per caption, 1..L.
         settings: direction, norms and temperatures (:data:`SCAN_PRESETS`).
+        aligned: score only the pairs (image b, caption b) (B = C).
 
     Returns:
-        (B, C) scores, rows images and columns captions (the layout of :mod:`aoq.metrics`).
+        (B, C) scores, rows images and columns captions (the layout of :mod:`aoq.metrics`);
+        aligned: the (B,) diagonal.
     """
-    f = Fragments(images, region_counts, captions, lengths)
-    return scan_t2i(f, settings) if settings.direction == "t2i" else scan_i2t(f, settings)
+    f = Fragments(images, region_counts, captions, lengths, aligned)
+    scores = scan_t2i(f, settings) if settings.direction == "t2i" else scan_i2t(f, settings)
+    return scores[:, 0] if aligned else scores
