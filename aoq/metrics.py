@@ -33,6 +33,9 @@ METRIC_KEYS = ("r1", "r5", "r10", "medr", "meanr")
 #: "full": the whole split; "1k5fold": COCO 1K, the mean over 5 folds of 1,000 images; "5k": COCO 5K
 Protocol = Literal["full", "1k5fold", "5k"]
 PROTOCOLS: tuple[str, ...] = get_args(Protocol)
+#: COCO 1K: folds of this many images, this many folds (and 5K: their images at once).
+FOLD_IMAGES = 1000
+N_FOLDS = 5
 #: rank intervals of the supplement's cross-retrieval histogram (inclusive, None = no upper end).
 DEFAULT_BINS = ((1, 1), (2, 5), (6, 20), (21, 100), (101, 200), (201, None))
 
@@ -201,7 +204,7 @@ def _fold(source: np.ndarray | SimsFn, images: slice, captions: slice) -> np.nda
 
 def fold_1k(
     sims: np.ndarray | SimsFn, captions_per_image: int = 5, *, n_images: int | None = None,
-    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
+    fold_images: int = FOLD_IMAGES, n_folds: int = N_FOLDS, texts: Sequence[str] | None = None,
 ) -> dict:
     """COCO "1K": every metric averaged over ``n_folds`` consecutive folds of ``fold_images``
     images (and their captions) of the first ``n_folds * fold_images`` images.
@@ -233,7 +236,7 @@ def fold_1k(
 
 def evaluate_embeddings(
     img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int = 5, protocol: Protocol = "full", *,
-    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
+    fold_images: int = FOLD_IMAGES, n_folds: int = N_FOLDS, texts: Sequence[str] | None = None,
 ) -> dict:
     """Evaluate (n_images, d) image and (n_captions, d) caption embeddings under a protocol.
 
@@ -277,7 +280,7 @@ def evaluate_embeddings(
 
 def evaluate_scores(
     sims: np.ndarray, captions_per_image: int = 5, protocol: Protocol = "full", *,
-    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
+    fold_images: int = FOLD_IMAGES, n_folds: int = N_FOLDS, texts: Sequence[str] | None = None,
 ) -> dict:
     """:func:`evaluate_embeddings` on a score matrix (a pair model's, :mod:`aoq.pair_scores`):
     (n_images, n_captions), or for ``1k5fold`` and ``5k`` at least its first 5,000 images' rows and

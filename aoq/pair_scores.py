@@ -21,13 +21,15 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from aoq.embed import EncodedFragments
+from aoq.metrics import FOLD_IMAGES, N_FOLDS
+from aoq.ranks import SimsFn
 
 #: elements of one block's (B, C, R, L) region-word tensor: bounds the temporaries of a block.
 BLOCK_ELEMENTS = 1 << 22
 #: captions per block (the images per block follow from BLOCK_ELEMENTS).
 CAPTION_BLOCK = 128
 #: (images, captions) of the COCO 5K test set, for the projected time.
-COCO_5K = (5000, 25000)
+COCO_5K = (FOLD_IMAGES * N_FOLDS, FOLD_IMAGES * N_FOLDS * 5)
 
 #: ``score(regions (B, R, d), words (C, L, d), lengths (C,)) -> (B, C)`` on the model's device.
 PairScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -68,24 +70,47 @@ def score_block(score: PairScoreFn, fragments: EncodedFragments, image_ids: np.n
 
 
 def score_matrix(score: PairScoreFn, fragments: EncodedFragments, device: torch.device,
-                 n_images: int | None = None, progress: bool = False) -> tuple[np.ndarray, ScoringTime]:
-    """The (n_images, n_captions) scores of the first ``n_images`` images (default all) and their
-    ``n_images * captions_per_image`` captions, with a progress bar counting pairs.
+                 images: range | None = None, progress: bool = False) -> tuple[np.ndarray, ScoringTime]:
+    """The scores of ``images`` (a range; default all) and their captions (``captions_per_image``
+    consecutive captions per image), with a progress bar counting pairs.
 
     Returns:
-        The float32 matrix and the time it took.
+        The float32 (len(images), captions) matrix and the time it took.
     """
-    n_images = fragments.n_images if n_images is None else n_images
-    n_captions = fragments.n_captions * n_images // fragments.n_images
-    out = np.empty((n_images, n_captions), dtype=np.float32)
+    images = range(fragments.n_images) if images is None else images
+    cpi = fragments.n_captions // fragments.n_images
+    captions = range(images.start * cpi, images.stop * cpi)
+    out = np.empty((len(images), len(captions)), dtype=np.float32)
     start = time.perf_counter()
-    with tqdm(total=n_images * n_captions, desc="cross-attention scores", unit="pair", unit_scale=True,
+    with tqdm(total=out.size, desc="cross-attention scores", unit="pair", unit_scale=True,
               disable=not progress, leave=False) as bar:
-        for c0 in range(0, n_captions, CAPTION_BLOCK):
-            cols = range(c0, min(c0 + CAPTION_BLOCK, n_captions))
-            out[:, c0 : cols.stop] = score_block(score, fragments, range(n_images), cols, device)
-            bar.update(n_images * len(cols))
-    return out, ScoringTime(time.perf_counter() - start, n_images * n_captions)
+        for c0 in range(0, len(captions), CAPTION_BLOCK):
+            cols = captions[c0 : c0 + CAPTION_BLOCK]
+            out[:, c0 : c0 + len(cols)] = score_block(score, fragments, images, cols, device)
+            bar.update(len(images) * len(cols))
+    return out, ScoringTime(time.perf_counter() - start, out.size)
+
+
+def fold_scores(score: PairScoreFn, fragments: EncodedFragments, device: torch.device, fold_images: int,
+                n_folds: int, progress: bool = False) -> tuple[SimsFn, ScoringTime]:
+    """The COCO 1K protocol's score blocks only (each fold's images against its own captions, a
+    fifth of the 5K matrix's pairs), as a sims function over the first ``fold_images * n_folds``
+    images for :func:`aoq.metrics.fold_1k`."""
+    blocks, seconds = [], 0.0
+    for f in range(n_folds):
+        block, timing = score_matrix(score, fragments, device, range(f * fold_images, (f + 1) * fold_images), progress)
+        blocks.append(block)
+        seconds += timing.seconds
+    cpi = fragments.n_captions // fragments.n_images
+
+    def fn(rows: slice, cols: slice) -> np.ndarray:
+        f = rows.start // fold_images
+        r0, c0 = f * fold_images, f * fold_images * cpi
+        if rows.stop > r0 + fold_images or not c0 <= cols.start <= cols.stop <= c0 + fold_images * cpi:
+            raise ValueError(f"rows {rows} and columns {cols} are not inside one fold")
+        return blocks[f][rows.start - r0 : rows.stop - r0, cols.start - c0 : cols.stop - c0]
+
+    return fn, ScoringTime(seconds, sum(b.size for b in blocks))
 
 
 def shortlist(base: np.ndarray, n: int) -> np.ndarray:

@@ -14,7 +14,14 @@ from aoq.data.vocab import Vocabulary
 from aoq.embed import EncodedFragments, encode_fragments
 from aoq.models.bfan import bfan_scores
 from aoq.models.joint import build_model
-from aoq.pair_scores import ScoringTime, rescore_shortlist, score_matrix, shortlist, shortlist_sims
+from aoq.pair_scores import (
+    ScoringTime,
+    fold_scores,
+    rescore_shortlist,
+    score_matrix,
+    shortlist,
+    shortlist_sims,
+)
 from aoq_train.evaluate import evaluate_pairwise, format_table
 
 N_IMAGES, CPI, R, D = 6, 5, 4, 8
@@ -52,9 +59,21 @@ def test_blocks_equal_one_caption_at_a_time(monkeypatch):
 
 def test_first_images_only():
     fragments = _fragments()
-    sims, _ = score_matrix(_score, fragments, CPU, n_images=2)
+    sims, _ = score_matrix(_score, fragments, CPU, range(2))
     assert sims.shape == (2, 2 * CPI)
     np.testing.assert_allclose(sims, _full_by_pairs(fragments)[:2, : 2 * CPI], atol=1e-6, rtol=0)
+
+
+def test_later_images_and_fold_blocks():
+    fragments = _fragments()
+    full = _full_by_pairs(fragments)
+    sims, _ = score_matrix(_score, fragments, CPU, range(2, 5))
+    np.testing.assert_allclose(sims, full[2:5, 2 * CPI : 5 * CPI], atol=1e-6, rtol=0)
+    fn, timing = fold_scores(_score, fragments, CPU, fold_images=2, n_folds=3)
+    assert timing.pairs == 3 * 2 * 2 * CPI
+    np.testing.assert_allclose(fn(slice(2, 4), slice(2 * CPI, 4 * CPI)), full[2:4, 2 * CPI : 4 * CPI], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="one fold"):
+        fn(slice(0, 2), slice(0, 4 * CPI))
 
 
 def test_projection():

@@ -27,12 +27,22 @@ from aoq.device import resolve_device
 from aoq.embed import encode_fragments, encode_split
 from aoq.hubness import HUB_ITEMS, bank_normaliser, bank_provenance, direction_fns, hub_share, top1_per_query
 from aoq.label_metrics import label_metrics, label_metrics_folds, label_metrics_of_scores
-from aoq.metrics import PROTOCOLS, chance_rsum, evaluate_directions, evaluate_embeddings, evaluate_scores
+from aoq.metrics import (
+    FOLD_IMAGES,
+    N_FOLDS,
+    PROTOCOLS,
+    chance_rsum,
+    evaluate_directions,
+    evaluate_embeddings,
+    evaluate_scores,
+    fold_1k,
+)
 from aoq.models.joint import JointModel
 from aoq.names import Normalisation, PositiveRule
 from aoq.pair_scores import (
     COCO_5K,
     ScoringTime,
+    fold_scores,
     rescore_shortlist,
     score_matrix,
     shortlist,
@@ -124,9 +134,12 @@ def evaluate_pairwise(
         timing = ScoringTime(time.perf_counter() - start, i2t_short.size + t2i_short.size)
         result = evaluate_directions(array_fn(i2t), array_fn(t2i), split.n_images, split.captions_per_image, texts)
         result["shortlist"] = int(i2t_short.shape[1])
+    elif protocol == "1k5fold":
+        fn, timing = fold_scores(model.pair_scores, fragments, dev, FOLD_IMAGES, N_FOLDS, progress)
+        result = fold_1k(fn, split.captions_per_image, n_images=FOLD_IMAGES * N_FOLDS, texts=texts)
     else:
-        n_images = COCO_5K[0] if protocol in ("5k", "1k5fold") else None
-        sims, timing = score_matrix(model.pair_scores, fragments, dev, n_images=n_images, progress=progress)
+        images = range(COCO_5K[0]) if protocol == "5k" else None
+        sims, timing = score_matrix(model.pair_scores, fragments, dev, images, progress)
         result = evaluate_scores(sims, split.captions_per_image, protocol, texts=texts)
     scoring = {"seconds": timing.seconds, "pairs": timing.pairs,
                "projected_coco5k_s": timing.projected_seconds(*COCO_5K)}
