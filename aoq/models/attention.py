@@ -56,8 +56,9 @@ def safe_sqrt(x: Tensor) -> Tensor:
 
 
 def l2norm(x: Tensor, dim: int) -> Tensor:
-    """``x / (||x||_2 + EPS)`` along ``dim`` (the public code's ``l2norm``)."""
-    return x / (safe_sqrt(x.pow(2).sum(dim=dim, keepdim=True)) + EPS)
+    """``x / (||x||_2 + EPS)`` along ``dim`` (the public code's ``l2norm``; torch's norm has a zero
+    gradient at a zero vector, so all-zero padding sends no NaN back)."""
+    return x / (torch.linalg.vector_norm(x, dim=dim, keepdim=True) + EPS)
 
 
 def masked_softmax(x: Tensor, mask: Tensor, dim: int) -> Tensor:
@@ -77,9 +78,10 @@ def normalise_attention(s: Tensor, query_mask: Tensor, norm: str, query_dim: int
     Raises:
         ValueError: an unknown norm.
     """
-    zero = torch.zeros((), dtype=s.dtype, device=s.device)
     if norm == "clipped_l2norm":
-        return l2norm(torch.where(query_mask, F.leaky_relu(s, LEAKY_SLOPE), zero), dim=query_dim)
+        # padded fragments are zero vectors, so their products and leaky ReLUs are exactly 0 and
+        # drop out of the norm without a mask
+        return l2norm(F.leaky_relu(s, LEAKY_SLOPE), dim=query_dim)
     if norm == "softmax":
         return masked_softmax(s, query_mask, dim=query_dim)
     raise ValueError(f"unknown attention norm {norm!r} (clipped_l2norm or softmax)")

@@ -33,7 +33,6 @@ from torch import Tensor
 from aoq.models.attention import (
     Fragments,
     aggregate,
-    safe_sqrt,
     region_attention,
     region_cosines,
     word_attention,
@@ -48,29 +47,33 @@ BFAN_LAMBDA_SOFTMAX = 20.0
 
 def focal_indicator(alpha: Tensor, source_mask: Tensor, focal: str) -> Tensor:
     """``H`` (eq. 4) of attention ``alpha`` (..., Q, S) over the valid sources ``source_mask``
-    (broadcastable): 1.0 where the focal function (eq. 3) is strictly positive, else 0.0.
+    (broadcastable): True where the focal function (eq. 3) is strictly positive.
+
+    ``alpha`` is 0 on the invalid sources (a masked softmax), so they add nothing to the sums and
+    their ``F`` is negative: they are never kept. ``H`` is a step function: no gradient.
 
     Raises:
         ValueError: an unknown focal type.
     """
-    zero = torch.zeros((), dtype=alpha.dtype, device=alpha.device)
-    a = torch.where(source_mask, alpha, zero)
-    if focal == "equal":
-        f = a * source_mask.sum(-1, keepdim=True) - a.sum(-1, keepdim=True)
-    elif focal == "prob":
-        root = safe_sqrt(a)
-        f = a * root.sum(-1, keepdim=True) - (a * root).sum(-1, keepdim=True)
-    else:
-        raise ValueError(f"unknown focal type {focal!r} ({' or '.join(FOCAL_TYPES)})")
-    return ((f > 0) & source_mask).to(alpha.dtype)
+    with torch.no_grad():
+        if focal == "equal":
+            f = alpha * source_mask.sum(-1, keepdim=True) - alpha.sum(-1, keepdim=True)
+        elif focal == "prob":
+            root = alpha.sqrt()
+            f = alpha * root.sum(-1, keepdim=True) - (alpha * root).sum(-1, keepdim=True)
+        else:
+            raise ValueError(f"unknown focal type {focal!r} ({' or '.join(FOCAL_TYPES)})")
+        return f > 0
 
 
 def focal_attention(alpha: Tensor, source_mask: Tensor, focal: str) -> Tensor:
     """Eq. 5: the re-assigned attention; a query with no fragment above the threshold keeps
     ``alpha`` (the public code's 0/0, defined in the module docstring)."""
-    kept = focal_indicator(alpha, source_mask, focal) * alpha
+    kept = torch.where(focal_indicator(alpha, source_mask, focal), alpha, torch.zeros((), dtype=alpha.dtype,
+                                                                                        device=alpha.device))
     total = kept.sum(-1, keepdim=True)
-    return torch.where(total > 0, kept / torch.where(total > 0, total, torch.ones_like(total)), alpha)
+    some = total > 0
+    return torch.where(some, kept / torch.where(some, total, torch.ones_like(total)), alpha)
 
 
 def bfan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor,
