@@ -42,9 +42,9 @@ class ScoringTime:
     seconds: float
     pairs: int
 
-    def projected_seconds(self, n_images: int, n_captions: int) -> float:
-        """The time of an ``n_images x n_captions`` matrix at this rate."""
-        return self.seconds * n_images * n_captions / max(self.pairs, 1)
+    def projected_seconds(self, pairs: int) -> float:
+        """The time of ``pairs`` pairs at this rate."""
+        return self.seconds * pairs / max(self.pairs, 1)
 
 
 def _to(x: np.ndarray, device: torch.device) -> Tensor:

@@ -77,7 +77,7 @@ def test_later_images_and_fold_blocks():
 
 
 def test_projection():
-    assert ScoringTime(2.0, 100).projected_seconds(10, 20) == 4.0
+    assert ScoringTime(2.0, 100).projected_seconds(200) == 4.0
 
 
 @pytest.mark.parametrize("queries", ["images", "captions"])

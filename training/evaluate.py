@@ -112,7 +112,8 @@ def evaluate_pairwise(
 
     Returns:
         As :func:`evaluate_model`, plus ``"scoring"``: ``seconds``, ``pairs`` scored and
-        ``projected_coco5k_s`` (the time of the COCO 5K matrix at the measured rate); with a
+        ``projected_coco5k_s`` (the time of the same work on COCO 5K at the measured rate: the
+        whole matrix, the five 1K fold blocks under 1k5fold, or every query's shortlist); with a
         shortlist, ``shortlist`` = N.
     """
     protocol = _pairwise_protocol(protocol)
@@ -134,15 +135,17 @@ def evaluate_pairwise(
         timing = ScoringTime(time.perf_counter() - start, i2t_short.size + t2i_short.size)
         result = evaluate_directions(array_fn(i2t), array_fn(t2i), split.n_images, split.captions_per_image, texts)
         result["shortlist"] = int(i2t_short.shape[1])
+        coco_pairs = (COCO_5K[0] + COCO_5K[1]) * result["shortlist"]  # every query's shortlist
     elif protocol == "1k5fold":
         fn, timing = fold_scores(model.pair_scores, fragments, dev, FOLD_IMAGES, N_FOLDS, progress)
         result = fold_1k(fn, split.captions_per_image, n_images=FOLD_IMAGES * N_FOLDS, texts=texts)
+        coco_pairs = FOLD_IMAGES * N_FOLDS * COCO_5K[1]  # five folds of 1,000 x 5,000
     else:
         images = range(COCO_5K[0]) if protocol == "5k" else None
         sims, timing = score_matrix(model.pair_scores, fragments, dev, images, progress)
         result = evaluate_scores(sims, split.captions_per_image, protocol, texts=texts)
-    scoring = {"seconds": timing.seconds, "pairs": timing.pairs,
-               "projected_coco5k_s": timing.projected_seconds(*COCO_5K)}
+        coco_pairs = COCO_5K[0] * COCO_5K[1]
+    scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(coco_pairs)}
     return {**result, "positives": positives, "scoring": scoring}
 
 
@@ -372,7 +375,8 @@ def _compare_pairwise(loaded: tuple, labels: bool, batch_size: int, ndcg_k: int)
     sims, timing = score_matrix(ckpt.model.pair_scores, fragments, device)
     positives = ckpt.config.eval.positives
     texts = split.captions if positives == "text" else None
-    scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(*COCO_5K)}
+    scoring = {"seconds": timing.seconds, "pairs": timing.pairs,
+               "projected_coco5k_s": timing.projected_seconds(COCO_5K[0] * COCO_5K[1])}
     protocols = PROTOCOLS if split.n_images >= COCO_5K[0] else ("full",)
     results = {p: {**evaluate_scores(sims, split.captions_per_image, p, texts=texts), "positives": positives,
                    "scoring": scoring, **common} for p in protocols}
@@ -399,7 +403,8 @@ def format_table(result: dict) -> str:
     if scoring:
         cut = f", re-ranking the top {result['shortlist']} of the embedding model" if "shortlist" in result else ""
         lines.append(f"cross-attention scoring{cut}: {scoring['pairs']:,} pairs in {scoring['seconds']:.1f} s; "
-                     f"COCO 5K ({COCO_5K[0]:,} x {COCO_5K[1]:,}) projected {scoring['projected_coco5k_s'] / 60:.1f} min")
+                     f"the same on COCO 5K ({COCO_5K[0]:,} images, {COCO_5K[1]:,} captions) projected "
+                     f"{scoring['projected_coco5k_s'] / 60:.1f} min")
     if "vocabulary" in result:
         lines.append(f"unknown words: {format_coverage(result['vocabulary'])}")
     hub = result.get("hubness")
