@@ -45,3 +45,10 @@ def test_scan_and_bfan_configs_run_with_the_vsrn_teacher(tmp_path, capsys):
         assert (ckpt.config.round2.alpha, ckpt.config.round2.beta, ckpt.config.round2.lr) == (0.3, 1.5, 0.0005)
         # the lists were mined by the teacher, not by the cross-attention baseline
         assert load_mined(run / "mined").checkpoint_hash == load_checkpoint(teacher).content_hash
+    # aoq evaluate: the cross-attention model alone, and re-ranking the teacher's top 3
+    assert aoq(["evaluate", "--checkpoint", str(run / "models" / "aoq"), "--split", "test"]) == 0
+    assert "projected" in capsys.readouterr().out
+    assert aoq(["evaluate", "--checkpoint", str(run / "models" / "aoq"), "--split", "test",
+                "--shortlist-by", str(teacher), "--shortlist-n", "3"]) == 0
+    assert "re-ranking the top 3 of the embedding model" in capsys.readouterr().out
+    assert aoq(["evaluate", "--checkpoint", str(teacher), "--split", "test", "--shortlist-by", str(teacher)]) == 2
