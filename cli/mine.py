@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from aoq_train.mining import mine_with_checkpoint
     from aoq_train.mining.diagnostics import summary_line
     from aoq_train.mining.truth import shares_line
+    from aoq_train.regimes.advice import advice_line, read_evidence
 
     cfg = resolve_config(args)
     out = Path(args.out) if args.out else cfg.run_dir / "mined"
@@ -61,5 +62,6 @@ def run(args: argparse.Namespace) -> int:
         print("  " + summary_line(mined.diagnostics))
         if "shares" in mined.diagnostics:
             print("  " + shares_line(mined.diagnostics["shares"]))
+        print("  " + advice_line(mined.diagnostics, read_evidence()))
         print(f"  diagnostics: {out / DIAGNOSTICS_FILE}")
     return 0
