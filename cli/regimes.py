@@ -78,12 +78,12 @@ def run(args: argparse.Namespace) -> int:
     from aoq_train.regimes.runs import (
         MapSetup,
         collect_map,
-        finished,
         parse_worker,
         pick_knobs,
         pilot_setup,
         pilot_summary,
         run_map,
+        unfinished,
     )
     from aoq_train.report.runs import parse_seeds
 
@@ -104,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
         pilot = pilot_setup(base, tuple(grid.pilot_cells(levels)))
         if args.run:
             run_map(pilot, worker)
-        if finished(pilot):
-            print(f"pilot: {len(finished(pilot))} of {len(pilot.jobs())} runs not finished"
+        if unfinished(pilot):
+            print(f"pilot: {len(unfinished(pilot))} of {len(pilot.jobs())} runs not finished"
                   + ("; run again once the other workers are done" if args.run else "; add --run to run them"))
             return 0 if args.run else 1
         summary = pilot_summary(pilot, collect_map(pilot))
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                      base.patience, sizes, progress=base.progress)
     if args.run:
         run_map(setup, worker)
-    missing = finished(setup)
+    missing = unfinished(setup)
     if missing:
         print(f"grid: {len(missing)} of {len(setup.jobs())} runs not finished"
               + ("; run again once the other workers are done" if args.run else "; add --run to run them"))

@@ -114,3 +114,48 @@ def test_two_cell_toy_map_end_to_end(tmp_path: Path, capsys) -> None:
                 / "result.json").is_file()
     first = out.read_text()
     assert aoq(args) == 0 and out.read_text() == first  # read only: the same page
+
+
+def test_pilot_picks_the_two_knobs_that_move_the_gain_most() -> None:
+    from aoq_train.regimes.runs import MapSetup, pick_knobs, pilot_summary
+
+    levels = {"noise": (0.3, 1.8), "family_share": (0.1, 0.9), "max_variants": (1, 6)}
+    pilot = MapSetup(Path("cfg"), tuple(pilot_cells(levels)), (0,))
+    gain = {"noise=0.3": 1.0, "noise=1.8": 1.5, "family_share=0.1": -2.0, "family_share=0.9": 4.0,
+            "max_variants=1": 0.0, "max_variants=6": 3.0}
+    jobs = {name: [{"rsum": {"baseline": 100.0, "aoq": 100.0 + g}, "minutes": 2.0}] for name, g in gain.items()}
+    summary = pilot_summary(pilot, jobs)
+    assert summary["knobs"]["family_share"] == {"levels": [(0.1, -2.0), (0.9, 4.0)], "range": 6.0}
+    assert summary["minutes"] == 12.0
+    assert pick_knobs(summary) == ("family_share", "max_variants")
+    with pytest.raises(ValueError, match="at least two knobs"):
+        pick_knobs(pilot_summary(pilot, {**{n: [] for n in gain}, "noise=0.3": jobs["noise=0.3"]}))
+
+
+def test_workers_share_the_jobs_without_overlap() -> None:
+    from aoq_train.regimes.runs import MapSetup, parse_worker
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "synthetic.yaml"
+    setup = MapSetup(config, tuple(grid_cells("noise", "train")), (0, 1, 2))
+    jobs = setup.jobs()
+    assert len(jobs) == 27 and jobs[:9] == [(c, 0) for c in setup.cells]  # replicates outermost
+    k, n = parse_worker("1/2")
+    mine = [j for i, j in enumerate(jobs) if i % n == k]
+    assert len(mine) == 13 and jobs[1] in mine and jobs[0] not in mine
+    for bad in ("2/2", "x", "1/0"):
+        with pytest.raises(ValueError):
+            parse_worker(bad)
+    # every job its own folders: its set and its run
+    folders = {setup.run_dir(c, r) for c, r in jobs}
+    assert len(folders) == 27 and setup.run_dir(*jobs[0]).name == "seed0"
+
+
+def test_predictor_values_from_the_mining_diagnostics() -> None:
+    from aoq_train.regimes.predictors import predictor_values
+
+    d = _diagnostics(-0.02)
+    d["caption_anchors"] = {"on_minus_off": -0.04, "offline_rank": {"median": 30.0}, "in_batch_rank": {"median": 10.0}}
+    got = predictor_values(d, 250.0, 0.5)
+    assert got == pytest.approx({"s_on_minus_off": -0.03, "rank_ratio": 1.75, "false_negatives": 0.1,
+                                 "near_neighbours": 0.3, "round1_dev_rsum": 250.0, "family_share": 0.5})
+    assert predictor_values({**d, "shares": None})["false_negatives"] is None

@@ -138,6 +138,22 @@ def pilot_section(pilot: dict[str, Any] | None, knobs: tuple[str, str]) -> list[
     return lines + ["", f"Picked: **{knobs[0]}** and **{knobs[1]}**.", ""]
 
 
+def _budget(setup: MapSetup) -> str:
+    """How long each round trains, from the map's config as every run loads it."""
+    from aoq.config import load_config
+
+    cfg = load_config(setup.config, list(setup.overrides))
+    patience = setup.patience
+
+    def one(name: str, optim: Any) -> str:
+        if optim.schedule == "plateau":
+            return (f"{name} to its dev plateau (patience {patience or optim.patience}, {optim.plateaus} plateaus, "
+                    f"cap {optim.epochs} epochs)")
+        return f"{name} {optim.epochs} epochs ({optim.schedule} schedule)"
+
+    return f"{one('round 1', cfg.train)}, {one('round 2', cfg.round2)}"
+
+
 def write_page(setup: MapSetup, knobs: tuple[str, str], jobs: dict[str, list[dict[str, Any]]],
                pilot: dict[str, Any] | None, command: str, out: Path, evidence: Path) -> dict[str, Any]:
     """Write the page and its evidence file atomically; returns the evidence."""
@@ -153,8 +169,8 @@ def write_page(setup: MapSetup, knobs: tuple[str, str], jobs: dict[str, list[dic
              f"budget: {minutes:.0f} min ({minutes / 60:.1f} h) of training and validation (sum over every arm, pilot included). "
              "Regenerate with:", "", f"    {command}", "",
              "Every cell's replicate is its own synthetic set (seed derived from the cell and the replicate); "
-             "the arms of a replicate share it, its round-1 model and mined lists (paired). Each arm trains to its "
-             f"own dev plateau; rsum on the whole test split ({PROTOCOL}). Intervals: {interval_method(max(n, 2))}; "
+             "the arms of a replicate share it, its round-1 model and mined lists (paired). Budgets: "
+             f"{_budget(setup)}; rsum on the whole test split ({PROTOCOL}). Intervals: {interval_method(max(n, 2))}; "
              f"{CLEAR}bold{CLEAR}: the interval excludes 0.", "", "## Pilot", "", *pilot_section(pilot, knobs)]
     for arm in setup.arms:
         lines += [f"## {arm_label(arm)} − baseline (Δ rsum)", "", heatmap(setup, knobs, jobs, arm), ""]

@@ -11,13 +11,14 @@ processes share a map without touching each other's folders.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from aoq_train.regimes.grid import Cell, ensure_cell_data
-from aoq_train.report.runs import ReportSetup, seed_config
+from aoq_train.report.runs import ReportSetup, history, round_dir, seed_config
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def run_map(setup: MapSetup, worker: tuple[int, int] = (0, 1)) -> int:
     return len(mine)
 
 
-def finished(setup: MapSetup) -> list[tuple[Cell, int]]:
+def unfinished(setup: MapSetup) -> list[tuple[Cell, int]]:
     """The jobs not finished yet (an arm without its test evaluation)."""
     methods = ("baseline", *setup.arms)
     return [(c, r) for c, r in setup.jobs()
@@ -95,25 +96,21 @@ def finished(setup: MapSetup) -> list[tuple[Cell, int]]:
 
 def read_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any]:
     """One finished job: rsum per method, epochs run per method, the round-1 predictors."""
-    import json
-
     from aoq_train.pipeline.run import read_evaluation
     from aoq_train.regimes.predictors import predictor_values
-    from aoq_train.report.runs import _round_dir
     from aoq_train.report.tables import budget
 
     run_dir = setup.run_dir(cell, replicate)
     methods = ("baseline", *setup.arms)
-    history = {a: [json.loads(line) for line in (_round_dir(run_dir, a) / "metrics.jsonl").read_text().splitlines()
-                   if line.strip()] for a in methods}
+    logs = {a: history(round_dir(run_dir, a) / "metrics.jsonl") for a in methods}
     diagnostics = json.loads((run_dir / "mined" / "diagnostics.json").read_text())
-    dev = max(h["dev_rsum"] for h in history["baseline"])
+    dev = max(h["dev_rsum"] for h in logs["baseline"])
     return {
         "cell": cell.name,
         "replicate": replicate,
         "rsum": {a: read_evaluation(run_dir, a)[PROTOCOL]["rsum"] for a in methods},
-        "epochs": {a: budget(history[a])["epochs"] for a in methods},
-        "minutes": sum(budget(h)["minutes"] for h in history.values()),
+        "epochs": {a: budget(logs[a])["epochs"] for a in methods},
+        "minutes": sum(budget(h)["minutes"] for h in logs.values()),
         "premise_holds": bool(diagnostics["premise_holds"]),
         "on_minus_off": {d: diagnostics[f"{d}_anchors"]["on_minus_off"] for d in ("image", "caption")},
         "predictors": predictor_values(diagnostics, dev, float(cell.params().family_share)),
@@ -123,7 +120,7 @@ def read_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any]:
 def collect_map(setup: MapSetup) -> dict[str, list[dict[str, Any]]]:
     """Every finished job, grouped by cell name (in the setup's cell order)."""
     out: dict[str, list[dict[str, Any]]] = {c.name: [] for c in setup.cells}
-    missing = set(finished(setup))
+    missing = set(unfinished(setup))
     for cell, replicate in setup.jobs():
         if (cell, replicate) not in missing:
             out[cell.name].append(read_job(setup, cell, replicate))

@@ -225,6 +225,14 @@ def _results_section(collected: dict[str, Any], pairs: tuple[tuple[str, str], ..
                      "ground truth)")
                   + ". The `identity` filter of `aoq mine` (the `aoq-fn-identity...` arms) drops identical texts "
                   "([method.md](method.md#false-negatives)).", ""]
+    else:  # runs mined before the two kinds were counted: their identical-text count only
+        certain = [s["diagnostics"]["certain_false_negatives"] for s in collected["seeds"]
+                   if s["diagnostics"] and "certain_false_negatives" in s["diagnostics"]]
+        if certain:
+            lines += [f"Mined captions within h_t whose text is one of the anchor image's own captions (false negatives "
+                      f"under the text rule), mean over seeds: "
+                      f"{100 * statistics.fmean(c['pairs'] for c in certain):.2f}% of the (image, mined caption) pairs, "
+                      f"{100 * statistics.fmean(c['images'] for c in certain):.1f}% of the images have at least one.", ""]
     for s in collected["seeds"]:
         for warning in (s["diagnostics"] or {}).get("warnings", []):
             lines += [f"**Warning ({Path(s['run_dir']).name}):** {warning}", ""]
