@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _levels(items: list[str]) -> dict[str, tuple[float | int, ...]]:
-    from aoq_train.regimes.grid import LEVELS
+    from aoq_train.regimes.grid import LEVELS, Cell
 
     out = dict(LEVELS)
     for item in items:
@@ -57,6 +57,11 @@ def _levels(items: list[str]) -> dict[str, tuple[float | int, ...]]:
             out[knob] = tuple((int if knob in WHOLE else float)(v) for v in values.split(","))
         except ValueError:
             raise ConfigError(f"--levels {item!r}: the levels of {knob} are numbers") from None
+        for level in out[knob]:
+            try:
+                Cell.of(**{knob: level}).params()
+            except ValueError as exc:
+                raise ConfigError(f"--levels {item!r}: {exc}") from None
     return out
 
 

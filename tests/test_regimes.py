@@ -27,6 +27,9 @@ def test_cells_and_seeds() -> None:
     assert len(pilot_cells({"noise": (0.3, 1.0), "train": (10, 20)})) == 4
     with pytest.raises(ValueError, match="unknown knob"):
         Cell.of(colour=3)
+    for cell in pilot_cells():  # every default level is one the generator accepts
+        cell.params()
+        assert cell.sizes()["train"] >= 1
 
 
 def test_cell_generation_is_deterministic_per_seed(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ TRAIN = "train"
 #: knob -> the levels the pilot tries (the middle one is the default where there is one)
 LEVELS: dict[str, tuple[float | int, ...]] = {
     "family_share": (0.1, 0.5, 0.9),
-    "max_variants": (1, 3, 6),
+    "max_variants": (1, 3, 5),
     "caption_detail": (0.2, 0.5, 0.8),
     "contrast_captions": (0, 2, 4),
     "noise": (0.3, 1.0, 1.8),
