@@ -60,6 +60,8 @@ def test_correlation_recovers_a_planted_monotone_relation() -> None:
     assert got["s_on_minus_off"]["reliable"] and got["s_on_minus_off"]["cells"] == 12
     assert not got["family_share"]["reliable"]  # constant: no correlation
     assert "near_neighbours" not in got  # not measured
+    few = correlations(cells[:8])  # perfectly monotone, but too few cells for a bootstrap over cells
+    assert few["s_on_minus_off"]["rho"] == pytest.approx(1.0) and not few["s_on_minus_off"]["reliable"]
 
 
 def _diagnostics(gap: float) -> dict:

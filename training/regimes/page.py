@@ -15,7 +15,7 @@ import numpy as np
 
 from aoq.io import atomic_write_json, atomic_write_text
 from aoq_train.pipeline.arms import arm_label
-from aoq_train.regimes.predictors import PREDICTORS, correlations
+from aoq_train.regimes.predictors import MIN_CELLS, PREDICTORS, correlations
 from aoq_train.regimes.runs import GAIN_ARM, PROTOCOL, MapSetup, differences
 from aoq_train.report.tables import interval_method, paired_interval
 
@@ -115,14 +115,22 @@ def predictor_section(corr: dict[str, dict[str, Any]], n_cells: int) -> list[str
     lines = ["| predictor (after round 1) | Spearman rho with AOQ's gain | 95% bootstrap interval over cells | "
              "reliable |", "|---|---:|---:|---|"]
     for name, c in corr.items():
-        lines.append(f"| {PREDICTORS[name]} | {c['rho']:+.2f} | [{c['low']:+.2f}, {c['high']:+.2f}] | "
-                     f"{'yes' if c['reliable'] else 'no'} |")
+        if c["rho"] != c["rho"]:
+            lines.append(f"| {PREDICTORS[name]} | — (did not vary) | — | no |")
+            continue
+        interval = "—" if c["low"] != c["low"] else f"[{c['low']:+.2f}, {c['high']:+.2f}]"
+        lines.append(f"| {PREDICTORS[name]} | {c['rho']:+.2f} | {interval} | {'yes' if c['reliable'] else 'no'} |")
     reliable = [PREDICTORS[n] for n, c in corr.items() if c["reliable"]]
-    verdict = (f"A user can read **{', '.join(reliable)}** after round 1: its interval over the {n_cells} cells "
-               "excludes 0. `aoq mine` prints the advice line from this page's evidence file."
-               if reliable else
-               f"**No predictor is reliable**: every interval over the {n_cells} cells includes 0 (or the predictor "
-               "did not vary). `aoq mine` says so (\"no reliable predictor\").")
+    if reliable:
+        verdict = (f"A user can read **{', '.join(reliable)}** after round 1: the interval over the {n_cells} cells "
+                   "excludes 0. `aoq mine` prints the advice line from this page's evidence file (for the "
+                   "predictors its diagnostics measure).")
+    elif n_cells < MIN_CELLS:
+        verdict = (f"**No predictor is reliable**: {n_cells} cells are fewer than the {MIN_CELLS} a bootstrap over "
+                   "cells needs. `aoq mine` says so (\"no reliable predictor\").")
+    else:
+        verdict = (f"**No predictor is reliable**: every interval over the {n_cells} cells includes 0 (or the "
+                   "predictor did not vary). `aoq mine` says so (\"no reliable predictor\").")
     return lines + ["", verdict]
 
 

@@ -13,7 +13,7 @@ their hardness diagnostics (:mod:`aoq_train.mining.diagnostics`) and the round-1
 
 Across cells, each is rank-correlated (Spearman) with the cell's mean gain, and the correlation
 gets a percentile bootstrap interval over cells (cells resampled with replacement). A predictor
-is *reliable* when that interval excludes 0.
+is *reliable* when that interval excludes 0 over at least ``MIN_CELLS`` cells.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ PREDICTORS = {
 }
 #: bootstrap resamples of the cells (a fixed generator: the page is reproducible)
 RESAMPLES = 2000
+#: fewer cells than this and no predictor is called reliable: a bootstrap over a handful of cells
+#: redraws the same few and its interval is far too narrow (the issue's grid is 3 x 3)
+MIN_CELLS = 9
 
 
 def predictor_values(diagnostics: dict[str, Any], round1_dev_rsum: float | None = None,
@@ -77,7 +80,8 @@ def spearman_interval(x: np.ndarray, y: np.ndarray, resamples: int = RESAMPLES,
 
 def correlations(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
     """Per predictor measured in every cell: rho, its interval, the number of cells, and
-    ``reliable`` (the interval excludes 0). ``cells``: ``{"gain", "predictors"}`` each."""
+    ``reliable`` (the interval excludes 0, over ``MIN_CELLS`` cells or more; nan: the predictor
+    or the gain did not vary). ``cells``: ``{"gain", "predictors"}`` each."""
     out: dict[str, dict[str, float | int]] = {}
     gains = np.array([c["gain"] for c in cells], dtype=np.float64)
     for name in PREDICTORS:
@@ -86,5 +90,5 @@ def correlations(cells: list[dict[str, Any]]) -> dict[str, dict[str, float | int
             continue
         rho, low, high = spearman_interval(np.array(values, dtype=np.float64), gains)
         out[name] = {"rho": rho, "low": low, "high": high, "cells": len(cells),
-                     "reliable": bool(np.isfinite(low) and (low > 0 or high < 0))}
+                     "reliable": bool(len(cells) >= MIN_CELLS and np.isfinite(low) and (low > 0 or high < 0))}
     return out
