@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "train2": "Round-2 training with offline hard negatives (OffTri, OffQuin, AdapOffQuin, ablations).",
     "pipeline": "Round 1 -> mining -> round 2, resumable stage by stage, with a comparison table.",
     "report": "Write docs/results.md and its figures from finished runs.",
+    "regimes": "Map where offline mining pays: a pilot and a grid over aoq synth's knobs, docs/results-regimes.md.",
     "index": "Embed a gallery with registered models and build FAISS indexes plus the catalogue.",
     "serve": "Start the REST search service (FastAPI + FAISS).",
     "ui": "Start the comparison web UI (Gradio), talking to the service over HTTP.",

@@ -303,8 +303,14 @@ def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Pat
     save_checkpoint(tmp_path / "ckpt", model, cfg, vocab, {"rsum": 0.0})
 
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress"]) == 0
-    assert "mined in" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mined in" in printed
     mined = load_mined(tmp_path / "run" / "mined")
+    # both shares, and the regime map's advice (or that there is no reliable predictor)
+    from aoq_train.regimes.advice import advice_line, read_evidence
+
+    assert "  false negatives 0.0% of the sampled candidates, near neighbours unknown" in printed
+    assert f"  {advice_line(mined.diagnostics, read_evidence())}\n" in printed
     img, cap = encode_split(model, vocab, split)  # the teacher's embeddings of the train split
     ref = mine_offline_negatives(img, cap, 5, 20, 5, progress=False)
     np.testing.assert_array_equal(mined.img_top_caps, ref[0])
