@@ -77,6 +77,32 @@ def test_damaged_or_missing_sqlite_catalogue_refuses_to_start_with_one_line(tmp_
     assert damage != "deleted" or not db.exists()  # never silently recreated empty
 
 
+def _zero_index_cells(db: Path) -> None:
+    """Zero the cell pointers of an index's root page: SQLite still opens the file, and
+    ``PRAGMA quick_check`` reports one problem per lost cell (dozens of lines)."""
+    with sqlite3.connect(db) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'ix_images_split_position'").fetchone()[0]
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with db.open("r+b") as fh:
+        fh.seek((root - 1) * page_size + 12)  # past the b-tree page header
+        fh.write(bytes(64))
+
+
+def test_a_long_quick_check_report_is_one_line_naming_the_full_report(tmp_path: Path):
+    fx = build_service_fixture(tmp_path)
+    db = fx.index_dir / "catalogue.sqlite"
+    for leftover in fx.index_dir.glob("catalogue.sqlite-*"):
+        leftover.unlink()
+    _zero_index_cells(db)
+    code, err = _refused_start(fx)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("aoq serve: error: ") and "quick_check" in lines[0] and "aoq index" in lines[0]
+    report = Path(lines[0].split("full report: ", 1)[1].split(")", 1)[0])
+    assert report.is_file() and len(report.read_text().splitlines()) > 10  # the whole report is kept
+
+
 def _edit_caption(fx: ServiceFixture, dataset: str) -> int:
     """Change the text of one gallery caption of ``dataset`` behind the service's back."""
     from sqlalchemy import select, update

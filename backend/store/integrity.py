@@ -15,6 +15,7 @@ its index manifest when the models are loaded (:mod:`aoq_serve.registry`).
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from sqlalchemy import func, inspect, select
@@ -42,8 +43,28 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def report_path(path: Path) -> Path:
+    """Where the full ``PRAGMA quick_check`` report of a failing catalogue file is written."""
+    return path.with_name(path.name + ".quick_check.txt")
+
+
+def _write_report(path: Path, lines: list[str]) -> str:
+    """Write the full report beside the catalogue (else in the temporary folder); its path."""
+    text = "\n".join(lines) + "\n"
+    for target in (report_path(path), Path(tempfile.gettempdir()) / f"aoq-{report_path(path).name}"):
+        try:
+            target.write_text(text, encoding="utf-8")
+            return str(target)
+        except OSError:
+            continue
+    return "not written (no writable folder)"
+
+
 def _quick_check(path: Path) -> str | None:
-    """None when the SQLite file passes ``PRAGMA quick_check``, else what is wrong (one line)."""
+    """None when the SQLite file passes ``PRAGMA quick_check``, else what is wrong (one line).
+
+    SQLite reports up to 100 problems, and one row may hold many lines: the line names the first
+    problem and the number of lines, and the whole report goes to a file beside the catalogue."""
     try:
         conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True)
     except sqlite3.Error as exc:
@@ -56,7 +77,10 @@ def _quick_check(path: Path) -> str | None:
         conn.close()
     if rows == [("ok",)]:
         return None
-    return f"fails PRAGMA quick_check ({'; '.join(str(r[0]) for r in rows[:3])})"
+    lines = [line for row in rows for line in str(row[0]).splitlines() if line.strip()]
+    problems = [line for line in lines if not line.startswith("***")] or lines
+    return (f"fails PRAGMA quick_check ({len(problems)} problem(s), first: {problems[0].strip()}; "
+            f"full report: {_write_report(path, lines)})")
 
 
 def check_catalogue(settings: Settings) -> None:
