@@ -84,6 +84,20 @@ def test_damaged_catalogue_disables_what_reads_it_with_one_line_and_503(fx, capl
     assert not any(r.exc_info for r in caplog.records)
 
 
+def test_health_after_a_failed_reload_names_no_absolute_path(fx):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        db = _db(fx)
+        with db.open("r+b") as f:
+            f.truncate(db.stat().st_size // 2)
+        reload = client.post("/admin/reload", json={})
+        health = client.get("/health")
+        examples = client.get("/examples")
+    assert reload.status_code == 503 and str(db) in reload.json()["detail"]  # the admin sees the file
+    assert health.json()["status"] == "degraded" and "$AOQ_INDEX_DIR/catalogue.sqlite" in health.text, health.text
+    for public in (health.text, examples.text):
+        assert str(fx.index_dir.parent) not in public and str(fx.index_dir.resolve().parts[1]) not in public, public
+
+
 def test_dropped_query_ranks_table_answers_503_with_a_message(fx):
     with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
         assert client.get("/failures").status_code == 200

@@ -8,6 +8,7 @@ from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.access import require_admin
 from aoq_serve.guards.faults import CATALOGUE
+from aoq_serve.guards.paths import public_text
 from aoq_serve.schemas import (
     DatasetOut,
     ErrorOut,
@@ -28,9 +29,13 @@ router = APIRouter(tags=["service"])
 def health(snapshot: SnapshotDep, service: ServiceDep) -> HealthOut:
     faults = service.faults.current
     healthy = snapshot.models and not snapshot.disabled and not faults
+    # Public (health checks need no token): reasons name files relative to the configured folders.
+    def public(reasons: dict[str, str]) -> dict[str, str]:
+        return {part: public_text(reason, service.settings) for part, reason in reasons.items()}
+
     return HealthOut(
         status="ok" if healthy else "degraded", models=sorted(snapshot.models),
-        disabled=snapshot.disabled, faults=faults, version=VERSION, generation=snapshot.generation,
+        disabled=public(snapshot.disabled), faults=public(faults), version=VERSION, generation=snapshot.generation,
     )
 
 
