@@ -32,12 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
 from aoq.io import ArtefactError, read_manifest, sha256_file
 from aoq_serve.config import Settings
 from aoq_serve.errors import ServiceError
+from aoq_serve.guards.faults import CATALOGUE, Faults, first_line
 from aoq_serve.index.faiss_index import (
     MODALITIES,
     FileStamp,
@@ -50,6 +52,7 @@ from aoq_serve.search.gallery import GalleryView, Span
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.store.db import Model
+from aoq_serve.store.integrity import row_count_problem
 
 log = logging.getLogger(__name__)
 
@@ -376,8 +379,10 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
 class Registry:
     """Holds the current snapshot; reloads on demand or when ``index.json`` changes."""
 
-    def __init__(self, settings: Settings, sessions: sessionmaker) -> None:
+    def __init__(self, settings: Settings, sessions: sessionmaker, faults: Faults | None = None) -> None:
         self.settings, self.sessions = settings, sessions
+        #: where the watcher records catalogue damage it finds (``/health``, and 503 on what reads it).
+        self.faults = faults if faults is not None else Faults()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -420,12 +425,25 @@ class Registry:
                 self._snapshot = snapshot.without(reasons)
             return reasons
 
+    def check_rows(self) -> str | None:
+        """Count the catalogue's rows per split against what was registered; a difference (a row
+        deleted while serving) disables what reads the catalogue until a reload finds it sound."""
+        try:
+            with self.sessions() as session:
+                problem = row_count_problem(session.connection())
+        except SQLAlchemyError as exc:
+            problem = f"the catalogue cannot be read ({first_line(exc)})"
+        if problem is not None:
+            self.faults.disable(CATALOGUE, problem)
+        return problem
+
     def _watch(self) -> None:
         while not self._stop.wait(self.settings.reload_poll_s):
             try:
                 self.check_files()
             except OSError:
                 log.exception("checking the served index files failed")
+            self.check_rows()
             on_disk = self._generation_on_disk()
             if on_disk is not None and on_disk != self._snapshot.generation:
                 log.info("index generation %s on disk (serving %s): reloading", on_disk, self._snapshot.generation)

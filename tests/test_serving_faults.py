@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import httpx
@@ -96,6 +97,40 @@ def test_health_after_a_failed_reload_names_no_absolute_path(fx):
     assert health.json()["status"] == "degraded" and "$AOQ_INDEX_DIR/catalogue.sqlite" in health.text, health.text
     for public in (health.text, examples.text):
         assert str(fx.index_dir.parent) not in public and str(fx.index_dir.resolve().parts[1]) not in public, public
+
+
+def test_a_catalogue_row_deleted_while_serving_is_a_503_with_one_log_line_not_a_short_answer(fx, caplog):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        before = client.get("/examples", params={"n": 4}).json()
+        first = before["images"][0]["id"]
+        with sqlite3.connect(_db(fx)) as conn:  # the service's own connection enforces the foreign keys
+            conn.execute("DELETE FROM images WHERE id = ?", (first,))
+        answers = [client.get("/examples", params={"n": 4}) for _ in range(3)]
+        caption = client.get(f"/captions/{before['captions'][0]['id']}")
+        health = client.get("/health").json()
+    assert len(before["images"]) == 4
+    assert [r.status_code for r in answers] == [503] * 3, answers[0].text
+    assert f"image at position 0" in answers[0].json()["detail"], answers[0].text
+    assert caption.status_code == 200  # the caption row is still there
+    assert health["status"] == "degraded" and "/examples" in health["faults"], health
+    logged = [r.getMessage() for r in caplog.records if "disabled:" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith("/examples disabled: the catalogue is damaged"), logged
+
+
+def test_the_watcher_counts_catalogue_rows_while_serving(fx):
+    with run_server(fx.settings(reload_poll_s=0.2)) as url, httpx.Client(base_url=url, timeout=30) as client:
+        caption = client.get("/examples", params={"n": 1}).json()["captions"][0]["id"]
+        assert client.get("/health").json()["status"] == "ok"
+        with sqlite3.connect(_db(fx)) as conn:
+            conn.execute("DELETE FROM captions WHERE id = ?", (caption,))
+        deadline, health = time.monotonic() + 20, {}
+        while time.monotonic() < deadline and health.get("status") != "degraded":
+            time.sleep(0.1)
+            health = client.get("/health").json()
+        missing = client.get(f"/captions/{caption}")
+        search = client.post("/search/text", json=QUERY)
+    assert "catalogue" in health["faults"] and "captions rows but recorded" in health["faults"]["catalogue"], health
+    assert missing.status_code == 503 and search.status_code == 200  # searches read the verified snapshot
 
 
 def test_dropped_query_ranks_table_answers_503_with_a_message(fx):

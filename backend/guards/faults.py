@@ -36,6 +36,11 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else exc.__class__.__name__
 
 
+class CatalogueDamage(Exception):
+    """Rows the catalogue must hold are missing or differ (found by a route or the watcher); the
+    app answers it like a catalogue that cannot be read: 503, the endpoint disabled, one log line."""
+
+
 class Faults:
     """``{part: reason}`` of what is disabled while serving; thread-safe."""
 

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
+from aoq_serve.guards.faults import CatalogueDamage
 from aoq_serve.guards.paths import safe_path
 from aoq_serve.registry import Snapshot
 from aoq_serve.schemas import (
@@ -74,9 +75,11 @@ def get_image(
 
 
 @router.get("/captions/{caption_id}", response_model=CaptionOut, responses=ERRORS)
-def get_caption(caption_id: ItemId, session: SessionDep) -> CaptionOut:
+def get_caption(caption_id: ItemId, session: SessionDep, snapshot: SnapshotDep) -> CaptionOut:
     caption = catalogue.get_caption(session, caption_id)
     if caption is None:
+        if any(served.gallery.caption_position(caption_id) is not None for served in snapshot.models.values()):
+            raise CatalogueDamage(f"caption {caption_id} of a served gallery has no row")
         raise ServiceError(404, f"no caption with id {caption_id}")
     return CaptionOut(id=caption.id, text=caption.text, image_id=caption.image_id, split=caption.split)
 
@@ -103,12 +106,18 @@ def get_examples(
     positions = sorted({int(p) for p in np.linspace(0, sizes[split] - 1, num=min(n, sizes[split]))})
     images = catalogue.images_at(session, record.id, split, positions)
     firsts = catalogue.first_captions(session, [i.id for i in images])
+    # Every registered image and its captions must be there: a deleted row is damage, not a shorter answer.
+    found = {i.position for i in images}
+    missing = [f"image at position {p}" for p in positions if p not in found]
+    missing += [f"caption of image {i.id}" for i in images if i.id not in firsts]
+    if missing:
+        raise CatalogueDamage(f"split {split!r} of dataset {dataset!r} records {sizes[split]} images but has no row "
+                              f"for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     return ExamplesOut(
         dataset=dataset, split=split,
-        captions=[ExampleCaption(id=c.id, text=c.text, image_id=c.image_id)
-                  for c in (firsts.get(i.id) for i in images) if c is not None],
+        captions=[ExampleCaption(id=firsts[i.id].id, text=firsts[i.id].text, image_id=i.id) for i in images],
         images=[ExampleImage(id=i.id, image_url=urls.image(i.id), thumbnail_url=urls.thumbnail(i.id),
-                             name=firsts[i.id].text if i.id in firsts else None) for i in images],
+                             name=firsts[i.id].text) for i in images],
     )
 
 
