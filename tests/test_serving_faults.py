@@ -133,6 +133,58 @@ def test_the_watcher_counts_catalogue_rows_while_serving(fx):
     assert missing.status_code == 503 and search.status_code == 200  # searches read the verified snapshot
 
 
+def _swap_in(fx: ServiceFixture, target: int, source: int) -> Path:
+    """Copy the picture file of image ``source`` over that of ``target`` (a valid PNG, another picture)."""
+    with sqlite3.connect(_db(fx)) as conn:
+        (a,), (b,) = (conn.execute("SELECT path FROM images WHERE id = ?", (i,)).fetchone() for i in (target, source))
+    path = fx.data_dir / a
+    path.write_bytes((fx.data_dir / b).read_bytes())
+    return path
+
+
+def test_a_picture_file_swapped_on_disk_is_a_503_and_health_names_it_also_after_a_reload(fx, caplog):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        first, second = (i["id"] for i in client.get("/examples", params={"n": 2}).json()["images"])
+        original = client.get(f"/images/{first}").content
+        path = _swap_in(fx, first, second)
+        served = [client.get(f"/images/{first}") for _ in range(3)]
+        thumb = client.get(f"/images/{first}", params={"size": 32})
+        other = client.get(f"/images/{second}")
+        health = client.get("/health").json()
+        reload = client.post("/admin/reload", json={})
+        after_reload = (client.get("/health").json(), client.get(f"/images/{first}"))
+        path.write_bytes(original)  # restored: the next reload serves it again
+        client.post("/admin/reload", json={})
+        restored = (client.get("/health").json(), client.get(f"/images/{first}"))
+    assert [r.status_code for r in served] == [503] * 3 and thumb.status_code == 503, served[0].text
+    assert "differs from the picture file that aoq index recorded" in served[0].json()["detail"]
+    assert other.status_code == 200
+    part = f"/images/{first}"
+    assert health["status"] == "degraded" and part in health["faults"], health
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{part} disabled")]
+    assert len(logged) == 1, logged
+    assert reload.status_code == 200
+    assert after_reload[0]["status"] == "degraded" and part in after_reload[0]["faults"], after_reload[0]
+    assert after_reload[1].status_code == 503
+    assert restored[0]["status"] == "ok" and restored[1].content == original
+
+
+def test_a_picture_file_swapped_before_start_up_is_found_when_loading(fx, caplog):
+    with run_server(fx.settings()) as url:
+        first, second = (i["id"] for i in httpx.get(f"{url}/examples", params={"n": 2}).json()["images"])
+    _swap_in(fx, first, second)
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        health = client.get("/health").json()
+        served = client.get(f"/images/{first}")
+        search = client.post("/search/text", json=QUERY)
+    assert health["status"] == "degraded" and health["models"] == ["aoq", "baseline", "pixels"], health
+    # the pixels model's dataset shows the same file under its own id: that picture is disabled too
+    assert f"/images/{first}" in health["faults"] and len(health["faults"]) == 2, health
+    assert all(part.startswith("/images/") for part in health["faults"]), health
+    assert served.status_code == 503 and search.status_code == 200
+    assert any(r.getMessage().startswith(f"picture {first} disabled:") for r in caplog.records)
+
+
 def test_dropped_query_ranks_table_answers_503_with_a_message(fx):
     with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
         assert client.get("/failures").status_code == 200

@@ -10,8 +10,8 @@ from fastapi.responses import Response
 
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
-from aoq_serve.guards.faults import CatalogueDamage
-from aoq_serve.guards.paths import safe_path
+from aoq_serve.guards.faults import CatalogueDamage, picture_part
+from aoq_serve.guards.paths import public_text, safe_path
 from aoq_serve.registry import Snapshot
 from aoq_serve.schemas import (
     MAX_GALLERY_PAGE,
@@ -30,19 +30,20 @@ from aoq_serve.schemas import (
 )
 from aoq_serve.search.engine import gallery_image
 from aoq_serve.store import catalogue
-from aoq_serve.store.images import checked_file, media_type, thumbnail_png
+from aoq_serve.store.images import PictureMismatch, checked_file, media_type, thumbnail_png
 
 router = APIRouter(tags=["items"])
-ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}, 503: {"model": ErrorOut}}
 ItemId = Annotated[int, Path(ge=0, le=MAX_ID)]
 
 
-def served_path(snapshot: Snapshot, image_id: int) -> str | None:
-    """The verified path of an image of a served gallery ("" for a features-only image), else None."""
+def served_path(snapshot: Snapshot, image_id: int) -> tuple[str, bytes | None] | None:
+    """The verified path of an image of a served gallery ("" for a features-only image) and the
+    digest of its file, else None."""
     for served in snapshot.models.values():
         path = served.images.get(image_id)
         if path is not None:
-            return path
+            return path, served.images.digest(image_id)
     return None
 
 
@@ -59,19 +60,29 @@ def get_image(
     """The image file (its own format), or a PNG thumbnail when ``size`` is given; either only
     after the file was checked to decode (404 when it is missing or damaged). Only the pictures
     of the served models (gallery, and training split of the negatives explorer), from the paths
-    verified when the models were loaded: the catalogue is not read here."""
-    relative = served_path(snapshot, image_id)
-    if relative is None:
+    verified when the models were loaded: the catalogue is not read here. A file that decodes but
+    is not the picture ``aoq index`` recorded (its digest differs) answers 503 and disables that
+    picture (one log line; ``/health`` names it) until a reload finds it restored."""
+    found = served_path(snapshot, image_id)
+    if found is None:
         raise ServiceError(404, f"no image with id {image_id} among the pictures of the served models")
+    relative, digest = found
     if not relative:
         raise ServiceError(404, f"image {image_id} has no file: its dataset holds precomputed features only")
-    path = safe_path(service.settings.data_dir, relative)
-    headers = {"Cache-Control": "public, max-age=3600"}
-    if size is not None:
-        return Response(thumbnail_png(path, size, service.settings.max_upload_pixels), media_type="image/png",
-                        headers=headers)
-    return Response(checked_file(path, service.settings.max_upload_pixels), media_type=media_type(path),
-                    headers=headers)
+    part = picture_part(image_id)
+    reason = snapshot.pictures.get(image_id) or service.faults.get(part)
+    if reason is None:
+        path = safe_path(service.settings.data_dir, relative)
+        headers = {"Cache-Control": "public, max-age=3600"}
+        limit = service.settings.max_upload_pixels
+        try:
+            if size is not None:
+                return Response(thumbnail_png(path, size, limit, digest), media_type="image/png", headers=headers)
+            return Response(checked_file(path, limit, digest), media_type=media_type(path), headers=headers)
+        except PictureMismatch as exc:
+            reason = str(exc)
+            service.faults.disable(part, reason)
+    raise ServiceError(503, f"picture {image_id} is disabled: {public_text(reason, service.settings)}")
 
 
 @router.get("/captions/{caption_id}", response_model=CaptionOut, responses=ERRORS)
