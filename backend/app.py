@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aoq_serve.config import Settings
 from aoq_serve.deps import Service
+from aoq_serve.docs_page import add_docs_pages
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.faults import CatalogueDamage, Faults, endpoint, first_line
 from aoq_serve.guards.hosts import HostCheckMiddleware
@@ -135,8 +136,9 @@ def create_app(settings: Settings | None = None, check_catalogue: bool = True) -
         title="AOQ image-text retrieval",
         version=VERSION,
         description="Sentence -> images and image -> sentences with baseline and AOQ models (docs/api.md).",
-        lifespan=lifespan,
+        lifespan=lifespan, docs_url=None, redoc_url=None,
     )
+    add_docs_pages(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _FORM_OVERHEAD)
     # Added last, so it runs first: a request with a foreign Host is answered before anything else.
     app.add_middleware(HostCheckMiddleware, settings=settings)
