@@ -224,6 +224,10 @@ def test_negatives_offline_from_the_mined_artefact_and_online_from_a_batch(servi
     assert [(x["rank"], x["id"], x["removed_by"]) for x in out["offline"]] == list(zip(
         range(1, 9), (raw[position, :8] + first_train_image).tolist(), removed_by(flags[position, :8], MINED_FILTERS)))
     assert "identity" in [x["removed_by"] for x in out["offline"]]
+    # a candidate sharing a caption text with the anchor is a correct match, not a negative: the
+    # identity filter (first in order) removed exactly those; marked whether removed or not
+    assert out["correct_rule"] == "text" and MINED_FILTERS[0] == "identity"
+    assert [x["correct"] for x in out["offline"]] == [x["removed_by"] == "identity" for x in out["offline"]]
     kept = [x["id"] - first_train_image for x in out["offline"] if x["removed_by"] is None]
     assert kept == mined.cap_top_imgs[position][:len(kept)].tolist()  # what round 2 samples from, in order
     assert all(x["image_url"].endswith(f"/images/{x['id']}?size={THUMBNAIL_SIZE}") and x["text"] for x in out["offline"])
