@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,30 +18,13 @@ import pytest
 from tests.backend_helpers import (
     ServiceFixture,
     build_service_fixture,
-    free_socket,
     postgres_database,
+    refused_start,
     run_server,
-    serve_env,
-    start_serve,
 )
 
 pytestmark = pytest.mark.slow
 QUERY = "a red circle on a grey background"
-
-
-def _refused_start(fx: ServiceFixture) -> tuple[int, str]:
-    """Start ``aoq serve`` on a damaged catalogue; it must exit by itself (bounded wait)."""
-    probe = free_socket()
-    port = probe.getsockname()[1]
-    probe.close()
-    proc = start_serve(serve_env(fx), port)
-    try:
-        _, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate(timeout=30)
-        raise AssertionError(f"aoq serve kept running on a damaged catalogue:\n{err[-3000:]}") from None
-    return proc.returncode, err
 
 
 def _truncate(db: Path) -> None:
@@ -69,38 +51,12 @@ def test_damaged_or_missing_sqlite_catalogue_refuses_to_start_with_one_line(tmp_
     for leftover in fx.index_dir.glob("catalogue.sqlite-*"):  # WAL files of the indexing run
         leftover.unlink()
     {"truncated": _truncate, "bit-flipped": _flip_page_type, "deleted": Path.unlink}[damage](db)
-    code, err = _refused_start(fx)
+    code, err = refused_start(fx)
     last = err.strip().splitlines()[-1] if err.strip() else ""
     assert code == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert last.startswith("aoq serve: error: ") and str(db) in last and "aoq index" in last, last
     assert damage != "deleted" or not db.exists()  # never silently recreated empty
-
-
-def _zero_index_cells(db: Path) -> None:
-    """Zero the cell pointers of an index's root page: SQLite still opens the file, and
-    ``PRAGMA quick_check`` reports one problem per lost cell (dozens of lines)."""
-    with sqlite3.connect(db) as conn:
-        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'ix_images_split_position'").fetchone()[0]
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    with db.open("r+b") as fh:
-        fh.seek((root - 1) * page_size + 12)  # past the b-tree page header
-        fh.write(bytes(64))
-
-
-def test_a_long_quick_check_report_is_one_line_naming_the_full_report(tmp_path: Path):
-    fx = build_service_fixture(tmp_path)
-    db = fx.index_dir / "catalogue.sqlite"
-    for leftover in fx.index_dir.glob("catalogue.sqlite-*"):
-        leftover.unlink()
-    _zero_index_cells(db)
-    code, err = _refused_start(fx)
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1, err[-3000:]
-    assert lines[0].startswith("aoq serve: error: ") and "quick_check" in lines[0] and "aoq index" in lines[0]
-    report = Path(lines[0].split("full report: ", 1)[1].split(")", 1)[0])
-    assert report.is_file() and len(report.read_text().splitlines()) > 10  # the whole report is kept
 
 
 def _edit_caption(fx: ServiceFixture, dataset: str) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.backend_helpers import ServiceFixture, build_service_fixture, run_server, serve_process
+from tests.backend_helpers import ServiceFixture, build_service_fixture, refused_start, run_server, serve_process
 
 pytestmark = pytest.mark.slow
 QUERY = {"query": "a red circle on a grey background", "model": "aoq", "k": 5}
@@ -183,6 +183,31 @@ def test_a_picture_file_swapped_before_start_up_is_found_when_loading(fx, caplog
     assert all(part.startswith("/images/") for part in health["faults"]), health
     assert served.status_code == 503 and search.status_code == 200
     assert any(r.getMessage().startswith(f"picture {first} disabled:") for r in caplog.records)
+
+
+def _zero_index_cells(db: Path) -> None:
+    """Zero the cell pointers of an index's root page: SQLite still opens the file, and
+    ``PRAGMA quick_check`` reports one problem per lost cell (dozens of lines)."""
+    with sqlite3.connect(db) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'ix_images_split_position'").fetchone()[0]
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with db.open("r+b") as fh:
+        fh.seek((root - 1) * page_size + 12)  # past the b-tree page header
+        fh.write(bytes(64))
+
+
+def test_a_long_quick_check_report_is_one_line_naming_the_full_report(fx):
+    db = _db(fx)
+    for leftover in fx.index_dir.glob("catalogue.sqlite-*"):  # WAL files of the indexing run
+        leftover.unlink()
+    _zero_index_cells(db)
+    code, err = refused_start(fx)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("aoq serve: error: ") and "quick_check" in lines[0] and "aoq index" in lines[0]
+    report = Path(lines[0].split("full report: ", 1)[1].split(")", 1)[0])
+    assert report.is_file() and len(report.read_text().splitlines()) > 10  # the whole report is kept
 
 
 def test_dropped_query_ranks_table_answers_503_with_a_message(fx):
