@@ -14,6 +14,7 @@ from aoq_serve.config import Settings
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.faults import Faults, endpoint
 from aoq_serve.guards.hosts import public_base
+from aoq_serve.guards.paths import public_text
 from aoq_serve.registry import Registry, Snapshot
 from aoq_serve.search.decode import MemoryBudget
 from aoq_serve.search.engine import Urls
@@ -51,10 +52,11 @@ async def get_snapshot(request: Request) -> Snapshot:
 
 def get_session(request: Request) -> Iterator[Session]:
     # An endpoint disabled by catalogue damage answers at once, without reading the catalogue again.
-    reason = request.app.state.service.faults.reason(endpoint(request.scope))
+    service = request.app.state.service
+    reason = service.faults.reason(endpoint(request.scope))
     if reason is not None:
-        raise ServiceError(503, f"{endpoint(request.scope)} is disabled: {reason}; repair or rebuild the catalogue, "
-                                f"then POST /admin/reload")
+        raise ServiceError(503, f"{endpoint(request.scope)} is disabled: {public_text(reason, service.settings)}; "
+                                f"repair or rebuild the catalogue, then POST /admin/reload")
     with request.app.state.service.sessions() as session:
         yield session
 

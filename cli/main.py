@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if top.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not top.verbose:
+        # faiss logs which CPU build it loads (six lines) on import; a command's output, and a
+        # refusal that must fit one line, do not need it.
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     try:
         return int(module.run(args) or 0)
     except (ConfigError, DataError, ArtefactError) as exc:

@@ -7,7 +7,8 @@ from fastapi import APIRouter, Depends
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.access import require_admin
-from aoq_serve.guards.faults import CATALOGUE
+from aoq_serve.guards.faults import CATALOGUE, picture_part
+from aoq_serve.guards.paths import public_text
 from aoq_serve.schemas import (
     DatasetOut,
     ErrorOut,
@@ -22,24 +23,34 @@ from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.version import VERSION
 
 router = APIRouter(tags=["service"])
+#: pictures named one by one in ``/health``; the rest are counted.
+MAX_LISTED_PICTURES = 20
 
 
 @router.get("/health", response_model=HealthOut)
 def health(snapshot: SnapshotDep, service: ServiceDep) -> HealthOut:
-    faults = service.faults.current
+    faults = {**{picture_part(i): reason for i, reason in sorted(snapshot.pictures.items())[:MAX_LISTED_PICTURES]},
+              **service.faults.current}
+    if len(snapshot.pictures) > MAX_LISTED_PICTURES:
+        faults["/images"] = f"{len(snapshot.pictures) - MAX_LISTED_PICTURES} more pictures differ from their files' digests"
     healthy = snapshot.models and not snapshot.disabled and not faults
+    # Public (health checks need no token): reasons name files relative to the configured folders.
+    def public(reasons: dict[str, str]) -> dict[str, str]:
+        return {part: public_text(reason, service.settings) for part, reason in reasons.items()}
+
     return HealthOut(
         status="ok" if healthy else "degraded", models=sorted(snapshot.models),
-        disabled=snapshot.disabled, faults=faults, version=VERSION, generation=snapshot.generation,
+        disabled=public(snapshot.disabled), faults=public(faults), version=VERSION, generation=snapshot.generation,
     )
 
 
 @router.get("/models", response_model=list[ModelOut])
-def list_models(snapshot: SnapshotDep) -> list[ModelOut]:
+def list_models(snapshot: SnapshotDep, service: ServiceDep) -> list[ModelOut]:
     return [
         ModelOut(name=i.name, role=i.role, loss=i.loss, image_encoder=i.image_encoder, image_input=i.image_input,
                  checkpoint_hash=i.checkpoint_hash, dataset=i.dataset, enabled=i.enabled,
-                 disabled_reason=i.disabled_reason, metrics=i.metrics, metrics_measured=i.metrics_measured,
+                 disabled_reason=i.disabled_reason and public_text(i.disabled_reason, service.settings),
+                 metrics=i.metrics, metrics_measured=i.metrics_measured,
                  evaluated=i.evaluated)
         for i in sorted(snapshot.infos, key=lambda i: i.name)
     ]
