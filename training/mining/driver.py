@@ -39,6 +39,8 @@ from aoq_train.mining.topk import (
 log = logging.getLogger(__name__)
 
 BF16_FILTER = "bfloat16+float32"  # the bf16 filter's products: bf16 tiles, float32 embeddings re-scored canonically
+INT8_FILTER = "int8+float32"  # the int8 filter's: exact int8 tile products, the same canonical re-score
+FILTER_MODES = {BF16_FILTER: "bf16", INT8_FILTER: "int8"}  # the fused pass's mode for each filter
 
 def _array_hash(a: np.ndarray) -> str:
     h = hashlib.sha256(str((a.shape, str(a.dtype))).encode())
@@ -118,7 +120,7 @@ def mine_offline_negatives(
     *,
     backend: Literal["torch", "faiss"] = "torch",
     gallery_chunk: int | None = None,
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto",
+    precision: Literal["auto", "fp32", "bf16", "int8", "fp16"] = "auto",
     work_dir: str | Path | None = None,
     progress: bool = True,
     on_block: Callable[[str, int], None] | None = None,
@@ -189,7 +191,7 @@ def mine_offline_negatives(
                gallery_chunk or (CHUNK if fused else 16384), progress, on_block)
     both = directions(img_emb, cap_emb, captions_per_image, top_captions, top_images)
     if fused:
-        return _mine_fused(run, both, captions_per_image, "bf16" if products == BF16_FILTER else "fp32")
+        return _mine_fused(run, both, captions_per_image, FILTER_MODES.get(products, "fp32"))
     img_top_caps, cap_top_imgs = (_mine_direction(run, direction, devs, backend, half) for direction in both)
     return img_top_caps, cap_top_imgs
 
@@ -241,8 +243,8 @@ def product_precision(device: torch.device, backend: str, precision: str, fused:
     Raises:
         ValueError: an unknown precision, or one the device cannot run.
     """
-    if precision not in ("auto", "fp32", "bf16", "fp16"):
-        raise ValueError(f"mining precision must be auto, fp32, bf16 or fp16, got {precision!r}")
+    if precision not in ("auto", "fp32", "bf16", "int8", "fp16"):
+        raise ValueError(f"mining precision must be auto, fp32, bf16, int8 or fp16, got {precision!r}")
     if precision == "auto":
         return BF16_FILTER if backend == "torch" and device.type == "cpu" and fused and bf16_pays() else "float32"
     if backend == "faiss" or precision == "fp32":
@@ -251,7 +253,9 @@ def product_precision(device: torch.device, backend: str, precision: str, fused:
         return "float16"
     if device.type == "cpu" and precision == "bf16":
         return BF16_FILTER
-    hint = "fp16 (or fp32)" if device.type == "cuda" else "bf16 (or fp32)"
+    if device.type == "cpu" and precision == "int8" and fused:
+        return INT8_FILTER
+    hint = "fp16 (or fp32)" if device.type == "cuda" else "bf16 (or fp32; int8 on one CPU device)"
     raise ValueError(f"mining precision {precision} does not run on {device.type}: use {hint} there")
 
 
@@ -337,7 +341,7 @@ def _mine_direction(run: _Run, direction: Direction, devs: list[torch.device], b
 
 
 def _mine_fused(run: _Run, both: list[Direction], cpi: int,
-                precision: Literal["fp32", "bf16"]) -> tuple[np.ndarray, np.ndarray]:
+                precision: Literal["fp32", "bf16", "int8"]) -> tuple[np.ndarray, np.ndarray]:
     """Both directions from one pass (:class:`aoq_train.mining.fused.FusedPass`), resumable.
 
     Image blocks are ``block_size`` consecutive positions of the pass's image order, saved as

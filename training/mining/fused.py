@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from aoq_train.mining import bf16 as bf16_filter
-from aoq_train.mining import canonical, kernels
+from aoq_train.mining import canonical, int8, kernels
 from aoq_train.mining.keys import LOWEST, decode_ids, decode_scores
 from aoq_train.mining.pools import Pool, fresh_array, load_pools, sample_rank, sampled_threshold, save_pools
 from aoq_train.mining.topk import directions, exact_rows
@@ -134,7 +134,7 @@ class FusedPass:
     excluded, from one pass over ``img @ cap.T``; see the module docstring."""
 
     def __init__(self, img: np.ndarray, cap: np.ndarray, cpi: int, k_rows: int, k_cols: int, *,
-                 chunk: int = CHUNK, precision: Literal["fp32", "bf16"] = "fp32") -> None:
+                 chunk: int = CHUNK, precision: Literal["fp32", "bf16", "int8"] = "fp32") -> None:
         self.img, self.cap, self.cpi = img, cap, cpi
         self.k_rows, self.k_cols = k_rows, k_cols
         self.n_img, self.n_cap = len(img), len(cap)
@@ -144,10 +144,14 @@ class FusedPass:
         cap_pos[self.cap_order] = np.arange(self.n_cap)
         self.own = cap_pos[cpi * self.img_order[:, None] + np.arange(cpi)]  # own captions' positions, per row
         self.q, self.g = _permuted(img, self.img_order), _permuted(cap, self.cap_order)
-        self.bf16 = precision == "bf16"
+        self.bf16, self.int8 = precision == "bf16", precision == "int8"
         if self.bf16:  # the tiles' products against canonical scores
             self.q16, self.g16 = self.q.bfloat16(), self.g.bfloat16()
             self.margin = bf16_filter.error_bound(self.q, self.g, self.q16, self.g16)
+        elif self.int8:
+            (self.q8, q_scales), (self.g8, g_scales) = int8.quantize(self.q), int8.quantize(self.g)
+            self.margin = int8.error_bound(self.q, self.g, self.q8, q_scales, self.g8, g_scales)
+            self.q_scales, self.g_scales = q_scales.double().numpy(), g_scales.double().numpy()
         else:
             self.margin = self.f32_margin
         self.bounds = [*range(0, self.n_cap, chunk), self.n_cap]
@@ -172,12 +176,15 @@ class FusedPass:
     # ------------------------------------------------------------------ one tile
 
     def _dense(self, p0: int, p1: int, ci: int, slot: int = 0, raw: bool = False) -> np.ndarray:
-        """Rows [p0, p1) against chunk ``ci``: float32 scores (of bf16 products with ``bf16``), own
-        positives at -inf, in this worker's buffer ``slot``. With ``raw`` and ``bf16``, the bf16
-        products themselves, as their bit patterns (uint16): the scan reads them directly, where a
-        float32 copy of the tile would cost about as much as the bf16 product that made it."""
+        """Rows [p0, p1) against chunk ``ci``: float32 scores (of bf16 or int8 products in those
+        modes), own positives at -inf, in this worker's buffer ``slot``. With ``raw`` and ``bf16``,
+        the bf16 products themselves, as their bit patterns (uint16): the scan reads them
+        directly, where a float32 copy of the tile would cost about as much as the bf16 product
+        that made it; with ``raw`` and ``int8``, the int32 products, own positives at INT32_MIN."""
         c0, c1 = self.bounds[ci], self.bounds[ci + 1]
         rows, width = p1 - p0, c1 - c0
+        if self.int8:
+            return self._dense_int8(p0, p1, c0, c1, slot, raw)
         raw = raw and self.bf16
         bufs = self.local.__dict__.setdefault("bufs", {})
         key = (slot, raw)
@@ -196,6 +203,19 @@ class FusedPass:
         scores[r, own[r, u] - c0] = BF16_NEG_INF if raw else -np.inf
         return scores
 
+    def _dense_int8(self, p0: int, p1: int, c0: int, c1: int, slot: int, raw: bool) -> np.ndarray:
+        """:meth:`_dense` in int8 mode."""
+        rows, width = p1 - p0, c1 - c0
+        bufs = self.local.__dict__.setdefault("bufs", {})
+        if (slot, "int8") not in bufs or bufs[slot, "int8"].numel() < rows * width:
+            bufs[slot, "int8"] = torch.empty(rows * width, dtype=torch.int32)
+        out = int8.products(self.q8[p0:p1], self.g8[c0:c1], bufs[slot, "int8"][: rows * width].view(rows, width))
+        scores = out.numpy() if raw else int8.as_float32(out.numpy(), self.q_scales[p0:p1], self.g_scales[c0:c1])
+        own = self.own[p0:p1]
+        r, u = np.nonzero((own >= c0) & (own < c1))
+        scores[r, own[r, u] - c0] = np.iinfo(np.int32).min if raw else -np.inf
+        return scores
+
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows, columns and canonical scores of the tile's scores reaching the filter level of the
@@ -209,10 +229,14 @@ class FusedPass:
                                      np.empty(max(width, CHUNK) + 64, np.uint8))
         if tr is None:
             tr = np.full(rows, np.inf, dtype=np.float32)
-        if scores.dtype == np.uint16:
+        if scores.dtype == np.int32:
+            n = kernels.scan_int8(scores, self.q_scales[p0 : p0 + rows], self.g_scales[c0 : c0 + width],
+                                  canonical.float32_levels(tr, self.margin), canonical.float32_levels(tc, self.margin),
+                                  out[3], out[0], out[1])
+        elif scores.dtype == np.uint16:
             n = kernels.scan_bf16(scores, kernels.bf16_filter_keys(tr, self.margin),
                                   kernels.bf16_filter_keys(tc, self.margin), out[3], out[0], out[1])
-        else:  # float32 products, or a sample tile's bf16 products as float32
+        else:  # float32 products, or a sample tile's bf16 or int8 products as float32
             levels = bf16_filter.filter_levels if self.bf16 else canonical.float32_levels
             n = kernels.scan(scores, levels(tr, self.margin), levels(tc, self.margin), *out[3:], *out[:3])
         row, col, values = out[0][:n], out[1][:n], out[2][:n]
@@ -290,9 +314,9 @@ class FusedPass:
         exact = bf16_filter.canonical_tile(self.q[:rows], self.g[: self.bounds[1]])
         unit = bf16_filter.BF16_UNIT_ROUNDOFF if self.bf16 else 0.0
         if not bf16_filter.tile_within_bound(self._dense(0, rows, 0), exact, self.margin, unit):
-            raise RuntimeError(f"this CPU's {'bf16' if self.bf16 else 'float32'} products are further from the "
+            raise RuntimeError(f"this CPU's {'bf16' if self.bf16 else 'int8' if self.int8 else 'float32'} products are further from the "
                                "canonical scores than the proven bound allows (aoq_train.mining.canonical); "
-                               + ("mine with precision fp32" if self.bf16 else "is torch's float32 matmul "
+                               + ("mine with precision fp32" if self.bf16 or self.int8 else "is torch's float32 matmul "
                                   "precision lowered (torch.set_float32_matmul_precision)?"))
         tr = None
         if rows_wanted:
