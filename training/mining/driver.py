@@ -23,6 +23,7 @@ from aoq.io import (
     write_stamp,
 )
 from aoq_train.mining.bf16 import bf16_pays, canonical_tile, error_bound, tile_within_bound
+from aoq_train.mining.int8 import int8_pays
 from aoq_train.mining.canonical import RULE, canonical_inputs, float32_margin
 from aoq_train.mining.fused import CHUNK, FusedPass, processing_order
 from aoq_train.mining.pools import fresh_array
@@ -150,9 +151,11 @@ def mine_offline_negatives(
             choice gives the same lists. ``fp32``: float32 products (on CUDA a first block is
             checked against the bound, which TF32 would break). CPU torch backend: ``bf16``
             filters with bfloat16 products within a proven error bound
-            (``aoq_train.mining.bf16``). ``auto``: ``bf16`` where it pays (the fused CPU pass on
-            a CPU whose bf16 products are at least 1.5x faster,
-            :func:`aoq_train.mining.bf16.bf16_pays`), else ``fp32``. CUDA: ``fp16``, float16
+            (``aoq_train.mining.bf16``); ``int8`` (fused pass only) with exact int8 products of
+            rounded embeddings within a proven bound (``aoq_train.mining.int8``). ``auto``:
+            ``bf16`` where it pays (the fused CPU pass on a CPU whose bf16 products are at least
+            1.5x faster, :func:`aoq_train.mining.bf16.bf16_pays`), else ``int8`` where that
+            pays (:func:`aoq_train.mining.int8.int8_pays`), else ``fp32``. CUDA: ``fp16``, float16
             products with float32 results and the same kind of bound (a float32 copy of the
             gallery is kept on the device for the canonical scores).
         work_dir: folder for resumable per-block results; None keeps everything in memory.
@@ -237,8 +240,11 @@ def product_precision(device: torch.device, backend: str, precision: str, fused:
     ``float32``, ``bfloat16+float32`` (the CPU's bf16 filter; the name is from when candidates
     were re-scored in float32, now canonically) or ``float16`` (CUDA). The lists do not depend
     on it.
+    ``int8+float32`` (the CPU's int8 filter, :mod:`aoq_train.mining.int8`).
     ``auto`` picks the bf16 filter for the fused CPU pass (``fused``: one CPU device, torch
-    backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else float32.
+    backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else the int8 filter where
+    :func:`aoq_train.mining.int8.int8_pays`, else float32 (bf16 first: its tighter bound leaves
+    fewer candidates to re-score).
 
     Raises:
         ValueError: an unknown precision, or one the device cannot run.
@@ -246,7 +252,9 @@ def product_precision(device: torch.device, backend: str, precision: str, fused:
     if precision not in ("auto", "fp32", "bf16", "int8", "fp16"):
         raise ValueError(f"mining precision must be auto, fp32, bf16, int8 or fp16, got {precision!r}")
     if precision == "auto":
-        return BF16_FILTER if backend == "torch" and device.type == "cpu" and fused and bf16_pays() else "float32"
+        if not (backend == "torch" and device.type == "cpu" and fused):
+            return "float32"
+        return BF16_FILTER if bf16_pays() else INT8_FILTER if int8_pays() else "float32"
     if backend == "faiss" or precision == "fp32":
         return "float32"
     if device.type == "cuda" and precision == "fp16":

@@ -24,12 +24,19 @@ more candidates to re-score (docs/mining.md, section 2).
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
+import time
 
 import numpy as np
 import torch
+from numba import njit
 
 from aoq_train.mining import canonical
+from aoq_train.mining.bf16 import PAYS_FACTOR
+
+log = logging.getLogger(__name__)
 
 INT8_MAX = 127
 
@@ -48,17 +55,30 @@ def quantize(x: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Ten
     return out, scales
 
 
-def _norms(x: torch.Tensor, xi: torch.Tensor, scales: torch.Tensor, rows: int = 4096) -> tuple[float, float, float]:
-    """(max |x_r|, max |x~_r|, max |x_r - x~_r|) over the rows, in float64 (``x~ = s X`` and the
-    difference are exact or within a float64 rounding there: the 1e-6 inflation of
-    :func:`error_bound` covers them)."""
-    top = [0.0, 0.0, 0.0]
-    for s0 in range(0, x.shape[0], rows):
-        part = x[s0 : s0 + rows].double()
-        rounded = xi[s0 : s0 + rows].double() * scales[s0 : s0 + rows].double()[:, None]
-        for i, v in enumerate((part, rounded, part - rounded)):
-            top[i] = max(top[i], float(torch.linalg.vector_norm(v, dim=1).max()))
-    return top[0], top[1], top[2]
+def _norms(x: torch.Tensor, xi: torch.Tensor, scales: torch.Tensor) -> tuple[float, float, float]:
+    """(max |x_r|, max |x~_r|, max |x_r - x~_r|) over the rows (:func:`_row_norms`)."""
+    top = _row_norms(x.numpy(), xi.numpy(), scales.numpy())
+    return float(top[0]), float(top[1]), float(top[2])
+
+
+@njit(nogil=True, cache=True)
+def _row_norms(x: np.ndarray, xi: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The three maxima of :func:`_norms`, in float64: ``x~ = s X`` is exact there (a 24-bit
+    significand times a 7-bit integer) and each square and sum is one rounding, which the 1e-6
+    inflation of :func:`error_bound` covers (compiled: numpy's float64 temporaries cost more
+    than the int8 products of a small run)."""
+    top = np.zeros(3)
+    for r in range(x.shape[0]):
+        s = np.float64(scales[r])
+        a, b, c = 0.0, 0.0, 0.0
+        for j in range(x.shape[1]):
+            v = np.float64(x[r, j])
+            w = np.float64(xi[r, j]) * s
+            a += v * v
+            b += w * w
+            c += (v - w) * (v - w)
+        top[0], top[1], top[2] = max(top[0], a), max(top[1], b), max(top[2], c)
+    return np.sqrt(top) * (1 + 2.0**-50)
 
 
 def error_bound(queries: torch.Tensor, gallery: torch.Tensor, qi: torch.Tensor, q_scales: torch.Tensor,
@@ -88,3 +108,38 @@ def as_float32(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray) -> np.
     thresholds are read with numpy)."""
     return ((p.astype(np.float64) * q_scales.astype(np.float64)[:, None]) * g_scales.astype(np.float64)[None, :]
             ).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
+    """Whether this CPU's single-threaded int8 products are at least ``PAYS_FACTOR`` times faster
+    than float32 ones on a 512 x 1024 tile (the filter's wider bound costs more re-scored
+    candidates than bf16's: docs/mining.md, section 2) and exact there (int32 results equal to
+    int64 ones). Timed once per process: ``precision="auto"`` where the bf16 filter does not pay."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(512, dim, generator=gen), dim=1)
+    g = torch.nn.functional.normalize(torch.randn(1024, dim, generator=gen), dim=1)
+    (qi, _), (gi, _) = quantize(q), quantize(g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the pass runs single-threaded tiles, one per core
+    try:
+        best = {}
+        for name, fn in (("fp32", lambda: torch.mm(q, g.T)), ("int8", lambda: products(qi, gi))):
+            fn()  # first call: kernel selection, packing buffers
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            best[name] = min(times)
+        exact = bool((products(qi[:64], gi).long() == qi[:64].long() @ gi.long().T).all())
+    except RuntimeError as err:  # a torch build without int8 products on this CPU
+        log.info("no int8 products here (%s): mining filters in fp32", err)
+        return False
+    finally:
+        torch.set_num_threads(threads)
+    speedup = best["fp32"] / best["int8"]
+    pays = exact and speedup >= PAYS_FACTOR
+    log.info("int8 products %.1fx float32 on one core%s: mining filters in %s", speedup,
+             "" if exact else " but not exact", "int8" if pays else "fp32")
+    return pays
