@@ -26,16 +26,18 @@ Thresholds
     estimated again from the pools, which by then hold a larger fair sample.
 
 Canonical decision
-    The tiles' products (float32 BLAS, or bfloat16 with ``precision="bf16"``) only find the
-    candidates: a score is one when it reaches a threshold's *filter level*, the threshold minus
-    a proven bound ``margin`` on how far the tile's product may lie from the pair's canonical
-    score (:mod:`aoq_train.mining.canonical`; for bf16, :mod:`aoq_train.mining.bf16`), rounded
-    down to the tile's format. Every candidate is then re-scored canonically
+    The tiles' products (float32 BLAS, bfloat16 with ``precision="bf16"``, or exact int8
+    products of rounded embeddings with ``precision="int8"``) only find the candidates: a score
+    is one when it reaches a threshold's *filter level*, the threshold minus a proven bound
+    ``margin`` on how far the tile's product may lie from the pair's canonical score
+    (:mod:`aoq_train.mining.canonical`; for bf16, :mod:`aoq_train.mining.bf16`; for int8,
+    :mod:`aoq_train.mining.int8`), rounded down to the tile's format (float32 for int8 values). Every candidate is then re-scored canonically
     (:func:`aoq_train.mining.canonical.rescore` on the permuted float32 embeddings, while the
     chunk is still in the caches), and thresholds, pools, keys and lists hold canonical scores
     only: the lists do not depend on the tiles' precision, blocking or CPU. The row tiles' bf16
-    scan reads the bf16 products as they come out (:func:`kernels.scan_bf16`); only the sample
-    tiles, whose thresholds are read with numpy, are converted to float32. A first tile checks
+    scan reads the bf16 products as they come out (:func:`kernels.scan_bf16`), and the int8
+    ones as int32 (:func:`kernels.scan_int8`); only the sample tiles, whose thresholds are read
+    with numpy, are converted to float32. A first tile checks
     the bound's premise on this CPU against canonical scores.
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
