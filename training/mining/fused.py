@@ -86,6 +86,7 @@ CHUNK = 1024  # caption columns per tile
 ROW_HITS = 100  # sampled scores above a row threshold's level (a few % of a row's gallery at H = 2000)
 COL_HITS = 32  # the same for columns, whose sample is the first rows of the image order, scored as tall tiles
 BF16_NEG_INF = 0xFF80  # the bit pattern of bfloat16 -inf
+INT32_MIN = np.iinfo(np.int32).min  # an own positive's int8 product: it never passes (kernels.scan_int8)
 SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kill loses at most ~that much work
 
 
@@ -185,37 +186,25 @@ class FusedPass:
         that made it; with ``raw`` and ``int8``, the int32 products, own positives at INT32_MIN."""
         c0, c1 = self.bounds[ci], self.bounds[ci + 1]
         rows, width = p1 - p0, c1 - c0
-        if self.int8:
-            return self._dense_int8(p0, p1, c0, c1, slot, raw)
-        raw = raw and self.bf16
+        raw = raw and (self.bf16 or self.int8)
+        dtype = torch.int32 if self.int8 else torch.bfloat16 if raw else torch.float32
         bufs = self.local.__dict__.setdefault("bufs", {})
         key = (slot, raw)
         if key not in bufs or bufs[key].numel() < rows * width:
-            bufs[key] = torch.empty(rows * width, dtype=torch.bfloat16 if raw else torch.float32)
+            bufs[key] = torch.empty(rows * width, dtype=dtype)
         out = bufs[key][: rows * width].view(rows, width)
-        if raw:
-            torch.mm(self.q16[p0:p1], self.g16[c0:c1].T, out=out)
+        if self.int8:
+            out = int8.products(self.q8[p0:p1], self.g8[c0:c1], out).numpy()
+            scores = out if raw else int8.as_float32(out, self.q_scales[p0:p1], self.g_scales[c0:c1])
+        elif raw:
+            scores = torch.mm(self.q16[p0:p1], self.g16[c0:c1].T, out=out).view(torch.int16).numpy().view(np.uint16)
         elif self.bf16:
-            out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T))
+            scores = out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T)).numpy()
         else:
-            torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out)
-        scores = out.view(torch.int16).numpy().view(np.uint16) if raw else out.numpy()  # torch < 2.3 has no uint16
+            scores = torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out).numpy()  # (torch < 2.3 has no uint16)
         own = self.own[p0:p1]
         r, u = np.nonzero((own >= c0) & (own < c1))
-        scores[r, own[r, u] - c0] = BF16_NEG_INF if raw else -np.inf
-        return scores
-
-    def _dense_int8(self, p0: int, p1: int, c0: int, c1: int, slot: int, raw: bool) -> np.ndarray:
-        """:meth:`_dense` in int8 mode."""
-        rows, width = p1 - p0, c1 - c0
-        bufs = self.local.__dict__.setdefault("bufs", {})
-        if (slot, "int8") not in bufs or bufs[slot, "int8"].numel() < rows * width:
-            bufs[slot, "int8"] = torch.empty(rows * width, dtype=torch.int32)
-        out = int8.products(self.q8[p0:p1], self.g8[c0:c1], bufs[slot, "int8"][: rows * width].view(rows, width))
-        scores = out.numpy() if raw else int8.as_float32(out.numpy(), self.q_scales[p0:p1], self.g_scales[c0:c1])
-        own = self.own[p0:p1]
-        r, u = np.nonzero((own >= c0) & (own < c1))
-        scores[r, own[r, u] - c0] = np.iinfo(np.int32).min if raw else -np.inf
+        scores[r, own[r, u] - c0] = -np.inf if not raw else INT32_MIN if self.int8 else BF16_NEG_INF
         return scores
 
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
