@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--coco", action="store_true", help="the COCO shape on a slice, fp32 and bf16, projected")
     p.add_argument("--coco-tiles", type=int, default=4, help="row tiles timed with --coco, besides the sample phase")
-    p.add_argument("--coco-full", choices=["fp32", "bf16"], default=None,
+    p.add_argument("--coco-full", choices=list(MODES), default=None,
                    help="mine the whole COCO shape once in this precision (~5 min in bf16 on 2 AMX cores, ~10 "
                         "GB of memory) and check 128 lists against a float64 brute force")
     args = p.parse_args(argv)
