@@ -189,7 +189,7 @@ class MiningConfig(_Strict):
     #: same lists (docs/mining.md, section 2). ``auto``: ``bf16`` on a CPU whose bf16 products are
     #: at least 1.5x faster (AMX, some AVX512-BF16 CPUs), else ``fp32``. CUDA: ``fp16`` float16
     #: products, faster, lists not exactly float32's.
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "int8", "fp16"] = "auto"
     #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
     teacher: str | None = None
     #: false-negative filters of the lists (docs/method.md, False negatives), applied in the order
