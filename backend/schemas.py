@@ -248,6 +248,8 @@ class FailureItem(BaseModel):
     image_name: str | None = Field(None, description="the name of that image")
     left_rank: float
     right_rank: float
+    copies: int = Field(1, description="queries this case stands for (t2i: captions of the same text with the same "
+                                       "two ranks, such as both vendors' names of one emoji)")
 
 
 class FailuresOut(BaseModel):
@@ -255,9 +257,12 @@ class FailuresOut(BaseModel):
     which: Literal["baseline_only", "aoq_only", "both"]
     left: str
     right: str
-    total: int
+    total: int = Field(description="cases (a case stands for its copies)")
+    queries: int | None = Field(None, description="queries the cases stand for")
     offset: int = 0
     measured: Measured | None = Field(None, description="the split and rule of the ranks")
+    scope: Scope = Field("test", description="the search scope whose raw-score ranks these are (the evaluation "
+                                             "split): open a case in it to see the same ranks")
     items: list[FailureItem]
 
 

@@ -125,7 +125,7 @@ def _tiles(driver, prefix: str, side: str) -> list[tuple[int, str, str, bool]]:
 
 def _header_ranks(column: str) -> tuple[float, float | None]:
     """(rank in this list, rank as evaluated) from a column's header."""
-    in_list = float(re.search(r"first correct \w+ at #([\d.]+) in this list", column).group(1))
+    in_list = float(re.search(r"first correct \w+ at #([\d.]+) of [\d,]+ searched", column).group(1))
     evaluated = re.search(r"rank ([\d.]+) among the test split's", column)
     return in_list, float(evaluated.group(1)) if evaluated else None
 
@@ -159,7 +159,7 @@ def test_flag_of_japan_is_found_in_the_catalogue_and_the_test_scope_says_where_i
     set_scope(driver, "test split only")
     wait(driver, lambda d: "Searching the test split only" in text(d, "t2i-query-line") and columns_loaded(d, "t2i", 5))
     notice = text(driver, "t2i-query-line")
-    assert "The whole catalogue has a better match outside it: \u201cflag: Japan\u201d (train split" in notice
+    assert "Outside it the whole catalogue has a higher-scoring item: \u201cflag: Japan\u201d (train split" in notice
     assert "train split" not in text(driver, "t2i-left") and "flag: Japan" not in _names(driver, "t2i", "left")
     screenshot(driver, "emoji-test-scope", scroll_to="t2i-query-line")
 

@@ -127,8 +127,12 @@ def test_failures_and_metrics_follow_the_text_rule(client, served):
         both = client.get("/failures", params={"direction": direction, "which": "both", "models": "text,text",
                                                "limit": 100}).json()
         assert both["measured"]["positives"] == "text" and both["measured"]["split"] == "test"
-        assert both["total"] == int((ranks[direction] > 1).sum())
-        assert sorted(i["left_rank"] for i in both["items"]) == pytest.approx(sorted(ranks[direction][ranks[direction] > 1]))
+        assert both["queries"] == int((ranks[direction] > 1).sum()) == sum(i["copies"] for i in both["items"])
+        assert sorted(i["left_rank"] for i in both["items"] for _ in range(i["copies"])) == \
+            pytest.approx(sorted(ranks[direction][ranks[direction] > 1]))
+        # text -> image: a text's captions (its twins) are one case with their count
+        texts = [(i["query_text"] or str(i["query_id"])).lower() for i in both["items"]]
+        assert len(texts) == len(set(texts)) == both["total"]
     metrics = client.get("/metrics/text").json()
     assert metrics["measured"] == {"split": "test", "n_images": 12, "protocol": None, "positives": "text", "seeds": [0]}
     assert metrics["tables"]["full"]["i2t"]["r1"] == pytest.approx(100 * float((ranks["i2t"] == 1).mean()))

@@ -184,24 +184,28 @@ def test_gallery_pages_filter_and_come_back_from_past_the_end():
 
 def test_failures_pages_then_show_each_direction():
     client = FakeBackend().client()
-    summary, choices, items, page = handlers.list_failures(client, "t2i", "baseline_only", 5, 1, "baseline", "aoq")
+    summary, choices, listed, page = handlers.list_failures(client, "t2i", "baseline_only", 5, 1, "baseline", "aoq")
     assert "cases 6\u20136 of <b>7</b>" in summary and page == 1
+    assert "it opens in the scope they were evaluated in (test split only, raw scores)" in summary
     assert choices == [(f"6. {RED0}  [baseline: rank 3, aoq: rank 1]", 0)]
-    last = handlers.failure_query("t2i", items[0])
-    assert last == {"text": RED0}
-    _, left, right = handlers.run_last(client, last, "baseline", "aoq", 4, "all")
-    assert "#3</b>" in left and "#1</b>" in right
+    last = handlers.failure_query(listed, 0)
+    assert {k: last[k] for k in ("text", "scope", "normalise")} == {"text": RED0, "scope": "test", "normalise": "none"}
+    # opened in its own scope and raw scores, whatever the page's settings say
+    query, left, right = handlers.run_last(client, last, "baseline", "aoq", 4, "all", "qbnorm")
+    assert "Opened as evaluated: test split only, raw scores" in query and "baseline rank 3, aoq rank 1" in query
+    assert "scope: test split only" in query and "raw scores (no hubness correction)" in left
     summary, _, _, page = handlers.list_failures(client, "i2t", "both", 5, 9, "baseline", "aoq")
     assert page == 1 and "cases 6\u20136" in summary  # past the end: the last page
-    _, _, items, _ = handlers.list_failures(client, "i2t", "both", 5, 0, "baseline", "aoq")
-    assert handlers.failure_query("i2t", items[2]) == {"image_id": 2, "image_url": "/media/images/2"}
-    assert handlers.failure_query("t2i", None) == {}
+    _, _, listed, _ = handlers.list_failures(client, "i2t", "both", 5, 0, "baseline", "aoq")
+    assert {k: v for k, v in handlers.failure_query(listed, 2).items() if k.startswith("image")} == \
+        {"image_id": 2, "image_url": "/media/images/2"}
+    assert handlers.failure_query(listed, None) == {} == handlers.failure_query(None, 2)
 
 
 def test_failures_error_clears_the_list():
     client = FakeBackend(fail={"/failures": (404, "no evaluation cache for model 'aoq'")}).client()
-    summary, choices, items, page = handlers.list_failures(client, "t2i", "both", 20, 0, "baseline", "aoq")
-    assert "no evaluation cache for model &#x27;aoq&#x27;" in summary and (choices, items, page) == ([], {}, 0)
+    summary, choices, listed, page = handlers.list_failures(client, "t2i", "both", 20, 0, "baseline", "aoq")
+    assert "no evaluation cache for model &#x27;aoq&#x27;" in summary and (choices, listed, page) == ([], None, 0)
 
 
 def test_negatives_handler_and_its_404():

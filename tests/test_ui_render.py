@@ -99,7 +99,7 @@ def test_text_column_names_every_picture_marks_the_twins_and_the_training_split(
     assert html.count(TICK) == 2 and html.count("aoq-card aoq-gt") == 2  # both twins are correct
     assert html.count("train split</span>") == 1  # the one training picture, marked
     assert ('<h4>Left: baseline</h4><div class="aoq-meta">1.5 ms \u00b7 6 images searched \u00b7 first correct image '
-            "at <b>#3</b> in this list \u00b7 rank 3 among the test split's images, as evaluated</div>") in html
+            "at <b>#3</b> of 6 searched, among the 4 shown \u00b7 rank 3 among the test split's images, as evaluated</div>") in html
     assert '#1</span> <span class="aoq-rank">score 0.900</span>' in html
 
 
@@ -115,7 +115,7 @@ def test_image_column_lists_each_text_once_with_its_copies_and_picture():
     assert re.findall(r'class="aoq-rank">#(\d+)<', html) == ["1", "2", "4", "6", "7"]  # a row stands for its copies
     assert html.count("\u00d72</span>") == 3 and html.count(TICK) == 3
     assert _alts(html) == ["blue square", "red square", "red square", "flag: Japan", "red square"]
-    assert "first correct caption at <b>#2</b> in this list" in html
+    assert "first correct caption at <b>#2</b> of " in html
 
 
 def test_image_column_escapes_text():
@@ -150,8 +150,8 @@ def test_test_scope_says_what_is_left_out_and_the_better_match_outside():
     left, right = _text("baseline", "flag of Japan", scope="test"), _text("aoq", "flag of Japan", scope="test")
     html = render_text_query(left, right)
     assert "scope: test split only" in html
-    assert ("Searching the test split only (4 items); the training and dev splits are left out. The whole catalogue "
-            "has a better match outside it: \u201cflag: Japan\u201d (train split, #1 in the whole catalogue).") in html
+    assert ("Searching the test split only (4 items); the training and dev splits are left out. Outside it the whole "
+            "catalogue has a higher-scoring item: \u201cflag: Japan\u201d (train split, #1 in the whole catalogue).") in html
     assert 'role="status"' in html
 
 

@@ -274,8 +274,8 @@ def _failures_tab(shared: Shared) -> SideBySide:
         view = side_by_side("failures")
 
     def show(d, w, n, number, left, right):
-        html, choices, items, shown = handlers.list_failures(api, d, w, n, number, left, right)
-        state = {"direction": d, "which": w, "per_page": n, "items": items, "page": shown}
+        html, choices, listed_page, shown = handlers.list_failures(api, d, w, n, number, left, right)
+        state = {"direction": d, "which": w, "per_page": n, "failures": listed_page, "page": shown}
         return html, gr.update(choices=choices, value=None), state, "", "", "", {}
 
     def step(state, delta, left, right):
@@ -284,8 +284,7 @@ def _failures_tab(shared: Shared) -> SideBySide:
         return show(state["direction"], state["which"], state["per_page"], state["page"] + delta, left, right)
 
     def on_case(query_id, state, left, right, k, scope):
-        item = state.get("items", {}).get(query_id) if state else None
-        last = handlers.failure_query(state.get("direction", "t2i") if state else "t2i", item)
+        last = handlers.failure_query(state.get("failures") if state else None, query_id)
         columns = handlers.run_last(api, last, left, right, k, scope)
         return (*(columns or (render_notice("Pick a case from the list."), "", "")), last)
 

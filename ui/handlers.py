@@ -18,11 +18,13 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from aoq_serve.schemas import ExampleCaption, FailureItem, GalleryImage, ModelOut
+from aoq_serve.schemas import ExampleCaption, FailuresOut, GalleryImage, ModelOut
 from aoq_ui import plots
 from aoq_ui.client import UPLOAD_TYPES, BackendClient, BackendError
 from aoq_ui.export import download_link
 from aoq_ui.render import (
+    SCOPE_LABELS,
+    format_rank,
     model_label,
     pick_default_models,
     render_error,
@@ -47,7 +49,9 @@ PREVIEW_BYTES = 2 * 1024 * 1024
 Columns = tuple[str, str, str]  # (query line or message, left column, right column)
 #: the query a view shows, to run it again when k, the scope, the hubness correction or a model
 #: changes: {"text": ...},
-#: {"image_id": ..., "image_url": ...} or {"upload": path}; empty when there is none.
+#: {"image_id": ..., "image_url": ...} or {"upload": path}; empty when there is none. A failure
+#: case also fixes the scope and hubness correction it was evaluated in ("scope", "normalise") and
+#: says so ("note").
 LastQuery = dict
 
 
@@ -189,12 +193,17 @@ def run_last(client: BackendClient, last: LastQuery | None, left: str | None, ri
     when it has none."""
     if not last:
         return None
+    scope, normalise = last.get("scope", scope), last.get("normalise", normalise)
     if "text" in last:
-        return search_text(client, last["text"], left, right, k, scope, normalise)
-    if "image_id" in last:
-        return search_image(client, left, right, k, scope, normalise, image_id=last["image_id"],
-                            image_url=last["image_url"])
-    return search_image(client, left, right, k, scope, normalise, upload=last["upload"])
+        columns = search_text(client, last["text"], left, right, k, scope, normalise)
+    elif "image_id" in last:
+        columns = search_image(client, left, right, k, scope, normalise, image_id=last["image_id"],
+                               image_url=last["image_url"])
+    else:
+        columns = search_image(client, left, right, k, scope, normalise, upload=last["upload"])
+    if last.get("note"):
+        columns = (render_notice(last["note"]) + columns[0], *columns[1:])
+    return columns
 
 
 def gallery_page(client: BackendClient, scope: str, query: str, page: int
@@ -222,10 +231,10 @@ def gallery_page(client: BackendClient, scope: str, query: str, page: int
 def list_failures(
     client: BackendClient, direction: str, which: str, per_page: int, page: int, left: str | None,
     right: str | None,
-) -> tuple[str, list[tuple[str, int]], dict[int, FailureItem], int]:
-    """(the page's table or an error, dropdown choices, items by query id, the page shown)."""
+) -> tuple[str, list[tuple[str, int]], FailuresOut | None, int]:
+    """(the page's table or an error, dropdown choices, the listed page or None, the page shown)."""
     if problem := _check_models(left, right):
-        return render_error(problem), [], {}, 0
+        return render_error(problem), [], None, 0
     page = max(0, int(page))
     try:
         failures = client.failures(direction, which, int(per_page), [left, right], page * int(per_page))  # type: ignore[list-item]
@@ -233,17 +242,26 @@ def list_failures(
             page = max(0, (failures.total - 1) // int(per_page))
             failures = client.failures(direction, which, int(per_page), [left, right], page * int(per_page))  # type: ignore[list-item]
     except BackendError as exc:
-        return render_error(exc), [], {}, 0
-    return render_failures(failures), failure_choices(failures), {i.query_id: i for i in failures.items}, page
+        return render_error(exc), [], None, 0
+    return render_failures(failures), failure_choices(failures), failures, page
 
 
-def failure_query(direction: str, item: FailureItem | None) -> LastQuery:
-    """The query of a failure case, to show it in the side-by-side view."""
-    if item is None:
+def failure_query(failures: FailuresOut | None, query_id: int | None) -> LastQuery:
+    """The query of a listed failure case, to show it in the side-by-side view in the scope and
+    with the raw scores its listed ranks were evaluated in (so the columns show the same ranks)."""
+    item = next((i for i in failures.items if i.query_id == query_id), None) if failures else None
+    if item is None or failures is None:
         return {}
-    if direction == "t2i":
-        return {"text": item.query_text} if item.query_text else {}
-    return {"image_id": item.query_id, "image_url": item.image_url or ""}
+    if failures.direction == "t2i":
+        if not item.query_text:
+            return {}
+        query: LastQuery = {"text": item.query_text}
+    else:
+        query = {"image_id": item.query_id, "image_url": item.image_url or ""}
+    note = (f"Opened as evaluated: {SCOPE_LABELS[failures.scope]}, raw scores (no hubness correction); the list "
+            f"gave {failures.left} rank {format_rank(item.left_rank)}, {failures.right} rank "
+            f"{format_rank(item.right_rank)}. The scope and correction above do not apply to this view.")
+    return {**query, "scope": failures.scope, "normalise": "none", "note": note}
 
 
 def parse_train_pick(pick: str | None) -> tuple[str, int] | None:

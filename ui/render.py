@@ -189,13 +189,17 @@ def _tick(is_ground_truth: bool) -> str:
 
 
 def _truth_line(answer: SearchTextOut | SearchImageOut, what: str) -> str:
-    """Where the best correct answer ranks: in this list, and in the evaluation split."""
+    """Where the best correct answer ranks: in the searched scope (out of how many, and whether
+    the list shows it), and in the evaluation split."""
     context = answer.context
     if answer.scope_rank is None and answer.ground_truth_rank is None:
         return ""
     bits = []
     if answer.scope_rank is not None:
-        bits.append(f"first correct {what} at <b>#{format_rank(answer.scope_rank)}</b> in this list")
+        shown = len(answer.results)
+        seen = "among" if answer.scope_rank <= shown else "not among"
+        bits.append(f"first correct {what} at <b>#{format_rank(answer.scope_rank)}</b> of {context.searched:,} "
+                    f"searched, {seen} the {shown} shown")
     else:
         bits.append(f"no correct {what} in the {escape(SCOPE_LABELS[context.scope])}")
     if answer.ground_truth_rank is not None:
@@ -289,7 +293,7 @@ def _notices(left: SearchTextOut | SearchImageOut, right: SearchTextOut | Search
         outside = left.outside or right.outside
         if outside is not None:
             name = getattr(outside, "name", None) or getattr(outside, "text", "")
-            message += (f" The whole catalogue has a better match outside it: \u201c{name}\u201d "
+            message += (f" Outside it the whole catalogue has a higher-scoring item: \u201c{name}\u201d "
                         f"({outside.split} split, #{outside.rank} in the whole catalogue). Switch the scope to "
                         f"\u2018{SCOPE_LABELS['all']}\u2019 to see it.")
         out.append(f'<div class="aoq-notice" role="status">{escape(message)}</div>')
