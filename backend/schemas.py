@@ -25,7 +25,7 @@ Scope = Literal["all", "test"]
 SCOPE_HELP = ("all: every split the index holds (train, dev and test); test: the evaluation split alone, whose "
               "ranks the metrics and failure cases use")
 NORMALISE_HELP = ("query-time hubness correction with the training split as the bank (docs/serving.md, Hubness "
-                  "correction): none (raw scores), qbnorm (QB-Norm's dynamic inverted softmax: only a query whose "
+                  "correction; refused with 422 in a scope that holds the bank's split, scope all): none (raw scores), qbnorm (QB-Norm's dynamic inverted softmax: only a query whose "
                   "top-1 is some bank query's top-1 is normalised), invsoftmax (every query); scores are then "
                   "log-normalised scores")
 
@@ -120,6 +120,10 @@ class SearchTextIn(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
     normalise: Normalisation = Field("none", description=NORMALISE_HELP)
+    intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
+                                 description="a caption text whose pictures are the correct answers of a free-text "
+                                             "query (a showcased example's intended answer), by the model's rule; "
+                                             "422 when no caption of the catalogue has it")
 
     _query = field_validator("query")(_not_blank)
 
@@ -156,6 +160,8 @@ class SearchTextOut(BaseModel):
     caption_id: int | None = Field(description="set when the query's normalised text is a caption of the gallery "
                                                "(one of the evaluation split when there is one)")
     query_split: str | None = Field(None, description="the split of that caption")
+    intended: str | None = Field(None, description="the request's intended answer, when it named one: the ground "
+                                                   "truth is that caption's, and caption_id is its id")
     context: SearchContext
     ground_truth_ids: list[int] = Field(description="the correct images in the searched scope, by the positives rule")
     ground_truth: list[GalleryImage] = Field(default_factory=list, description="the first of them, named")
@@ -208,6 +214,10 @@ class CompareTextIn(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
     normalise: Normalisation = Field("none", description=NORMALISE_HELP)
+    intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
+                                 description="a caption text whose pictures are the correct answers of a free-text "
+                                             "query (a showcased example's intended answer), by the model's rule; "
+                                             "422 when no caption of the catalogue has it")
 
     _query = field_validator("query")(_not_blank)
 
