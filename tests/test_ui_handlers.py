@@ -130,20 +130,24 @@ def test_the_hubness_switch_goes_to_both_compares_their_headers_and_the_link(tmp
     kept = "ranked by QB-Norm: this query&#x27;s top-1 is no bank query&#x27;s top-1, raw order kept"
     assert _normalise_lines(left) == _normalise_lines(right) == [kept]
     assert _share(query)["normalise"] == ["qbnorm"]
-    query, left, right = handlers.search_image(client, "baseline", "aoq", 2, "all", "invsoftmax", image_id=1,
+    query, left, right = handlers.search_image(client, "baseline", "aoq", 2, "test", "invsoftmax", image_id=1,
                                                image_url="/media/images/1")
     assert b'name="normalise"\r\n\r\ninvsoftmax' in fake.requests[-1].content
     assert _normalise_lines(left) == _normalise_lines(right) == ["ranked by inverted softmax: log-normalised scores"]
     assert _share(query) == {"tab": ["i2t"], "image": ["1"], "left": ["baseline"], "right": ["aoq"], "k": ["2"],
-                             "scope": ["all"], "normalise": ["invsoftmax"]}
+                             "scope": ["test"], "normalise": ["invsoftmax"]}
     upload = tmp_path / "mine.png"
     upload.write_bytes(b"\x89PNG")
-    handlers.search_image(client, "baseline", "aoq", 2, "all", "qbnorm", upload=upload)
+    handlers.search_image(client, "baseline", "aoq", 2, "test", "qbnorm", upload=upload)
     assert b'name="normalise"\r\n\r\nqbnorm' in fake.requests[-1].content
     # unset, a view ranks by raw scores
     _, left, _ = handlers.search_text(client, RED0, "baseline", "aoq", 3)
     assert json.loads(fake.requests[-1].content)["normalise"] == "none"
     assert _normalise_lines(left) == ["raw scores (no hubness correction)"]
+    # the whole catalogue holds the bank's own split: the service's refusal takes the query line
+    query, left, right = handlers.search_text(client, RED0, "baseline", "aoq", 3, "all", "qbnorm")
+    assert "Rejected by the search service:</b> hubness correction &#x27;qbnorm&#x27; is refused in scope " \
+           "&#x27;all&#x27;: it holds the train split" in query and (left, right) == ("", "")
 
 
 def test_run_last_repeats_a_views_query_under_its_hubness_correction(tmp_path):
@@ -152,9 +156,9 @@ def test_run_last_repeats_a_views_query_under_its_hubness_correction(tmp_path):
     upload = tmp_path / "mine.png"
     upload.write_bytes(b"\x89PNG")
     for last in ({"text": RED0}, {"image_id": 1, "image_url": "/media/images/1"}, {"upload": str(upload)}):
-        _, left, _ = handlers.run_last(client, last, "baseline", "aoq", 2, "all", "invsoftmax")
+        _, left, _ = handlers.run_last(client, last, "baseline", "aoq", 2, "test", "invsoftmax")
         assert _normalise_lines(left) == ["ranked by inverted softmax: log-normalised scores"]
-        handlers.run_last(client, last, "baseline", "aoq", 2, "all")
+        handlers.run_last(client, last, "baseline", "aoq", 2, "test")
     sent = [json.loads(r.content)["normalise"] if r.url.path == "/compare/text" else
             re.search(rb'name="normalise"\r\n\r\n(\w+)', r.content).group(1).decode() for r in fake.requests]
     assert sent == ["invsoftmax", "none"] * 3

@@ -143,7 +143,30 @@ def test_text_query_line_shows_the_correct_pictures_by_name_and_the_rule():
 
 def test_free_text_query_line_says_why_nothing_is_correct():
     html = render_text_query(_text("baseline", "flag of Japan"), _text("aoq", "flag of Japan"))
-    assert "Free text: no picture of the catalogue has this caption" in html
+    assert "<b>Free text: judge by eye.</b> No caption of the catalogue has this text" in html
+    assert "Verdict" not in html
+
+
+def test_the_verdict_line_reads_the_comparison_and_names_the_intended_answer():
+    html = render_text_query(_text("baseline"), _text("aoq"))
+    assert ("<b>Verdict</b> (first correct answer): baseline #3, aoq #1, of 2 correct in the whole catalogue (all "
+            "splits), 4 shown.") in html
+    answer = lambda model: SearchTextOut.model_validate(  # noqa: E731
+        text_answer(model, "a red one", ORDERS_T2I[model], 4, intended=RED0))
+    html = render_text_query(answer("baseline"), answer("aoq"))
+    assert f"(intended answer \u201c{RED0}\u201d: first correct answer): baseline #3, aoq #1, of 2 correct" in html
+
+
+def test_results_only_one_column_lists_are_marked():
+    left, right = _text("baseline", k=3), _text("aoq", k=3)  # baseline 4, 2, 0; aoq 0, 2, 1
+    marked = lambda html: re.findall(r'<figure class="aoq-card[^"]*" data-image-id="(\d+)".*?</figure>', html)  # noqa: E731
+    only = lambda html: [i for i, f in zip(marked(html), re.findall(r"<figure.*?</figure>", html))  # noqa: E731
+                         if "only this column" in f]
+    assert only(render_text_column(left, "L", right)) == ["4"] and only(render_text_column(right, "R", left)) == ["1"]
+    assert "only this column" not in render_text_column(left, "L")
+    html = render_image_column(_image("baseline"), "L", _image("aoq"))
+    rows = re.findall(r'<li[^>]*data-caption-id="(\d+)".*?</li>', html)
+    assert [r for r, li in zip(rows, re.findall(r"<li.*?</li>", html)) if "only this column" in li] == ["22"]
 
 
 def test_test_scope_says_what_is_left_out_and_the_better_match_outside():

@@ -67,6 +67,8 @@ def build_app(
     """The comparison page for the search service ``client`` talks to (not contacted until a page
     loads); ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries."""
     free_text = list(example_queries)
+    #: a showcased example's intended caption, by its text (also when typed or opened from a link)
+    intents = {q.text: q.intends for q in free_text if q.intends}
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         gr.Markdown(f"## {TITLE}\nTop-k results of two models for the same query; \u2714 marks a correct answer "
                     "(paper Fig. 5).")
@@ -74,7 +76,7 @@ def build_app(
         shared = shared_settings(client)
         left, right, top_k, scope = shared.settings
         with gr.Tabs(elem_id="tabs") as tabs:
-            t2i, query_box, examples, captions = _text_to_image_tab(shared, free_text)
+            t2i, query_box, examples, captions = _text_to_image_tab(shared, free_text, intents)
             i2t, browser = _image_to_text_tab(shared)
             failures = _failures_tab(shared)
             negatives = _negatives_tab(shared)
@@ -123,7 +125,7 @@ def build_app(
                 t2i.normalise: how if view.tab == "t2i" else DEFAULT_NORMALISE,
                 i2t.normalise: how if view.tab == "i2t" else DEFAULT_NORMALISE,
             }
-            last = {"text": view.query} if view.query and view.tab == "t2i" else \
+            last = {"text": view.query, "intended": intents.get(view.query)} if view.query and view.tab == "t2i" else \
                 {"image_id": view.image, "image_url": client.browser_url(f"/images/{view.image}")} \
                 if view.image is not None and view.tab == "i2t" else {}
             if last:
@@ -142,7 +144,7 @@ def build_app(
     return demo
 
 
-def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery]
+def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery], intents: dict[str, str]
                        ) -> tuple[SideBySide, gr.Textbox, gr.Dataset, gr.State]:
     """A query box, the free-text examples and example captions; returns the view, the query
     box, the examples and their captions for the page load."""
@@ -156,14 +158,16 @@ def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery]
         if free_text:
             groups = ", ".join(dict.fromkeys(q.group for q in free_text))
             fine = gr.Dataset(components=[query], samples=[[q.text] for q in free_text], type="index",
-                              label=f"Fine-grained queries, free text ({groups})",
+                              label=f"Fine-grained queries ({groups}); each is judged by the caption it intends, "
+                                    "named in the verdict line",
                               samples_per_page=len(free_text), elem_id="t2i-free-examples")
         examples = gr.Dataset(components=[query], samples=[], type="index",
                               label="Example queries (captions of the test split)", samples_per_page=N_PAGE)
         view = side_by_side("t2i", normalise=normalise)
 
     def run(text, left, right, k, scope, how):
-        return (*handlers.search_text(api, text, left, right, k, scope, how), {"text": text} if text else {})
+        last = {"text": text, "intended": intents.get((text or "").strip())} if text else {}
+        return (*handlers.search_text(api, text, left, right, k, scope, how, last.get("intended")), last)
 
     def on_example(index, known, left, right, k, scope, how):
         text = known[index].text if index is not None and 0 <= index < len(known) else ""

@@ -48,7 +48,7 @@ PREVIEW_BYTES = 2 * 1024 * 1024
 
 Columns = tuple[str, str, str]  # (query line or message, left column, right column)
 #: the query a view shows, to run it again when k, the scope, the hubness correction or a model
-#: changes: {"text": ...},
+#: changes: {"text": ..., "intended": ...},
 #: {"image_id": ..., "image_url": ...} or {"upload": path}; empty when there is none. A failure
 #: case also fixes the scope and hubness correction it was evaluated in ("scope", "normalise") and
 #: says so ("note").
@@ -119,22 +119,23 @@ def _links(view: View, answer) -> str:
 
 
 def search_text(client: BackendClient, query: str, left: str | None, right: str | None, k: int,
-                scope: str = "all", normalise: str = "none") -> Columns:
-    """Text -> image for both models, ranked under the hubness correction ``normalise``: (query
-    line or error, left column, right column)."""
+                scope: str = "all", normalise: str = "none", intended: str | None = None) -> Columns:
+    """Text -> image for both models, ranked under the hubness correction ``normalise``, judged by
+    the ``intended`` caption when given (a showcased example's): (query line or error, left
+    column, right column)."""
     query = (query or "").strip()
     if not query:
         return render_notice("Type a query or pick an example."), "", ""
     if problem := _check_models(left, right):
         return render_error(problem), "", ""
     try:
-        answer = client.compare_text(query, [left, right], int(k), scope, normalise)  # type: ignore[list-item]
+        answer = client.compare_text(query, [left, right], int(k), scope, normalise, intended)  # type: ignore[list-item]
     except BackendError as exc:
         return render_error(exc), "", ""
     view = View(tab="t2i", query=query, left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_text_query(answer.left, answer.right, _links(view, answer)),
-            render_text_column(answer.left, f"Left: {answer.left.model}"),
-            render_text_column(answer.right, f"Right: {answer.right.model}"))
+            render_text_column(answer.left, f"Left: {answer.left.model}", answer.right),
+            render_text_column(answer.right, f"Right: {answer.right.model}", answer.left))
 
 
 def _preview(path: Path) -> str:
@@ -183,8 +184,8 @@ def search_image(
     except BackendError as exc:
         return render_error(exc), "", ""
     return (render_image_query(answer.left, answer.right, label, url, links),
-            render_image_column(answer.left, f"Left: {answer.left.model}"),
-            render_image_column(answer.right, f"Right: {answer.right.model}"))
+            render_image_column(answer.left, f"Left: {answer.left.model}", answer.right),
+            render_image_column(answer.right, f"Right: {answer.right.model}", answer.left))
 
 
 def run_last(client: BackendClient, last: LastQuery | None, left: str | None, right: str | None, k: int,
@@ -195,7 +196,7 @@ def run_last(client: BackendClient, last: LastQuery | None, left: str | None, ri
         return None
     scope, normalise = last.get("scope", scope), last.get("normalise", normalise)
     if "text" in last:
-        columns = search_text(client, last["text"], left, right, k, scope, normalise)
+        columns = search_text(client, last["text"], left, right, k, scope, normalise, last.get("intended"))
     elif "image_id" in last:
         columns = search_image(client, left, right, k, scope, normalise, image_id=last["image_id"],
                                image_url=last["image_url"])

@@ -61,6 +61,9 @@ CSS = """
 .aoq-truth figure { margin: 0; width: 84px; text-align: center; border: 2px solid #2e9d4f; border-radius: 6px; }
 .aoq-truth img { width: 64px; height: 64px; }
 .aoq-links a { margin-right: 1em; }
+.aoq-verdict { margin: .3em 0; padding: .3em .6em; border-left: 4px solid #2e9d4f; }
+.aoq-only { display: inline-block; font-size: .75em; padding: 0 .35em; border-radius: 4px;
+            background: rgba(60,110,200,.15); border: 1px solid rgba(60,110,200,.6); }
 .aoq-table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 .aoq-table th, .aoq-table td { border: 1px solid #8884; padding: .2em .5em; text-align: right; }
 .aoq-table th:first-child, .aoq-table td:first-child { text-align: left; }
@@ -234,12 +237,19 @@ def _header(title: str, answer: SearchTextOut | SearchImageOut, what: str) -> st
             f"<div class=\"aoq-meta aoq-normalise\">{escape(_normalise_line(answer))}</div>")
 
 
-def render_text_column(answer: SearchTextOut, title: str) -> str:
-    """One model's top-k images for a text query: rank, score, name, split; ticks on correct ones."""
+ONLY_HERE = ('<span class="aoq-only" title="the other column does not list it among its top k">'
+             "only this column</span>")
+
+
+def render_text_column(answer: SearchTextOut, title: str, other: SearchTextOut | None = None) -> str:
+    """One model's top-k images for a text query: rank, score, name, split; ticks on correct ones;
+    pictures that the ``other`` column does not list are marked."""
     eval_split = answer.context.eval_split
+    theirs = None if other is None else {h.image_id for h in other.results}
     cards = []
     for hit in answer.results:
         gt = " aoq-gt" if hit.is_ground_truth else ""
+        only = ONLY_HERE if theirs is not None and hit.image_id not in theirs else ""
         name = escape(hit.name)
         cards.append(
             f'<figure class="aoq-card{gt}" data-image-id="{hit.image_id}">'
@@ -247,18 +257,21 @@ def render_text_column(answer: SearchTextOut, title: str) -> str:
             f'alt="{name}" title="{name}" loading="eager"></a>'
             f'<figcaption class="aoq-caption"><span class="aoq-rank">#{hit.rank}</span> '
             f'<span class="aoq-rank">score {hit.score:.3f}</span>{_tick(hit.is_ground_truth)}'
-            f'<span class="aoq-name">{name}</span>{_split_badge(hit.split, eval_split)}</figcaption></figure>'
+            f'<span class="aoq-name">{name}</span>{_split_badge(hit.split, eval_split)}{only}</figcaption></figure>'
         )
     body = '<div class="aoq-grid">' + "".join(cards) + "</div>" if cards else render_notice("No results.")
     return f'<div class="aoq-col">{_header(title, answer, "image")}{body}</div>'
 
 
-def render_image_column(answer: SearchImageOut, title: str) -> str:
+def render_image_column(answer: SearchImageOut, title: str, other: SearchImageOut | None = None) -> str:
     """One model's top-k captions for an image query: rank, text, its picture, score; under the
-    text rule a row stands for every caption of its text (x copies)."""
+    text rule a row stands for every caption of its text (x copies); texts that the ``other``
+    column does not list are marked."""
     eval_split = answer.context.eval_split
+    theirs = None if other is None else {h.text.lower() for h in other.results}
     items = []
     for hit in answer.results:
+        only = ONLY_HERE if theirs is not None and hit.text.lower() not in theirs else ""
         gt = ' class="aoq-gt"' if hit.is_ground_truth else ""
         copies = (f' <span class="aoq-rank" title="this text is the caption of {hit.copies} pictures in the '
                   f'searched scope">\u00d7{hit.copies}</span>') if hit.copies > 1 else ""
@@ -267,7 +280,7 @@ def render_image_column(answer: SearchImageOut, title: str) -> str:
         items.append(
             f'<li{gt} data-caption-id="{hit.caption_id}">{picture}<span><span class="aoq-rank">#{hit.rank}</span> '
             f"{escape(hit.text)}{copies}{_tick(hit.is_ground_truth)} <span class=\"aoq-rank\">"
-            f"(score {hit.score:.3f})</span>{_split_badge(hit.split, eval_split)}</span></li>"
+            f"(score {hit.score:.3f})</span>{_split_badge(hit.split, eval_split)}{only}</span></li>"
         )
     body = '<ol class="aoq-list">' + "".join(items) + "</ol>" if items else render_notice("No results.")
     return f'<div class="aoq-col">{_header(title, answer, "caption")}{body}</div>'
@@ -300,22 +313,39 @@ def _notices(left: SearchTextOut | SearchImageOut, right: SearchTextOut | Search
     return "".join(out)
 
 
+def verdict(left: SearchTextOut | SearchImageOut, right: SearchTextOut | SearchImageOut) -> str:
+    """One line that reads the comparison: where each column's first correct answer is, out of
+    how many correct answers the scope holds and how many each column shows."""
+    def place(answer: SearchTextOut | SearchImageOut) -> str:
+        rank = "none in the scope" if answer.scope_rank is None else f"#{format_rank(answer.scope_rank)}"
+        return f"{escape(answer.model)} {rank}"
+
+    what = "intended answer \u201c" + escape(left.intended) + "\u201d: " \
+        if isinstance(left, SearchTextOut) and left.intended else ""
+    return (f'<div class="aoq-verdict"><b>Verdict</b> ({what}first correct answer): {place(left)}, {place(right)}, '
+            f"of {len(left.ground_truth_ids):,} correct in the {escape(SCOPE_LABELS[left.context.scope])}, "
+            f"{len(left.results)} shown.</div>")
+
+
 def render_text_query(left: SearchTextOut, right: SearchTextOut, links: str = "") -> str:
-    """The query line of a text search: the query, notices, the correct pictures (named) or why
-    there are none, then ``links`` (share, export)."""
+    """The query line of a text search: the query, notices, the verdict, the correct pictures
+    (named) or why there are none, then ``links`` (share, export)."""
     context = left.context
     head = (f'<div class="aoq-query">Query: <q>{escape(left.query)}</q> \u00b7 scope: '
             f"{escape(SCOPE_LABELS[context.scope])}</div>")
+    if left.ground_truth_ids or right.ground_truth_ids:
+        head += verdict(left, right)
     if left.ground_truth:
         truth = (f'<div class="aoq-meta">Correct answers by the positives rule {context.positives} '
                  f"({escape(RULES[context.positives])}):</div><div class=\"aoq-truth\">"
                  + "".join(_figure(g, context.eval_split) for g in left.ground_truth) + "</div>")
     elif left.caption_id is not None:
-        truth = render_notice(f"The query is a caption of the {left.query_split} split; its pictures lie outside "
+        what = f"The intended answer \u201c{left.intended}\u201d" if left.intended else "The query"
+        truth = render_notice(f"{what} is a caption of the {left.query_split} split; its pictures lie outside "
                               f"the {SCOPE_LABELS[context.scope]}, so no answer here is correct.")
     else:
-        truth = ('<div class="aoq-meta">Free text: no picture of the catalogue has this caption, so no answer '
-                 "is marked correct.</div>")
+        truth = ('<div class="aoq-meta aoq-free"><b>Free text: judge by eye.</b> No caption of the catalogue has '
+                 "this text and no intended answer was given, so no answer is marked correct.</div>")
     return head + _notices(left, right) + truth + links
 
 
@@ -338,4 +368,5 @@ def render_image_query(left: SearchImageOut, right: SearchImageOut, label: str, 
         truth = (f'<div class="aoq-meta"><b>{name}</b>{_split_badge(query.split, context.eval_split)}: its own '
                  f"captions, correct by the positives rule {context.positives} ({escape(RULES[context.positives])}):"
                  f'</div><ul class="aoq-meta">{own}</ul>')
-    return head + _notices(left, right) + truth + legend + links
+    verdict_line = verdict(left, right) if query is not None else ""
+    return head + verdict_line + _notices(left, right) + truth + legend + links
