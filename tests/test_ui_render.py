@@ -7,6 +7,7 @@ import base64
 import csv
 import io
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -439,3 +440,15 @@ def test_the_hubness_switch_offers_every_normalisation_of_the_contract_once():
     assert NORMALISE_CHOICES == [("none", "none"), ("QB-Norm (dynamic inverted softmax)", "qbnorm"),
                                  ("inverted softmax", "invsoftmax")]
     assert [value for _, value in NORMALISE_CHOICES] == list(NORMALISATIONS)
+
+
+def test_a_result_links_to_the_search_by_it_and_twin_drawings_are_marked():
+    settings = View(tab="t2i", query=RED0, left="baseline", right="aoq", k=4, scope="test", normalise="none")
+    html = render_text_column(_text("aoq"), "R", search_by=settings)  # aoq: 0, 2, 1, 3 (0 and 1 are twins)
+    links = re.findall(r'<a href="([^"]+)" class="aoq-search-by"', html)
+    assert links[0] == "?tab=i2t&amp;image=0&amp;left=baseline&amp;right=aoq&amp;k=4&amp;scope=test&amp;normalise=none"
+    assert re.findall(r'class="aoq-card[^"]*aoq-twin[^"]*" data-image-id="(\d+)"', html) == ["1"]
+    assert html.count('class="aoq-enlarge" href="/images/') == 4
+    rows = render_image_column(_image("aoq"), "R", search_by=replace(settings, tab="i2t", query=None))
+    assert '<a class="aoq-search-by" title="search by this caption" href="?tab=t2i&amp;q=red+square+number+0&amp;' \
+           "left=baseline" in rows

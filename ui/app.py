@@ -49,6 +49,10 @@ FOLLOW_SHARE_LINKS = """() => {
 }"""
 
 
+#: the "one drawing per emoji" switch: the class on <body> that hides twin drawings (.aoq-twin).
+ONE_DRAWING_JS = "(on) => { document.body.classList.toggle('aoq-one-drawing', on); return []; }"
+
+
 def _origin(request: gr.Request) -> str:
     """The page's address as the browser used it (the gallery needs absolute picture URLs)."""
     headers = request.headers
@@ -163,7 +167,12 @@ def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery], intents: d
                               samples_per_page=len(free_text), elem_id="t2i-free-examples")
         examples = gr.Dataset(components=[query], samples=[], type="index",
                               label="Example queries (captions of the test split)", samples_per_page=N_PAGE)
+        one_drawing = gr.Checkbox(label="one drawing per emoji: hide a picture whose name a higher one of its column "
+                                        "has (the other vendor's drawing); ranks still count it",
+                                  value=False, elem_id="t2i-one-drawing")
         view = side_by_side("t2i", normalise=normalise)
+    # the page's own style sheet hides the marked twins (aoq_ui.render): no round trip to the service
+    one_drawing.change(None, one_drawing, None, js=ONE_DRAWING_JS)
 
     def run(text, left, right, k, scope, how):
         last = {"text": text, "intended": intents.get((text or "").strip())} if text else {}

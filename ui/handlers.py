@@ -134,8 +134,8 @@ def search_text(client: BackendClient, query: str, left: str | None, right: str 
         return render_error(exc), "", ""
     view = View(tab="t2i", query=query, left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_text_query(answer.left, answer.right, _links(view, answer)),
-            render_text_column(answer.left, f"Left: {answer.left.model}", answer.right),
-            render_text_column(answer.right, f"Right: {answer.right.model}", answer.left))
+            render_text_column(answer.left, f"Left: {answer.left.model}", answer.right, view),
+            render_text_column(answer.right, f"Right: {answer.right.model}", answer.left, view))
 
 
 def _preview(path: Path) -> str:
@@ -183,9 +183,10 @@ def search_image(
             links = f'<div class="aoq-links">{download_link(answer)}</div>'
     except BackendError as exc:
         return render_error(exc), "", ""
+    settings = View(tab="i2t", left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_image_query(answer.left, answer.right, label, url, links),
-            render_image_column(answer.left, f"Left: {answer.left.model}", answer.right),
-            render_image_column(answer.right, f"Right: {answer.right.model}", answer.left))
+            render_image_column(answer.left, f"Left: {answer.left.model}", answer.right, settings),
+            render_image_column(answer.right, f"Right: {answer.right.model}", answer.left, settings))
 
 
 def run_last(client: BackendClient, last: LastQuery | None, left: str | None, right: str | None, k: int,

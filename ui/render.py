@@ -9,6 +9,7 @@ client rewrote them for the browser (``aoq_ui.client``). Every number says what 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from html import escape
 
 from aoq_serve.schemas import (
@@ -21,6 +22,7 @@ from aoq_serve.schemas import (
     SearchTextOut,
 )
 from aoq_ui.client import BackendError, BackendUnavailable
+from aoq_ui.state import View, view_query
 
 TICK = "\u2714"  # heavy check mark, as the paper ticks correct items
 DOT = " \u00b7 "
@@ -61,6 +63,8 @@ CSS = """
 .aoq-truth figure { margin: 0; width: 84px; text-align: center; border: 2px solid #2e9d4f; border-radius: 6px; }
 .aoq-truth img { width: 64px; height: 64px; }
 .aoq-links a { margin-right: 1em; }
+.aoq-enlarge { display: block; font-size: .75em; cursor: zoom-in; opacity: .8; }
+.aoq-one-drawing .aoq-twin { display: none; }
 .aoq-verdict { margin: .3em 0; padding: .3em .6em; border-left: 4px solid #2e9d4f; }
 .aoq-only { display: inline-block; font-size: .75em; padding: 0 .35em; border-radius: 4px;
             background: rgba(60,110,200,.15); border: 1px solid rgba(60,110,200,.6); }
@@ -241,32 +245,50 @@ ONLY_HERE = ('<span class="aoq-only" title="the other column does not list it am
              "only this column</span>")
 
 
-def render_text_column(answer: SearchTextOut, title: str, other: SearchTextOut | None = None) -> str:
+def _enlarge(url: str, name: str) -> str:
+    """A link that opens the full-size picture in a new tab."""
+    return (f'<a class="aoq-enlarge" href="{escape(url)}" target="_blank" title="the full-size picture of {name}">'
+            "\u2922 enlarge</a>")
+
+
+def render_text_column(answer: SearchTextOut, title: str, other: SearchTextOut | None = None,
+                       search_by: View | None = None) -> str:
     """One model's top-k images for a text query: rank, score, name, split; ticks on correct ones;
-    pictures that the ``other`` column does not list are marked."""
+    pictures that the ``other`` column does not list are marked. With ``search_by`` (the page's
+    settings) a picture is a link to the image-to-text view searching by it; a picture whose name
+    an earlier one of the column has (a twin drawing) is marked for the "one drawing per emoji"
+    switch."""
     eval_split = answer.context.eval_split
     theirs = None if other is None else {h.image_id for h in other.results}
-    cards = []
+    cards, seen = [], set()
     for hit in answer.results:
+        twin = " aoq-twin" if hit.name.lower() in seen else ""
+        seen.add(hit.name.lower())
         gt = " aoq-gt" if hit.is_ground_truth else ""
         only = ONLY_HERE if theirs is not None and hit.image_id not in theirs else ""
+        href = hit.image_url if search_by is None else \
+            view_query(replace(search_by, tab="i2t", query=None, image=hit.image_id))
+        target = ' target="_blank"' if search_by is None else ' class="aoq-search-by" title="search by this picture"'
         name = escape(hit.name)
         cards.append(
-            f'<figure class="aoq-card{gt}" data-image-id="{hit.image_id}">'
-            f'<a href="{escape(hit.image_url)}" target="_blank"><img src="{escape(hit.thumbnail_url)}" '
+            f'<figure class="aoq-card{gt}{twin}" data-image-id="{hit.image_id}">'
+            f'<a href="{escape(href)}"{target}><img src="{escape(hit.thumbnail_url)}" '
             f'alt="{name}" title="{name}" loading="eager"></a>'
             f'<figcaption class="aoq-caption"><span class="aoq-rank">#{hit.rank}</span> '
             f'<span class="aoq-rank">score {hit.score:.3f}</span>{_tick(hit.is_ground_truth)}'
-            f'<span class="aoq-name">{name}</span>{_split_badge(hit.split, eval_split)}{only}</figcaption></figure>'
+            f'<span class="aoq-name">{name}</span>{_split_badge(hit.split, eval_split)}{only}'
+            f"{_enlarge(hit.image_url, name)}</figcaption></figure>"
         )
     body = '<div class="aoq-grid">' + "".join(cards) + "</div>" if cards else render_notice("No results.")
     return f'<div class="aoq-col">{_header(title, answer, "image")}{body}</div>'
 
 
-def render_image_column(answer: SearchImageOut, title: str, other: SearchImageOut | None = None) -> str:
+def render_image_column(answer: SearchImageOut, title: str, other: SearchImageOut | None = None,
+                        search_by: View | None = None) -> str:
     """One model's top-k captions for an image query: rank, text, its picture, score; under the
     text rule a row stands for every caption of its text (x copies); texts that the ``other``
-    column does not list are marked."""
+    column does not list are marked. With ``search_by`` (the page's settings) a caption is a link
+    to the text-to-image view searching by it."""
     eval_split = answer.context.eval_split
     theirs = None if other is None else {h.text.lower() for h in other.results}
     items = []
@@ -277,9 +299,13 @@ def render_image_column(answer: SearchImageOut, title: str, other: SearchImageOu
                   f'searched scope">\u00d7{hit.copies}</span>') if hit.copies > 1 else ""
         picture = (f'<img src="{escape(hit.thumbnail_url)}" alt="{escape(hit.image_name)}" '
                    f'title="{escape(hit.image_name)}" loading="eager">') if hit.thumbnail_url else ""
+        text = escape(hit.text) if search_by is None else (
+            f'<a class="aoq-search-by" title="search by this caption" '
+            f'href="{escape(view_query(replace(search_by, tab="t2i", query=hit.text, image=None)))}">'
+            f"{escape(hit.text)}</a>")
         items.append(
             f'<li{gt} data-caption-id="{hit.caption_id}">{picture}<span><span class="aoq-rank">#{hit.rank}</span> '
-            f"{escape(hit.text)}{copies}{_tick(hit.is_ground_truth)} <span class=\"aoq-rank\">"
+            f"{text}{copies}{_tick(hit.is_ground_truth)} <span class=\"aoq-rank\">"
             f"(score {hit.score:.3f})</span>{_split_badge(hit.split, eval_split)}{only}</span></li>"
         )
     body = '<ol class="aoq-list">' + "".join(items) + "</ol>" if items else render_notice("No results.")
