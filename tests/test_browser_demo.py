@@ -44,7 +44,7 @@ from tests.browser_helpers import (
     type_query,
     wait,
 )
-from aoq_ui.export import COLUMNS, EXPORT_NAME
+from aoq_ui.export import COLUMNS, file_name
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -240,11 +240,12 @@ def test_a_link_reopens_the_view_and_the_comparison_downloads(driver, emoji_demo
     assert driver.find_element(By.CSS_SELECTOR, "#t2i-query textarea").get_attribute("value") == FREE_TEXT
 
     driver.find_element(By.CSS_SELECTOR, "#t2i-query-line a.aoq-export").click()
-    saved = downloads / EXPORT_NAME
+    saved = downloads / file_name(FREE_TEXT)
     wait(driver, lambda d: saved.is_file() and saved.stat().st_size > 0, timeout=WAIT_S)
     rows = list(csv.reader(saved.open()))
     assert rows[0] == list(COLUMNS) and len(rows) == 1 + 2 * 7
-    assert [r[7] for r in rows[1:8]] == shown["left"]
+    assert [r[9] for r in rows[1:8]] == shown["left"]
+    assert {r[0] for r in rows[1:]} == {FREE_TEXT} and {r[4] for r in rows[1:]} == {"none"}
 
 
 def test_real_demo_free_text_and_example_queries(driver, emoji_demo):

@@ -60,7 +60,7 @@ def test_search_text_side_by_side_with_a_link_to_the_view_and_an_export():
     assert "<h4>Left: baseline</h4>" in left and "<h4>Right: aoq</h4>" in right
     assert _share(query) == {"tab": ["t2i"], "q": [RED0], "left": ["baseline"], "right": ["aoq"], "k": ["4"],
                              "scope": ["all"], "normalise": ["none"]}
-    assert 'download="comparison.csv" href="data:text/csv;base64,' in query
+    assert 'download="aoq-red-square-number-0.csv" href="data:text/csv;base64,' in query
 
 
 def test_search_text_checks_input_before_calling():
@@ -93,7 +93,7 @@ def test_search_image_from_the_gallery_and_an_upload(tmp_path):
     upload.write_bytes(b"\x89PNG")
     query, left, _ = handlers.search_image(client, "baseline", "aoq", 5, upload=upload)
     assert "uploaded picture mine.png" in query and "data:image/png;base64,iVBORw==" in query
-    assert "aoq-share" not in query and "comparison.csv" in query  # an upload cannot be linked, only exported
+    assert "aoq-share" not in query and "aoq-uploaded-picture.csv" in query  # an upload cannot be linked, only exported
     assert handlers.search_image(client, "baseline", "aoq", 5)[0] == \
         '<div class="aoq-notice">Click a picture of the gallery or upload one.</div>'
 

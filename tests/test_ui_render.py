@@ -38,7 +38,7 @@ from tests.ui_fake_backend import (
 )
 from aoq_ui import plots
 from aoq_ui.client import BackendError, BackendUnavailable
-from aoq_ui.export import COLUMNS, comparison_csv, download_link
+from aoq_ui.export import COLUMNS, comparison_csv, download_link, file_name
 from aoq_ui.render import (
     TICK,
     measured_label,
@@ -359,14 +359,19 @@ def test_export_holds_both_columns_with_names_scores_and_marks():
     answer = CompareTextOut(query=RED0, left=_text("baseline"), right=_text("aoq"))
     rows = list(csv.reader(io.StringIO(comparison_csv(answer))))
     assert rows[0] == list(COLUMNS) and len(rows) == 9
-    assert rows[1] == ["left", "baseline", "all", "text", "1", "0.900000", "0", "flag: Japan", "1", "train", "4", ""]
-    assert rows[5][:8] == ["right", "aoq", "all", "text", "1", "0.900000", "1", "red square"]
+    assert rows[1] == [RED0, "left", "baseline", "all", "none", "text", "1", "0.900000", "0", "flag: Japan", "1",
+                       "train", "4", ""]
+    assert rows[5][:10] == [RED0, "right", "aoq", "all", "none", "text", "1", "0.900000", "1", "red square"]
     images = CompareImageOut(left=_image("baseline"), right=_image("aoq"))
     rows = list(csv.reader(io.StringIO(comparison_csv(images))))
-    assert rows[2][7:] == [CAPTIONS[0][0], "2", "test", "0", "0"]
+    assert rows[2][0] == "picture 0: red square" and rows[2][9:] == [CAPTIONS[0][0], "2", "test", "0", "0"]
     link = download_link(answer)
     data = re.search(r'href="data:text/csv;base64,([^"]+)"', link).group(1)
-    assert base64.b64decode(data).decode() == comparison_csv(answer) and 'download="comparison.csv"' in link
+    assert base64.b64decode(data).decode() == comparison_csv(answer)
+    assert 'download="aoq-red-square-number-0.csv"' in link
+    assert file_name("Flag of Japan!") == "aoq-flag-of-japan.csv" and file_name("\u2764") == "aoq-query.csv"
+    assert download_link(CompareImageOut(left=_image("baseline", None), right=_image("aoq", None))).count(
+        'download="aoq-uploaded-picture.csv"') == 1
 
 
 def test_the_address_round_trips_a_view_and_drops_what_does_not_parse():
