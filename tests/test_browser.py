@@ -152,7 +152,7 @@ def test_a_showcased_example_reads_itself_and_a_result_searches_by_itself(driver
     wait(driver, lambda d: columns_loaded(d, "t2i", 5) and "Verdict" in text(d, "t2i-query-line"))
     line = text(driver, "t2i-query-line")
     verdict = next(v for v in line.splitlines() if v.startswith("Verdict"))
-    assert verdict.startswith(f"Verdict (intended answer \u201c{intended}\u201d: first correct answer): baseline #")
+    assert verdict.startswith(f"Verdict: intended answer \u201c{intended}\u201d; first correct answer baseline #")
     assert "correct in the whole catalogue (all splits), 5 shown." in verdict
     assert "judge by eye" not in line
     screenshot(driver, "showcased-example", scroll_to="t2i-query-line")

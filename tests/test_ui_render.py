@@ -150,12 +150,12 @@ def test_free_text_query_line_says_why_nothing_is_correct():
 
 def test_the_verdict_line_reads_the_comparison_and_names_the_intended_answer():
     html = render_text_query(_text("baseline"), _text("aoq"))
-    assert ("<b>Verdict</b> (first correct answer): baseline #3, aoq #1, of 2 correct in the whole catalogue (all "
+    assert ("<b>Verdict:</b> first correct answer baseline #3, aoq #1, of 2 correct in the whole catalogue (all "
             "splits), 4 shown.") in html
     answer = lambda model: SearchTextOut.model_validate(  # noqa: E731
         text_answer(model, "a red one", ORDERS_T2I[model], 4, intended=RED0))
     html = render_text_query(answer("baseline"), answer("aoq"))
-    assert f"(intended answer \u201c{RED0}\u201d: first correct answer): baseline #3, aoq #1, of 2 correct" in html
+    assert f"Verdict:</b> intended answer \u201c{RED0}\u201d; first correct answer baseline #3, aoq #1, of 2 " in html
 
 
 def test_results_only_one_column_lists_are_marked():

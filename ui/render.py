@@ -346,9 +346,9 @@ def verdict(left: SearchTextOut | SearchImageOut, right: SearchTextOut | SearchI
         rank = "none in the scope" if answer.scope_rank is None else f"#{format_rank(answer.scope_rank)}"
         return f"{escape(answer.model)} {rank}"
 
-    what = "intended answer \u201c" + escape(left.intended) + "\u201d: " \
+    what = "intended answer \u201c" + escape(left.intended) + "\u201d; " \
         if isinstance(left, SearchTextOut) and left.intended else ""
-    return (f'<div class="aoq-verdict"><b>Verdict</b> ({what}first correct answer): {place(left)}, {place(right)}, '
+    return (f'<div class="aoq-verdict"><b>Verdict:</b> {what}first correct answer {place(left)}, {place(right)}, '
             f"of {len(left.ground_truth_ids):,} correct in the {escape(SCOPE_LABELS[left.context.scope])}, "
             f"{len(left.results)} shown.</div>")
 
