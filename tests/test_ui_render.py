@@ -8,6 +8,7 @@ import csv
 import io
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -457,3 +458,31 @@ def test_a_result_links_to_the_search_by_it_and_twin_drawings_are_marked():
     rows = render_image_column(_image("aoq"), "R", search_by=replace(settings, tab="i2t", query=None))
     assert '<a class="aoq-search-by" title="search by this caption" href="?tab=t2i&amp;q=red+square+number+0&amp;' \
            "left=baseline" in rows
+
+
+def test_the_metrics_tab_puts_the_served_seed_beside_the_multi_seed_result(tmp_path):
+    from aoq_ui.render_analysis import render_seed_note
+    from aoq_ui.seeds import ResultsError, load_seed_summary
+
+    page = tmp_path / "results.md"
+    page.write_text("| method | rsum | \u0394 rsum vs baseline [95% CI] |\n|---|---:|---:|\n"
+                    "| Baseline (VSE++ max violation) | 178.9 \u00b1 8.1 | \u2014 |\n"
+                    "| AdapOffQuin (Eq. 5, AOQ) | 182.9 \u00b1 11.0 | +4.0 [-1.3, +9.3] (n=2) |\n\n"
+                    "| seed | baseline | aoq |\n|---|---:|---:|\n| seed0 | 167.3 | 178.0 |\n| seed1 | 166.0 | 156.4 |\n")
+    summary = load_seed_summary(page)
+    assert (summary.baseline_rsum, summary.aoq_rsum, summary.difference) == \
+        ("178.9 \u00b1 8.1", "182.9 \u00b1 11.0", "+4.0 [-1.3, +9.3] (n=2)")
+    assert summary.per_seed == {0: (167.3, 178.0), 1: (166.0, 156.4)}
+    models = [ModelOut.model_validate(m) for m in MODELS]
+    served = [MetricsOut.model_validate({**METRICS, "model": m}) for m in ("baseline", "aoq")]
+    html = render_seed_note(summary, served, models)
+    assert ("The demo serves one seed (0): baseline rsum 355.0, AOQ 355.0, AOQ \u2212 baseline +0.0. Over 2 seeds "
+            "(results.md): baseline rsum 178.9 \u00b1 8.1, AOQ 182.9 \u00b1 11.0; AOQ \u2212 baseline +4.0 [-1.3, "
+            "+9.3] (n=2), a paired 95% interval over the seeds. One seed can be far from the mean: per seed, AOQ "
+            "\u2212 baseline ran from -9.6 to +10.7") in html
+    assert render_seed_note(None, served, models) == ""
+    repo = Path(__file__).resolve().parents[1]
+    assert len(load_seed_summary(repo / "docs" / "results-emoji.md").per_seed) >= 2  # the demo's page parses
+    (tmp_path / "other.md").write_text("# no tables\n")
+    with pytest.raises(ResultsError, match="other.md: no baseline and AOQ rows"):
+        load_seed_summary(tmp_path / "other.md")

@@ -29,6 +29,7 @@ from aoq_ui.examples import ExampleQuery  # noqa: E402
 from aoq_ui.media import media_routes  # noqa: E402
 from aoq_ui.render import CSS, render_notice  # noqa: E402
 from aoq_ui.render_analysis import DIRECTION_LABELS, WHICH_LABELS  # noqa: E402
+from aoq_ui.seeds import SeedSummary  # noqa: E402
 from aoq_ui.state import parse_view  # noqa: E402
 
 TITLE = "AOQ retrieval: baseline vs AOQ"
@@ -67,9 +68,11 @@ def _thumbs(images, request: gr.Request) -> list[tuple[str, str]]:
 
 def build_app(
     client: BackendClient, *, concurrency: int = DEFAULT_CONCURRENCY, example_queries: Sequence[ExampleQuery] = (),
+    seeds: SeedSummary | None = None,
 ) -> gr.Blocks:
     """The comparison page for the search service ``client`` talks to (not contacted until a page
-    loads); ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries."""
+    loads); ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries;
+    ``seeds`` (``aoq_ui.seeds``), the pair's multi-seed result, goes beside the served seed."""
     free_text = list(example_queries)
     #: a showcased example's intended caption, by its text (also when typed or opened from a link)
     intents = {q.text: q.intends for q in free_text if q.intends}
@@ -84,7 +87,7 @@ def build_app(
             i2t, browser = _image_to_text_tab(shared)
             failures = _failures_tab(shared)
             negatives = _negatives_tab(shared)
-            metric_models, known_models = _metrics_tab(shared)
+            metric_models, known_models = _metrics_tab(shared, seeds)
         views = [t2i, i2t, failures]
 
         def rerun_all(left_name, right_name, k, where, *per_view):
@@ -354,7 +357,7 @@ def _negatives_tab(shared: Shared) -> _Negatives:
     return _Negatives(train_pick, kind, item_id, model)
 
 
-def _metrics_tab(shared: Shared) -> tuple[gr.CheckboxGroup, gr.State]:
+def _metrics_tab(shared: Shared, seeds: SeedSummary | None) -> tuple[gr.CheckboxGroup, gr.State]:
     """R@K tables, training curves and rank histograms, each explained; returns the model
     picker and the models' descriptions for the page load."""
     api = shared.api
@@ -370,7 +373,7 @@ def _metrics_tab(shared: Shared) -> tuple[gr.CheckboxGroup, gr.State]:
         histogram_note = gr.HTML(elem_id="metrics-histogram-note")
 
     def on_metrics(names, described):
-        html, curve_figure, histogram_figure = handlers.show_metrics(api, names or [], described or [])
+        html, curve_figure, histogram_figure = handlers.show_metrics(api, names or [], described or [], seeds)
         notes = handlers.plot_notes(described or [])
         return html, curve_figure, f'<div class="aoq-meta">{notes[0]}</div>', histogram_figure, \
             f'<div class="aoq-meta">{notes[1]}</div>'

@@ -36,7 +36,8 @@ from aoq_ui.render import (
     render_text_query,
 )
 from aoq_ui.render_analysis import failure_choices, render_failures, render_metrics_table, render_negatives, \
-    render_selection
+    render_seed_note, render_selection
+from aoq_ui.seeds import SeedSummary
 from aoq_ui.state import View, view_query
 
 N_EXAMPLES = 12
@@ -291,16 +292,18 @@ def show_negatives(
     return render_negatives(answer)
 
 
-def show_metrics(client: BackendClient, names: Sequence[str], models: Sequence[ModelOut] = ()
-                 ) -> tuple[str, Figure | None, Figure | None]:
-    """(R@K table or error, R@1 curves, rank histogram) of the chosen models, each labelled."""
+def show_metrics(client: BackendClient, names: Sequence[str], models: Sequence[ModelOut] = (),
+                 seeds: SeedSummary | None = None) -> tuple[str, Figure | None, Figure | None]:
+    """(R@K table or error, R@1 curves, rank histogram) of the chosen models, each labelled, the
+    served seed beside the multi-seed result ``seeds`` when given."""
     if not names:
         return render_notice("Tick at least one model."), None, None
     try:
         all_metrics = [client.metrics(name) for name in names]
     except BackendError as exc:
         return render_error(exc), None, None
-    return (render_metrics_table(all_metrics) + render_selection(models, names),
+    return (render_seed_note(seeds, all_metrics, models) + render_metrics_table(all_metrics)
+            + render_selection(models, names),
             plots.recall_curves_figure(all_metrics), plots.rank_histogram_figure(all_metrics))
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from html import escape
 
 from aoq_serve.schemas import FailuresOut, MetricsOut, ModelOut, NegativeItem, NegativesOut
+from aoq_ui.seeds import SeedSummary
 from aoq_ui.render import DOT, RULES, SCOPE_LABELS, format_rank, measured_label, render_notice
 
 WHICH_LABELS = {
@@ -175,3 +176,28 @@ def render_label_table(all_metrics: Sequence[MetricsOut]) -> str:
     return ('<p>Label-wise retrieval (relevance = shared labels, percent; same split as above)</p>'
             f'<table class="aoq-table aoq-labels"><tr><th>model</th><th>labels</th>{head}<th>k</th></tr>'
             + "".join(rows) + "</table>")
+
+
+def render_seed_note(summary: SeedSummary | None, all_metrics: Sequence[MetricsOut], models: Sequence[ModelOut]
+                     ) -> str:
+    """The served baseline and AOQ (one seed each) beside the pair's multi-seed result: AOQ -
+    baseline with its paired interval and n, and how far single seeds fall from the mean."""
+    if summary is None:
+        return ""
+    roles = {m.name: m.role for m in models}
+    served = {roles.get(m.model): m for m in all_metrics if "full" in m.tables and m.measured is not None}
+    lines = [f"Over {len(summary.per_seed)} seeds ({escape(summary.source)}): baseline rsum "
+             f"{escape(summary.baseline_rsum)}, AOQ {escape(summary.aoq_rsum)}; AOQ \u2212 baseline "
+             f"{escape(summary.difference)}, a paired 95% interval over the seeds."]
+    if "baseline" in served and "aoq" in served:
+        baseline, aoq = served["baseline"], served["aoq"]
+        seeds = sorted(set(baseline.measured.seeds) | set(aoq.measured.seeds))
+        gap = aoq.tables["full"].rsum - baseline.tables["full"].rsum
+        lines.insert(0, f"The demo serves one seed ({', '.join(map(str, seeds)) or 'not recorded'}): baseline rsum "
+                        f"{baseline.tables['full'].rsum:.1f}, AOQ {aoq.tables['full'].rsum:.1f}, AOQ \u2212 baseline "
+                        f"{gap:+.1f}.")
+    gaps = [a - b for b, a in summary.per_seed.values()]
+    if gaps:
+        lines.append(f"One seed can be far from the mean: per seed, AOQ \u2212 baseline ran from {min(gaps):+.1f} to "
+                     f"{max(gaps):+.1f}, and a model trained from the same seed on another CPU can differ too.")
+    return '<div class="aoq-meta aoq-seeds">' + " ".join(lines) + "</div>"
