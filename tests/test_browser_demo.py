@@ -124,7 +124,7 @@ def _tiles(driver, prefix: str, side: str) -> list[tuple[int, str, str, bool]]:
 
 
 def _header_ranks(column: str) -> tuple[float, float | None]:
-    """(rank in this list, rank as evaluated) from a column's header."""
+    """(rank in the searched scope, rank as evaluated) from a column's header."""
     in_list = float(re.search(r"first correct \w+ at #([\d.]+) of [\d,]+ searched", column).group(1))
     evaluated = re.search(r"rank ([\d.]+) among the test split's", column)
     return in_list, float(evaluated.group(1)) if evaluated else None
