@@ -123,7 +123,7 @@ class SearchTextIn(BaseModel):
     intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
                                  description="a caption text whose pictures are the correct answers of a free-text "
                                              "query (a showcased example's intended answer), by the model's rule; "
-                                             "422 when no caption of the catalogue has it")
+                                             "none are correct when no caption of the gallery has it")
 
     _query = field_validator("query")(_not_blank)
 
@@ -161,7 +161,8 @@ class SearchTextOut(BaseModel):
                                                "(one of the evaluation split when there is one)")
     query_split: str | None = Field(None, description="the split of that caption")
     intended: str | None = Field(None, description="the request's intended answer, when it named one: the ground "
-                                                   "truth is that caption's, and caption_id is its id")
+                                                   "truth is that caption's, and caption_id is its id (None when "
+                                                   "the gallery has no such caption)")
     context: SearchContext
     ground_truth_ids: list[int] = Field(description="the correct images in the searched scope, by the positives rule")
     ground_truth: list[GalleryImage] = Field(default_factory=list, description="the first of them, named")
@@ -217,7 +218,7 @@ class CompareTextIn(BaseModel):
     intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
                                  description="a caption text whose pictures are the correct answers of a free-text "
                                              "query (a showcased example's intended answer), by the model's rule; "
-                                             "422 when no caption of the catalogue has it")
+                                             "none are correct when no caption of the gallery has it")
 
     _query = field_validator("query")(_not_blank)
 

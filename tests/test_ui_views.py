@@ -86,3 +86,11 @@ def test_the_metrics_tab_puts_the_served_seed_beside_the_multi_seed_result(tmp_p
     (tmp_path / "other.md").write_text("# no tables\n")
     with pytest.raises(ResultsError, match="other.md: no baseline and AOQ rows"):
         load_seed_summary(tmp_path / "other.md")
+
+
+def test_an_intended_answer_the_catalogue_lacks_is_judged_by_eye():
+    answer = lambda model: SearchTextOut.model_validate(  # noqa: E731
+        text_answer(model, "a purple thing", ORDERS_T2I[model], 4, intended="purple circle"))
+    html = render_text_query(answer("baseline"), answer("aoq"))
+    assert ("<b>Free text: judge by eye.</b> Its intended answer \u201cpurple circle\u201d is no caption of this "
+            "catalogue") in html and "Verdict" not in html

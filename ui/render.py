@@ -369,6 +369,10 @@ def render_text_query(left: SearchTextOut, right: SearchTextOut, links: str = ""
         what = f"The intended answer \u201c{left.intended}\u201d" if left.intended else "The query"
         truth = render_notice(f"{what} is a caption of the {left.query_split} split; its pictures lie outside "
                               f"the {SCOPE_LABELS[context.scope]}, so no answer here is correct.")
+    elif left.intended:
+        truth = ('<div class="aoq-meta aoq-free"><b>Free text: judge by eye.</b> Its intended answer '
+                 f"\u201c{escape(left.intended)}\u201d is no caption of this catalogue (a subset of the dataset?), so "
+                 "no answer is marked correct.</div>")
     else:
         truth = ('<div class="aoq-meta aoq-free"><b>Free text: judge by eye.</b> No caption of the catalogue has '
                  "this text and no intended answer was given, so no answer is marked correct.</div>")
