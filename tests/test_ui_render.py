@@ -152,7 +152,8 @@ def test_test_scope_says_what_is_left_out_and_the_better_match_outside():
     html = render_text_query(left, right)
     assert "scope: test split only" in html
     assert ("Searching the test split only (4 items); the training and dev splits are left out. Outside it the whole "
-            "catalogue has a higher-scoring item: \u201cflag: Japan\u201d (train split, #1 in the whole catalogue).") in html
+            "catalogue has a higher-scoring item: \u201cflag: Japan\u201d (train split, #1 in the whole catalogue, the scope "
+            "\u2018whole catalogue (all splits)\u2019).") in html
     assert 'role="status"' in html
 
 

@@ -333,8 +333,8 @@ def _notices(left: SearchTextOut | SearchImageOut, right: SearchTextOut | Search
         if outside is not None:
             name = getattr(outside, "name", None) or getattr(outside, "text", "")
             message += (f" Outside it the whole catalogue has a higher-scoring item: \u201c{name}\u201d "
-                        f"({outside.split} split, #{outside.rank} in the whole catalogue). Switch the scope to "
-                        f"\u2018{SCOPE_LABELS['all']}\u2019 to see it.")
+                        f"({outside.split} split, #{outside.rank} in the whole catalogue, the scope "
+                        f"\u2018{SCOPE_LABELS['all']}\u2019).")
         out.append(f'<div class="aoq-notice" role="status">{escape(message)}</div>')
     return "".join(out)
 
