@@ -25,7 +25,7 @@ Scope = Literal["all", "test"]
 SCOPE_HELP = ("all: every split the index holds (train, dev and test); test: the evaluation split alone, whose "
               "ranks the metrics and failure cases use")
 NORMALISE_HELP = ("query-time hubness correction with the training split as the bank (docs/serving.md, Hubness "
-                  "correction): none (raw scores), qbnorm (QB-Norm's dynamic inverted softmax: only a query whose "
+                  "correction; refused with 422 in a scope that holds the bank's split, scope all): none (raw scores), qbnorm (QB-Norm's dynamic inverted softmax: only a query whose "
                   "top-1 is some bank query's top-1 is normalised), invsoftmax (every query); scores are then "
                   "log-normalised scores")
 
@@ -120,6 +120,10 @@ class SearchTextIn(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
     normalise: Normalisation = Field("none", description=NORMALISE_HELP)
+    intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
+                                 description="a caption text whose pictures are the correct answers of a free-text "
+                                             "query (a showcased example's intended answer), by the model's rule; "
+                                             "none are correct when no caption of the gallery has it")
 
     _query = field_validator("query")(_not_blank)
 
@@ -156,6 +160,9 @@ class SearchTextOut(BaseModel):
     caption_id: int | None = Field(description="set when the query's normalised text is a caption of the gallery "
                                                "(one of the evaluation split when there is one)")
     query_split: str | None = Field(None, description="the split of that caption")
+    intended: str | None = Field(None, description="the request's intended answer, when it named one: the ground "
+                                                   "truth is that caption's, and caption_id is its id (None when "
+                                                   "the gallery has no such caption)")
     context: SearchContext
     ground_truth_ids: list[int] = Field(description="the correct images in the searched scope, by the positives rule")
     ground_truth: list[GalleryImage] = Field(default_factory=list, description="the first of them, named")
@@ -208,6 +215,10 @@ class CompareTextIn(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
     normalise: Normalisation = Field("none", description=NORMALISE_HELP)
+    intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
+                                 description="a caption text whose pictures are the correct answers of a free-text "
+                                             "query (a showcased example's intended answer), by the model's rule; "
+                                             "none are correct when no caption of the gallery has it")
 
     _query = field_validator("query")(_not_blank)
 
@@ -248,6 +259,8 @@ class FailureItem(BaseModel):
     image_name: str | None = Field(None, description="the name of that image")
     left_rank: float
     right_rank: float
+    copies: int = Field(1, description="queries this case stands for (t2i: captions of the same text with the same "
+                                       "two ranks, such as both vendors' names of one emoji)")
 
 
 class FailuresOut(BaseModel):
@@ -255,9 +268,12 @@ class FailuresOut(BaseModel):
     which: Literal["baseline_only", "aoq_only", "both"]
     left: str
     right: str
-    total: int
+    total: int = Field(description="cases (a case stands for its copies)")
+    queries: int | None = Field(None, description="queries the cases stand for")
     offset: int = 0
     measured: Measured | None = Field(None, description="the split and rule of the ranks")
+    scope: Scope = Field("test", description="the search scope whose raw-score ranks these are (the evaluation "
+                                             "split): open a case in it to see the same ranks")
     items: list[FailureItem]
 
 

@@ -94,6 +94,9 @@ VARIANTS: dict[tuple[str, bool], DemoVariant] = {
 }
 #: clickable free-text queries that show fine-grained differences, per dataset (``aoq ui --examples``).
 EXAMPLE_QUERIES = {"emoji": ROOT / "configs" / "emoji_queries.yaml"}
+#: the multi-seed results the Metrics tab puts beside the demo's one seed (``aoq ui --results``); the
+#: full variant only: the quick one trains on another catalogue, so its seed is no draw of those.
+RESULTS_PAGES = {"emoji": ROOT / "docs" / "results-emoji.md"}
 
 
 class DemoError(RuntimeError):
@@ -256,6 +259,9 @@ def start_servers(args: argparse.Namespace, models_dir: Path, index_dir: Path,
         examples = EXAMPLE_QUERIES.get(args.dataset)
         if examples is not None and examples.is_file():
             ui_cmd += ["--examples", str(examples)]
+        results = None if args.quick else RESULTS_PAGES.get(args.dataset)
+        if results is not None and results.is_file():
+            ui_cmd += ["--results", str(results)]
         # Both start at once: the UI needs the backend only when a page loads.
         ui = subprocess.Popen(ui_cmd)
         procs.append(ui)

@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--examples", default=None, metavar="YAML",
         help="free-text example queries to offer, grouped (e.g. configs/emoji_queries.yaml)",
     )
+    parser.add_argument(
+        "--results", default=None, metavar="MD",
+        help="a results page of aoq report (e.g. docs/results-emoji.md): the Metrics tab puts the served seed "
+             "beside its multi-seed baseline and AOQ figures",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,14 +53,16 @@ def run(args: argparse.Namespace) -> int:
         # One INFO line per backend call drowns the log; `aoq -v ui` shows them.
         logging.getLogger("httpx").setLevel(logging.WARNING)
     from aoq_ui.examples import ExamplesError, load_example_queries
+    from aoq_ui.seeds import ResultsError, load_seed_summary
 
     try:
         queries = load_example_queries(args.examples) if args.examples else []
-    except ExamplesError as exc:
+        seeds = load_seed_summary(args.results) if args.results else None
+    except (ExamplesError, ResultsError) as exc:
         print(f"aoq ui: error: {exc}", file=sys.stderr)
         return 2
     client = BackendClient(args.backend, public_url=args.public_backend_url, timeout=args.timeout)
-    demo = build_app(client, concurrency=args.concurrency, example_queries=queries)
+    demo = build_app(client, concurrency=args.concurrency, example_queries=queries, seeds=seeds)
     log.info("comparison UI on http://%s:%d (search service %s)", args.host, args.port, args.backend)
     try:
         launch(demo, client, args.host, args.port, block=True)

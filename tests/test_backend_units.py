@@ -186,14 +186,25 @@ def test_failure_cases_match_a_brute_force_reference(sessions):
     one, two = served(1, left), served(2, right)
     with sessions() as s:
         for which, mask in masks.items():
-            total, rows = failure_cases(s, one, two, "t2i", which, limit=1000)
-            assert total == int(mask.sum())
-            assert sorted(q for q, _, _ in rows) == np.flatnonzero(mask).tolist()
-            assert all(left[q] == lr and right[q] == rr for q, lr, rr in rows)
-        _, first = failure_cases(s, one, two, "t2i", "baseline_only", limit=3)
-        _, second = failure_cases(s, one, two, "t2i", "baseline_only", limit=3, offset=3)
-        assert [r[1] for r in first] == sorted([r[1] for r in first], reverse=True)  # worst first
-        assert not {r[0] for r in first} & {r[0] for r in second}
+            total, queries, rows = failure_cases(s, one, two, "t2i", which, limit=1000)
+            assert total == queries == int(mask.sum())
+            assert sorted(r.query_id for r in rows) == np.flatnonzero(mask).tolist()
+            assert all(left[r.query_id] == r.left_rank and right[r.query_id] == r.right_rank and r.copies == 1
+                       for r in rows)
+        _, _, first = failure_cases(s, one, two, "t2i", "baseline_only", limit=3)
+        _, _, second = failure_cases(s, one, two, "t2i", "baseline_only", limit=3, offset=3)
+        assert [r.left_rank for r in first] == sorted([r.left_rank for r in first], reverse=True)  # worst first
+        assert not {r.query_id for r in first} & {r.query_id for r in second}
+        # queries of one key (a caption text) with the same two ranks are one case with their count
+        pairs = lambda ids: ids // 2  # noqa: E731  (queries 2j and 2j+1 share a text)
+        total, queries, rows = failure_cases(s, one, two, "t2i", "both", limit=1000, key_of=pairs)
+        expected: dict[tuple[int, int, int], list[int]] = {}
+        for q in np.flatnonzero(masks["both"]):
+            expected.setdefault((q // 2, left[q], right[q]), []).append(int(q))
+        assert queries == int(masks["both"].sum()) and total == len(expected) < queries
+        assert sorted((r.query_id, r.copies) for r in rows) == sorted((min(v), len(v)) for v in expected.values())
+        assert [r.left_rank + r.right_rank for r in rows] == sorted([r.left_rank + r.right_rank for r in rows],
+                                                                   reverse=True)
 
 
 # ----------------------------------------------------------------------------- uploads

@@ -44,7 +44,7 @@ from tests.browser_helpers import (
     type_query,
     wait,
 )
-from aoq_ui.export import COLUMNS, EXPORT_NAME
+from aoq_ui.export import COLUMNS, file_name
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -124,8 +124,8 @@ def _tiles(driver, prefix: str, side: str) -> list[tuple[int, str, str, bool]]:
 
 
 def _header_ranks(column: str) -> tuple[float, float | None]:
-    """(rank in this list, rank as evaluated) from a column's header."""
-    in_list = float(re.search(r"first correct \w+ at #([\d.]+) in this list", column).group(1))
+    """(rank in the searched scope, rank as evaluated) from a column's header."""
+    in_list = float(re.search(r"first correct \w+ at #([\d.]+) of [\d,]+ searched", column).group(1))
     evaluated = re.search(r"rank ([\d.]+) among the test split's", column)
     return in_list, float(evaluated.group(1)) if evaluated else None
 
@@ -159,7 +159,7 @@ def test_flag_of_japan_is_found_in_the_catalogue_and_the_test_scope_says_where_i
     set_scope(driver, "test split only")
     wait(driver, lambda d: "Searching the test split only" in text(d, "t2i-query-line") and columns_loaded(d, "t2i", 5))
     notice = text(driver, "t2i-query-line")
-    assert "The whole catalogue has a better match outside it: \u201cflag: Japan\u201d (train split" in notice
+    assert "Outside it the whole catalogue has a higher-scoring item: \u201cflag: Japan\u201d (train split" in notice
     assert "train split" not in text(driver, "t2i-left") and "flag: Japan" not in _names(driver, "t2i", "left")
     screenshot(driver, "emoji-test-scope", scroll_to="t2i-query-line")
 
@@ -182,7 +182,7 @@ def test_twins_are_one_answer_and_the_marks_agree_with_the_ranks(driver, emoji_d
     assert "shark" in own
     for side in ("left", "right"):
         rows = driver.find_elements(By.CSS_SELECTOR, f"#i2t-{side} li")
-        texts = [re.sub(r"^#\d+ | \u00d7\d+| \u2714| \(score [\d.]+\)$", "", r.text) for r in rows]
+        texts = [re.sub(r"^#\d+ | \u00d7\d+| \u2714| \(score [\d.]+\)|only this column$", "", r.text) for r in rows]
         assert len(texts) == len(set(texts)), texts  # a caption text once, however many pictures carry it
         ticked = [(int(re.match(r"#(\d+)", r.text).group(1)), t) for r, t in zip(rows, texts)
                   if "aoq-gt" in (r.get_attribute("class") or "")]
@@ -240,11 +240,12 @@ def test_a_link_reopens_the_view_and_the_comparison_downloads(driver, emoji_demo
     assert driver.find_element(By.CSS_SELECTOR, "#t2i-query textarea").get_attribute("value") == FREE_TEXT
 
     driver.find_element(By.CSS_SELECTOR, "#t2i-query-line a.aoq-export").click()
-    saved = downloads / EXPORT_NAME
+    saved = downloads / file_name(FREE_TEXT)
     wait(driver, lambda d: saved.is_file() and saved.stat().st_size > 0, timeout=WAIT_S)
     rows = list(csv.reader(saved.open()))
     assert rows[0] == list(COLUMNS) and len(rows) == 1 + 2 * 7
-    assert [r[7] for r in rows[1:8]] == shown["left"]
+    assert [r[9] for r in rows[1:8]] == shown["left"]
+    assert {r[0] for r in rows[1:]} == {FREE_TEXT} and {r[4] for r in rows[1:]} == {"none"}
 
 
 def test_real_demo_free_text_and_example_queries(driver, emoji_demo):
@@ -310,8 +311,8 @@ def test_every_tab_answers_its_main_button_with_the_defaults(driver, emoji_demo)
         no_error_shown(driver)
         if name == "Failure cases":
             summary = text(driver, "failures-summary")
-            assert re.search(r"cases 1\u20135 of \d+\. Ranks of the test split \(\d+ images\), positives rule text",
-                             summary), summary
+            assert re.search(r"cases 1\u20135 of [\d,]+( \([\d,]+ queries[^)]*\))?\. Ranks of the test split "
+                             r"\([\d,]+ images\), positives rule text", summary), summary
             assert len(driver.find_elements(By.CSS_SELECTOR, "#failures-summary td img")) == 5
             driver.find_element(By.ID, "failures-next").click()
             wait(driver, lambda d: "cases 6\u2013" in text(d, "failures-summary"))

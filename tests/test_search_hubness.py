@@ -1,7 +1,8 @@
 """The service's hubness correction (normalise: qbnorm | invsoftmax) against a brute-force
 normalisation of the full score matrix, straight from the definition (docs/serving.md, Hubness
-correction), on the service fixture: both directions, both scopes, the pool's approximation; and
-an index built before normalisation existed, which refuses it with 409 and still searches raw."""
+correction), on the service fixture: both directions in the test scope; the whole-catalogue scope,
+which holds the bank's own training split, refused with 422; and an index built before
+normalisation existed, which refuses it with 409 and still searches raw."""
 
 from __future__ import annotations
 
@@ -63,14 +64,14 @@ def _brute(raw: np.ndarray, bank_scores: np.ndarray, method: str) -> tuple[np.nd
     return np.log(numerator / denominator if applied else numerator), applied
 
 
-def _expected(gallery: np.ndarray, bank: np.ndarray, vector: np.ndarray, method: str, span: slice, k: int,
-              pool: int | None = None) -> tuple[list[int], np.ndarray, bool]:
+def _expected(gallery: np.ndarray, bank: np.ndarray, vector: np.ndarray, method: str, span: slice, k: int
+              ) -> tuple[list[int], np.ndarray, bool]:
     """Positions (in the whole gallery), scores and the applied flag of the top ``k`` of ``span``,
-    re-ranking only the raw top ``pool`` when given."""
+    over every score of the span."""
     part = gallery[span]
     raw = part @ vector.astype(np.float32)
     scores, applied = _brute(raw, bank.astype(np.float64) @ part.astype(np.float64).T, method)
-    candidates = np.arange(len(part)) if pool is None else np.lexsort((np.arange(len(part)), -raw))[:pool]
+    candidates = np.arange(len(part))
     order = candidates[np.lexsort((candidates, -scores[candidates]))][:k]
     return [int(p) + span.start for p in order], scores[order], applied
 
@@ -84,15 +85,15 @@ def test_the_manifest_names_the_bank(arrays) -> None:
 
 
 @pytest.mark.parametrize("method", ["qbnorm", "invsoftmax"])
-@pytest.mark.parametrize("scope,k,pool", [("test", 12, None), ("all", 40, None), ("all", 3, 30)])
-def test_text_queries_rank_as_the_brute_force_normalisation(service, arrays, method, scope, k, pool) -> None:
+def test_text_queries_rank_as_the_brute_force_normalisation(service, arrays, method) -> None:
     _, client = service
-    span = _test_span(arrays["manifest"]) if scope == "test" else slice(0, None)
+    scope, k = "test", 12
+    span = _test_span(arrays["manifest"])
     queries = load_split(arrays["ckpt"].config.data, "test").captions[::7]
     changed = 0
     for query in queries:
         vector = encode_texts(arrays["ckpt"].model, arrays["ckpt"].vocab, [query])[0]
-        want, scores, applied = _expected(arrays["images"], arrays["bank"]["captions"], vector, method, span, k, pool)
+        want, scores, applied = _expected(arrays["images"], arrays["bank"]["captions"], vector, method, span, k)
         body = {"query": query, "model": MODEL, "k": k, "scope": scope, "normalise": method}
         out = client.post("/search/text", json=body).json()
         assert [h["image_id"] for h in out["results"]] == arrays["image_ids"][want].tolist(), query
@@ -128,14 +129,32 @@ def test_ranks_of_the_ground_truth_follow_the_normalised_list(service, arrays) -
     assert compare.json()["left"]["results"] == out["results"][:12]
 
 
-@pytest.mark.parametrize("scope", ["test", "all"])
-def test_a_search_normalises_each_scope_once(service, arrays, monkeypatch, scope) -> None:
+def test_the_whole_catalogue_holding_the_bank_is_refused_a_correction(service, arrays) -> None:
+    """Scope all holds the training split, the bank itself: normalising there would push every
+    training item down, so it is refused with a message that names the way out."""
+    _, client = service
+    query, image_id = load_split(arrays["ckpt"].config.data, "test").captions[0], str(arrays["image_ids"][0])
+    for method in ("qbnorm", "invsoftmax"):
+        for answer in (client.post("/search/text", json={"query": query, "model": MODEL, "normalise": method}),
+                       client.post("/compare/text", json={"query": query, "scope": "all", "normalise": method}),
+                       client.post("/compare/image", data={"image_id": image_id, "normalise": method})):
+            assert answer.status_code == 422
+            assert answer.json()["detail"] == (
+                f"hubness correction {method!r} is refused in scope 'all': it holds the train split, whose items "
+                "are the correction's own bank, so every train item would be pushed down; search scope 'test' (the "
+                "evaluation split, disjoint from the bank) or use normalise 'none'")
+    assert client.post("/search/text", json={"query": query, "model": MODEL, "scope": "test",
+                                             "normalise": "qbnorm"}).status_code == 200
+
+
+def test_a_search_normalises_each_scope_once(service, arrays, monkeypatch) -> None:
     """A scope's normalised scores serve its top list, the ranks of the ground truth and the text
     rule's wider caption lists: one normalisation of each scope a search reads (k = 1 puts the
     ranks beyond the list, so they are computed over the scope)."""
     from aoq_serve.search import engine
 
     _, client = service
+    scope = "test"
     sizes: list[int] = []
 
     def counted(scores: np.ndarray, *args, **kwargs) -> np.ndarray:
@@ -177,15 +196,15 @@ def test_an_index_without_a_bank_refuses_a_normalised_request_and_still_searches
     refused = ("model 'aoq': its index holds no hubness bank (built before normalisation existed); run aoq index "
                "again, or search with normalise none")
     query, image_id = load_split(arrays["ckpt"].config.data, "test").captions[0], str(arrays["image_ids"][0])
-    text = {"query": query, "model": "aoq", "k": 5, "scope": "all"}
+    text = {"query": query, "model": "aoq", "k": 5, "scope": "test"}
     image = {"model": "aoq", "k": "5", "image_id": image_id, "scope": "test"}
-    pair = {"query": query, "models": ["baseline", "aoq"], "k": 5}
+    pair = {"query": query, "models": ["baseline", "aoq"], "k": 5, "scope": "test"}
     for method in ("qbnorm", "invsoftmax"):
         for answer in (legacy.post("/search/text", json={**text, "normalise": method}),
                        legacy.post("/search/image", data={**image, "normalise": method}),
                        legacy.post("/compare/text", json={**pair, "normalise": method}),
                        legacy.post("/compare/image", data={"models": "baseline,aoq", "k": "5", "image_id": image_id,
-                                                           "normalise": method})):
+                                                           "scope": "test", "normalise": method})):
             assert (answer.status_code, answer.json()["detail"]) == (409, refused)
         # the other model's index has its bank
         other = legacy.post("/search/text", json={**text, "model": "baseline", "normalise": method})

@@ -127,8 +127,12 @@ def test_failures_and_metrics_follow_the_text_rule(client, served):
         both = client.get("/failures", params={"direction": direction, "which": "both", "models": "text,text",
                                                "limit": 100}).json()
         assert both["measured"]["positives"] == "text" and both["measured"]["split"] == "test"
-        assert both["total"] == int((ranks[direction] > 1).sum())
-        assert sorted(i["left_rank"] for i in both["items"]) == pytest.approx(sorted(ranks[direction][ranks[direction] > 1]))
+        assert both["queries"] == int((ranks[direction] > 1).sum()) == sum(i["copies"] for i in both["items"])
+        assert sorted(i["left_rank"] for i in both["items"] for _ in range(i["copies"])) == \
+            pytest.approx(sorted(ranks[direction][ranks[direction] > 1]))
+        # text -> image: a text's captions (its twins) are one case with their count
+        texts = [(i["query_text"] or str(i["query_id"])).lower() for i in both["items"]]
+        assert len(texts) == len(set(texts)) == both["total"]
     metrics = client.get("/metrics/text").json()
     assert metrics["measured"] == {"split": "test", "n_images": 12, "protocol": None, "positives": "text", "seeds": [0]}
     assert metrics["tables"]["full"]["i2t"]["r1"] == pytest.approx(100 * float((ranks["i2t"] == 1).mean()))
@@ -172,3 +176,17 @@ def test_search_image_by_id_finds_its_captions(client):
                    for h in out["results"])
     assert len(truth_ranks) == 5  # the whole test split is listed
     assert out["ground_truth_rank"] == out["scope_rank"]  # scope test: the evaluation split's own rank
+
+
+def test_an_intended_answer_judges_a_free_text_query(client):
+    caption = client.get("/examples", params={"split": "test", "n": 1}).json()["captions"][0]
+    plain = client.post("/search/text", json={"query": caption["text"], "model": "text", "k": 3}).json()
+    free = {"query": "words no caption has", "model": "text", "k": 3}
+    judged = client.post("/search/text", json={**free, "intended": caption["text"]}).json()
+    assert judged["intended"] == caption["text"] and judged["caption_id"] == plain["caption_id"]
+    assert judged["ground_truth_ids"] == plain["ground_truth_ids"] != []
+    assert judged["scope_rank"] >= 1 and any(h["is_ground_truth"] for h in judged["results"]) == (
+        judged["scope_rank"] <= 3)
+    lacking = client.post("/search/text", json={**free, "intended": "no such caption"}).json()
+    assert lacking["intended"] == "no such caption" and lacking["ground_truth_ids"] == [] and \
+        lacking["caption_id"] is None

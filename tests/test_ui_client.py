@@ -72,7 +72,7 @@ def test_compare_image_by_id_sends_form_fields():
     assert b'name="image_id"\r\n\r\n0' in body and b'name="models"\r\n\r\nbaseline,aoq' in body
     assert b'name="k"\r\n\r\n3' in body and b'name="scope"\r\n\r\nall' in body and b"filename=" not in body
     assert b'name="normalise"\r\n\r\nnone' in body
-    fake.client().compare_image(image_id=0, k=3, normalise="qbnorm")
+    fake.client().compare_image(image_id=0, k=3, scope="test", normalise="qbnorm")
     assert b'name="normalise"\r\n\r\nqbnorm' in fake.requests[1].content
     assert [(h.caption_id, h.copies) for h in answer.left.results] == [(12, 1), (0, 2), (1, 2)]
     assert answer.left.ground_truth_rank == 2 and answer.right.ground_truth_rank == 1

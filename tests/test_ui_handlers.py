@@ -60,7 +60,7 @@ def test_search_text_side_by_side_with_a_link_to_the_view_and_an_export():
     assert "<h4>Left: baseline</h4>" in left and "<h4>Right: aoq</h4>" in right
     assert _share(query) == {"tab": ["t2i"], "q": [RED0], "left": ["baseline"], "right": ["aoq"], "k": ["4"],
                              "scope": ["all"], "normalise": ["none"]}
-    assert 'download="comparison.csv" href="data:text/csv;base64,' in query
+    assert 'download="aoq-red-square-number-0.csv" href="data:text/csv;base64,' in query
 
 
 def test_search_text_checks_input_before_calling():
@@ -93,7 +93,7 @@ def test_search_image_from_the_gallery_and_an_upload(tmp_path):
     upload.write_bytes(b"\x89PNG")
     query, left, _ = handlers.search_image(client, "baseline", "aoq", 5, upload=upload)
     assert "uploaded picture mine.png" in query and "data:image/png;base64,iVBORw==" in query
-    assert "aoq-share" not in query and "comparison.csv" in query  # an upload cannot be linked, only exported
+    assert "aoq-share" not in query and "aoq-uploaded-picture.csv" in query  # an upload cannot be linked, only exported
     assert handlers.search_image(client, "baseline", "aoq", 5)[0] == \
         '<div class="aoq-notice">Click a picture of the gallery or upload one.</div>'
 
@@ -130,20 +130,24 @@ def test_the_hubness_switch_goes_to_both_compares_their_headers_and_the_link(tmp
     kept = "ranked by QB-Norm: this query&#x27;s top-1 is no bank query&#x27;s top-1, raw order kept"
     assert _normalise_lines(left) == _normalise_lines(right) == [kept]
     assert _share(query)["normalise"] == ["qbnorm"]
-    query, left, right = handlers.search_image(client, "baseline", "aoq", 2, "all", "invsoftmax", image_id=1,
+    query, left, right = handlers.search_image(client, "baseline", "aoq", 2, "test", "invsoftmax", image_id=1,
                                                image_url="/media/images/1")
     assert b'name="normalise"\r\n\r\ninvsoftmax' in fake.requests[-1].content
     assert _normalise_lines(left) == _normalise_lines(right) == ["ranked by inverted softmax: log-normalised scores"]
     assert _share(query) == {"tab": ["i2t"], "image": ["1"], "left": ["baseline"], "right": ["aoq"], "k": ["2"],
-                             "scope": ["all"], "normalise": ["invsoftmax"]}
+                             "scope": ["test"], "normalise": ["invsoftmax"]}
     upload = tmp_path / "mine.png"
     upload.write_bytes(b"\x89PNG")
-    handlers.search_image(client, "baseline", "aoq", 2, "all", "qbnorm", upload=upload)
+    handlers.search_image(client, "baseline", "aoq", 2, "test", "qbnorm", upload=upload)
     assert b'name="normalise"\r\n\r\nqbnorm' in fake.requests[-1].content
     # unset, a view ranks by raw scores
     _, left, _ = handlers.search_text(client, RED0, "baseline", "aoq", 3)
     assert json.loads(fake.requests[-1].content)["normalise"] == "none"
     assert _normalise_lines(left) == ["raw scores (no hubness correction)"]
+    # the whole catalogue holds the bank's own split: the service's refusal takes the query line
+    query, left, right = handlers.search_text(client, RED0, "baseline", "aoq", 3, "all", "qbnorm")
+    assert "Rejected by the search service:</b> hubness correction &#x27;qbnorm&#x27; is refused in scope " \
+           "&#x27;all&#x27;: it holds the train split" in query and (left, right) == ("", "")
 
 
 def test_run_last_repeats_a_views_query_under_its_hubness_correction(tmp_path):
@@ -152,9 +156,9 @@ def test_run_last_repeats_a_views_query_under_its_hubness_correction(tmp_path):
     upload = tmp_path / "mine.png"
     upload.write_bytes(b"\x89PNG")
     for last in ({"text": RED0}, {"image_id": 1, "image_url": "/media/images/1"}, {"upload": str(upload)}):
-        _, left, _ = handlers.run_last(client, last, "baseline", "aoq", 2, "all", "invsoftmax")
+        _, left, _ = handlers.run_last(client, last, "baseline", "aoq", 2, "test", "invsoftmax")
         assert _normalise_lines(left) == ["ranked by inverted softmax: log-normalised scores"]
-        handlers.run_last(client, last, "baseline", "aoq", 2, "all")
+        handlers.run_last(client, last, "baseline", "aoq", 2, "test")
     sent = [json.loads(r.content)["normalise"] if r.url.path == "/compare/text" else
             re.search(rb'name="normalise"\r\n\r\n(\w+)', r.content).group(1).decode() for r in fake.requests]
     assert sent == ["invsoftmax", "none"] * 3
@@ -184,24 +188,28 @@ def test_gallery_pages_filter_and_come_back_from_past_the_end():
 
 def test_failures_pages_then_show_each_direction():
     client = FakeBackend().client()
-    summary, choices, items, page = handlers.list_failures(client, "t2i", "baseline_only", 5, 1, "baseline", "aoq")
+    summary, choices, listed, page = handlers.list_failures(client, "t2i", "baseline_only", 5, 1, "baseline", "aoq")
     assert "cases 6\u20136 of <b>7</b>" in summary and page == 1
+    assert "it opens in the scope they were evaluated in (test split only, raw scores)" in summary
     assert choices == [(f"6. {RED0}  [baseline: rank 3, aoq: rank 1]", 0)]
-    last = handlers.failure_query("t2i", items[0])
-    assert last == {"text": RED0}
-    _, left, right = handlers.run_last(client, last, "baseline", "aoq", 4, "all")
-    assert "#3</b>" in left and "#1</b>" in right
+    last = handlers.failure_query(listed, 0)
+    assert {k: last[k] for k in ("text", "scope", "normalise")} == {"text": RED0, "scope": "test", "normalise": "none"}
+    # opened in its own scope and raw scores, whatever the page's settings say
+    query, left, right = handlers.run_last(client, last, "baseline", "aoq", 4, "all", "qbnorm")
+    assert "Opened as evaluated: test split only, raw scores" in query and "baseline rank 3, aoq rank 1" in query
+    assert "scope: test split only" in query and "raw scores (no hubness correction)" in left
     summary, _, _, page = handlers.list_failures(client, "i2t", "both", 5, 9, "baseline", "aoq")
     assert page == 1 and "cases 6\u20136" in summary  # past the end: the last page
-    _, _, items, _ = handlers.list_failures(client, "i2t", "both", 5, 0, "baseline", "aoq")
-    assert handlers.failure_query("i2t", items[2]) == {"image_id": 2, "image_url": "/media/images/2"}
-    assert handlers.failure_query("t2i", None) == {}
+    _, _, listed, _ = handlers.list_failures(client, "i2t", "both", 5, 0, "baseline", "aoq")
+    assert {k: v for k, v in handlers.failure_query(listed, 2).items() if k.startswith("image")} == \
+        {"image_id": 2, "image_url": "/media/images/2"}
+    assert handlers.failure_query(listed, None) == {} == handlers.failure_query(None, 2)
 
 
 def test_failures_error_clears_the_list():
     client = FakeBackend(fail={"/failures": (404, "no evaluation cache for model 'aoq'")}).client()
-    summary, choices, items, page = handlers.list_failures(client, "t2i", "both", 20, 0, "baseline", "aoq")
-    assert "no evaluation cache for model &#x27;aoq&#x27;" in summary and (choices, items, page) == ([], {}, 0)
+    summary, choices, listed, page = handlers.list_failures(client, "t2i", "both", 20, 0, "baseline", "aoq")
+    assert "no evaluation cache for model &#x27;aoq&#x27;" in summary and (choices, listed, page) == ([], None, 0)
 
 
 def test_negatives_handler_and_its_404():

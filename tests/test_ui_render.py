@@ -37,7 +37,7 @@ from tests.ui_fake_backend import (
 )
 from aoq_ui import plots
 from aoq_ui.client import BackendError, BackendUnavailable
-from aoq_ui.export import COLUMNS, comparison_csv, download_link
+from aoq_ui.export import COLUMNS, comparison_csv, download_link, file_name
 from aoq_ui.render import (
     TICK,
     measured_label,
@@ -99,7 +99,7 @@ def test_text_column_names_every_picture_marks_the_twins_and_the_training_split(
     assert html.count(TICK) == 2 and html.count("aoq-card aoq-gt") == 2  # both twins are correct
     assert html.count("train split</span>") == 1  # the one training picture, marked
     assert ('<h4>Left: baseline</h4><div class="aoq-meta">1.5 ms \u00b7 6 images searched \u00b7 first correct image '
-            "at <b>#3</b> in this list \u00b7 rank 3 among the test split's images, as evaluated</div>") in html
+            "at <b>#3</b> of 6 searched, among the 4 shown \u00b7 rank 3 among the test split's images, as evaluated</div>") in html
     assert '#1</span> <span class="aoq-rank">score 0.900</span>' in html
 
 
@@ -115,7 +115,7 @@ def test_image_column_lists_each_text_once_with_its_copies_and_picture():
     assert re.findall(r'class="aoq-rank">#(\d+)<', html) == ["1", "2", "4", "6", "7"]  # a row stands for its copies
     assert html.count("\u00d72</span>") == 3 and html.count(TICK) == 3
     assert _alts(html) == ["blue square", "red square", "red square", "flag: Japan", "red square"]
-    assert "first correct caption at <b>#2</b> in this list" in html
+    assert "first correct caption at <b>#2</b> of " in html
 
 
 def test_image_column_escapes_text():
@@ -143,15 +143,17 @@ def test_text_query_line_shows_the_correct_pictures_by_name_and_the_rule():
 
 def test_free_text_query_line_says_why_nothing_is_correct():
     html = render_text_query(_text("baseline", "flag of Japan"), _text("aoq", "flag of Japan"))
-    assert "Free text: no picture of the catalogue has this caption" in html
+    assert "<b>Free text: judge by eye.</b> No caption of the catalogue has this text" in html
+    assert "Verdict" not in html
 
 
 def test_test_scope_says_what_is_left_out_and_the_better_match_outside():
     left, right = _text("baseline", "flag of Japan", scope="test"), _text("aoq", "flag of Japan", scope="test")
     html = render_text_query(left, right)
     assert "scope: test split only" in html
-    assert ("Searching the test split only (4 items); the training and dev splits are left out. The whole catalogue "
-            "has a better match outside it: \u201cflag: Japan\u201d (train split, #1 in the whole catalogue).") in html
+    assert ("Searching the test split only (4 items); the training and dev splits are left out. Outside it the whole "
+            "catalogue has a higher-scoring item: \u201cflag: Japan\u201d (train split, #1 in the whole catalogue, the scope "
+            "\u2018whole catalogue (all splits)\u2019).") in html
     assert 'role="status"' in html
 
 
@@ -347,14 +349,19 @@ def test_export_holds_both_columns_with_names_scores_and_marks():
     answer = CompareTextOut(query=RED0, left=_text("baseline"), right=_text("aoq"))
     rows = list(csv.reader(io.StringIO(comparison_csv(answer))))
     assert rows[0] == list(COLUMNS) and len(rows) == 9
-    assert rows[1] == ["left", "baseline", "all", "text", "1", "0.900000", "0", "flag: Japan", "1", "train", "4", ""]
-    assert rows[5][:8] == ["right", "aoq", "all", "text", "1", "0.900000", "1", "red square"]
+    assert rows[1] == [RED0, "left", "baseline", "all", "none", "text", "1", "0.900000", "0", "flag: Japan", "1",
+                       "train", "4", ""]
+    assert rows[5][:10] == [RED0, "right", "aoq", "all", "none", "text", "1", "0.900000", "1", "red square"]
     images = CompareImageOut(left=_image("baseline"), right=_image("aoq"))
     rows = list(csv.reader(io.StringIO(comparison_csv(images))))
-    assert rows[2][7:] == [CAPTIONS[0][0], "2", "test", "0", "0"]
+    assert rows[2][0] == "picture 0: red square" and rows[2][9:] == [CAPTIONS[0][0], "2", "test", "0", "0"]
     link = download_link(answer)
     data = re.search(r'href="data:text/csv;base64,([^"]+)"', link).group(1)
-    assert base64.b64decode(data).decode() == comparison_csv(answer) and 'download="comparison.csv"' in link
+    assert base64.b64decode(data).decode() == comparison_csv(answer)
+    assert 'download="aoq-red-square-number-0.csv"' in link
+    assert file_name("Flag of Japan!") == "aoq-flag-of-japan.csv" and file_name("\u2764") == "aoq-query.csv"
+    assert download_link(CompareImageOut(left=_image("baseline", None), right=_image("aoq", None))).count(
+        'download="aoq-uploaded-picture.csv"') == 1
 
 
 def test_the_address_round_trips_a_view_and_drops_what_does_not_parse():

@@ -68,19 +68,30 @@ def _context(scope: str, searched: int, normalise: str) -> dict[str, Any]:
             "normalised": normalise == "invsoftmax"}
 
 
-def text_answer(model: str, query: str, order: list[int], k: int, scope: str = "all", normalise: str = "none"
-                ) -> dict[str, Any]:
+def bank_refusal(scope: str, normalise: str) -> httpx.Response | None:
+    """The service's 422 for a hubness correction in scope all, which holds the bank's split."""
+    if scope != "all" or normalise == "none":
+        return None
+    return httpx.Response(422, json={"detail": (
+        f"hubness correction {normalise!r} is refused in scope 'all': it holds the train split, whose items are "
+        "the correction's own bank, so every train item would be pushed down; search scope 'test' (the "
+        "evaluation split, disjoint from the bank) or use normalise 'none'")})
+
+
+def text_answer(model: str, query: str, order: list[int], k: int, scope: str = "all", normalise: str = "none",
+                intended: str | None = None) -> dict[str, Any]:
     """A text->image answer whose ranking is ``order`` (the test split's part of it in scope
-    test); a query equal to a caption of the twins has both as ground truth, other text none."""
+    test); a query (or ``intended`` answer) equal to a caption of the twins has both as ground
+    truth, other text none."""
     beyond = next((r for r, i in enumerate(order[:k]) if IMAGES[i][1] != "test"), None)
     outside = None if scope == "all" or beyond is None else image_hit(beyond + 1, order[beyond], 0.95, False)
     if scope == "test":
         order = [i for i in order if IMAGES[i][1] == "test"]
-    known = query in (CAPTIONS[0][0], CAPTIONS[5][0])
+    known = (intended or query) in (CAPTIONS[0][0], CAPTIONS[5][0])
     gt = [0, 1] if known else []
     ranks = [r + 1 for r, i in enumerate(order) if i in gt]
     return {
-        "model": model, "query": query, "caption_id": 0 if known else None, "query_split": "test" if known else None,
+        "model": model, "query": query, "intended": intended, "caption_id": 0 if known else None, "query_split": "test" if known else None,
         "context": _context(scope, 4 if scope == "test" else 6, normalise), "ground_truth_ids": gt,
         "ground_truth": [gallery_image(i) for i in gt], "scope_rank": ranks[0] if ranks else None,
         "ground_truth_rank": ranks[0] if ranks else None,
@@ -214,9 +225,12 @@ class FakeBackend:
         pair = self._pair(body.get("models"))
         if isinstance(pair, httpx.Response):
             return pair
+        if refused := bank_refusal(scope, normalise):
+            return refused
+        intended = body.get("intended")
         return httpx.Response(200, json={
-            "query": query, "left": text_answer(pair[0], query, ORDERS_T2I[pair[0]], k, scope, normalise),
-            "right": text_answer(pair[1], query, ORDERS_T2I[pair[1]], k, scope, normalise)})
+            "query": query, "left": text_answer(pair[0], query, ORDERS_T2I[pair[0]], k, scope, normalise, intended),
+            "right": text_answer(pair[1], query, ORDERS_T2I[pair[1]], k, scope, normalise, intended)})
 
     def _compare_image(self, request: httpx.Request) -> httpx.Response:
         form = _multipart_fields(request)
@@ -228,6 +242,8 @@ class FakeBackend:
                                                        "(cannot identify image file)"})
         image_id = int(form["image_id"]) if "image_id" in form else None
         k, scope, normalise = int(form.get("k", 10)), form.get("scope", "all"), form.get("normalise", "none")
+        if refused := bank_refusal(scope, normalise):
+            return refused
         return httpx.Response(200, json={
             "left": image_answer(pair[0], image_id, ORDERS_I2T[pair[0]], k, scope, normalise),
             "right": image_answer(pair[1], image_id, ORDERS_I2T[pair[1]], k, scope, normalise)})

@@ -29,6 +29,7 @@ from aoq_ui.examples import ExampleQuery  # noqa: E402
 from aoq_ui.media import media_routes  # noqa: E402
 from aoq_ui.render import CSS, render_notice  # noqa: E402
 from aoq_ui.render_analysis import DIRECTION_LABELS, WHICH_LABELS  # noqa: E402
+from aoq_ui.seeds import SeedSummary  # noqa: E402
 from aoq_ui.state import parse_view  # noqa: E402
 
 TITLE = "AOQ retrieval: baseline vs AOQ"
@@ -49,6 +50,10 @@ FOLLOW_SHARE_LINKS = """() => {
 }"""
 
 
+#: the "one drawing per emoji" switch: the class on <body> that hides twin drawings (.aoq-twin).
+ONE_DRAWING_JS = "(on) => { document.body.classList.toggle('aoq-one-drawing', on); return []; }"
+
+
 def _origin(request: gr.Request) -> str:
     """The page's address as the browser used it (the gallery needs absolute picture URLs)."""
     headers = request.headers
@@ -63,10 +68,14 @@ def _thumbs(images, request: gr.Request) -> list[tuple[str, str]]:
 
 def build_app(
     client: BackendClient, *, concurrency: int = DEFAULT_CONCURRENCY, example_queries: Sequence[ExampleQuery] = (),
+    seeds: SeedSummary | None = None,
 ) -> gr.Blocks:
     """The comparison page for the search service ``client`` talks to (not contacted until a page
-    loads); ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries."""
+    loads); ``example_queries`` (``aoq_ui.examples``) are offered as clickable free-text queries;
+    ``seeds`` (``aoq_ui.seeds``), the pair's multi-seed result, goes beside the served seed."""
     free_text = list(example_queries)
+    #: a showcased example's intended caption, by its text (also when typed or opened from a link)
+    intents = {q.text: q.intends for q in free_text if q.intends}
     with gr.Blocks(title=TITLE, analytics_enabled=False) as demo:
         gr.Markdown(f"## {TITLE}\nTop-k results of two models for the same query; \u2714 marks a correct answer "
                     "(paper Fig. 5).")
@@ -74,11 +83,11 @@ def build_app(
         shared = shared_settings(client)
         left, right, top_k, scope = shared.settings
         with gr.Tabs(elem_id="tabs") as tabs:
-            t2i, query_box, examples, captions = _text_to_image_tab(shared, free_text)
+            t2i, query_box, examples, captions = _text_to_image_tab(shared, free_text, intents)
             i2t, browser = _image_to_text_tab(shared)
             failures = _failures_tab(shared)
             negatives = _negatives_tab(shared)
-            metric_models, known_models = _metrics_tab(shared)
+            metric_models, known_models = _metrics_tab(shared, seeds)
         views = [t2i, i2t, failures]
 
         def rerun_all(left_name, right_name, k, where, *per_view):
@@ -123,7 +132,7 @@ def build_app(
                 t2i.normalise: how if view.tab == "t2i" else DEFAULT_NORMALISE,
                 i2t.normalise: how if view.tab == "i2t" else DEFAULT_NORMALISE,
             }
-            last = {"text": view.query} if view.query and view.tab == "t2i" else \
+            last = {"text": view.query, "intended": intents.get(view.query)} if view.query and view.tab == "t2i" else \
                 {"image_id": view.image, "image_url": client.browser_url(f"/images/{view.image}")} \
                 if view.image is not None and view.tab == "i2t" else {}
             if last:
@@ -142,7 +151,7 @@ def build_app(
     return demo
 
 
-def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery]
+def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery], intents: dict[str, str]
                        ) -> tuple[SideBySide, gr.Textbox, gr.Dataset, gr.State]:
     """A query box, the free-text examples and example captions; returns the view, the query
     box, the examples and their captions for the page load."""
@@ -156,14 +165,21 @@ def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery]
         if free_text:
             groups = ", ".join(dict.fromkeys(q.group for q in free_text))
             fine = gr.Dataset(components=[query], samples=[[q.text] for q in free_text], type="index",
-                              label=f"Fine-grained queries, free text ({groups})",
+                              label=f"Fine-grained queries ({groups}); each is judged by the caption it intends, "
+                                    "named in the verdict line",
                               samples_per_page=len(free_text), elem_id="t2i-free-examples")
         examples = gr.Dataset(components=[query], samples=[], type="index",
                               label="Example queries (captions of the test split)", samples_per_page=N_PAGE)
+        one_drawing = gr.Checkbox(label="one drawing per emoji: hide a picture whose name a higher one of its column "
+                                        "has (the other vendor's drawing); ranks still count it",
+                                  value=False, elem_id="t2i-one-drawing")
         view = side_by_side("t2i", normalise=normalise)
+    # the page's own style sheet hides the marked twins (aoq_ui.render): no round trip to the service
+    one_drawing.change(None, one_drawing, None, js=ONE_DRAWING_JS)
 
     def run(text, left, right, k, scope, how):
-        return (*handlers.search_text(api, text, left, right, k, scope, how), {"text": text} if text else {})
+        last = {"text": text, "intended": intents.get((text or "").strip())} if text else {}
+        return (*handlers.search_text(api, text, left, right, k, scope, how, last.get("intended")), last)
 
     def on_example(index, known, left, right, k, scope, how):
         text = known[index].text if index is not None and 0 <= index < len(known) else ""
@@ -274,8 +290,8 @@ def _failures_tab(shared: Shared) -> SideBySide:
         view = side_by_side("failures")
 
     def show(d, w, n, number, left, right):
-        html, choices, items, shown = handlers.list_failures(api, d, w, n, number, left, right)
-        state = {"direction": d, "which": w, "per_page": n, "items": items, "page": shown}
+        html, choices, listed_page, shown = handlers.list_failures(api, d, w, n, number, left, right)
+        state = {"direction": d, "which": w, "per_page": n, "failures": listed_page, "page": shown}
         return html, gr.update(choices=choices, value=None), state, "", "", "", {}
 
     def step(state, delta, left, right):
@@ -284,8 +300,7 @@ def _failures_tab(shared: Shared) -> SideBySide:
         return show(state["direction"], state["which"], state["per_page"], state["page"] + delta, left, right)
 
     def on_case(query_id, state, left, right, k, scope):
-        item = state.get("items", {}).get(query_id) if state else None
-        last = handlers.failure_query(state.get("direction", "t2i") if state else "t2i", item)
+        last = handlers.failure_query(state.get("failures") if state else None, query_id)
         columns = handlers.run_last(api, last, left, right, k, scope)
         return (*(columns or (render_notice("Pick a case from the list."), "", "")), last)
 
@@ -342,7 +357,7 @@ def _negatives_tab(shared: Shared) -> _Negatives:
     return _Negatives(train_pick, kind, item_id, model)
 
 
-def _metrics_tab(shared: Shared) -> tuple[gr.CheckboxGroup, gr.State]:
+def _metrics_tab(shared: Shared, seeds: SeedSummary | None) -> tuple[gr.CheckboxGroup, gr.State]:
     """R@K tables, training curves and rank histograms, each explained; returns the model
     picker and the models' descriptions for the page load."""
     api = shared.api
@@ -358,7 +373,7 @@ def _metrics_tab(shared: Shared) -> tuple[gr.CheckboxGroup, gr.State]:
         histogram_note = gr.HTML(elem_id="metrics-histogram-note")
 
     def on_metrics(names, described):
-        html, curve_figure, histogram_figure = handlers.show_metrics(api, names or [], described or [])
+        html, curve_figure, histogram_figure = handlers.show_metrics(api, names or [], described or [], seeds)
         notes = handlers.plot_notes(described or [])
         return html, curve_figure, f'<div class="aoq-meta">{notes[0]}</div>', histogram_figure, \
             f'<div class="aoq-meta">{notes[1]}</div>'

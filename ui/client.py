@@ -168,10 +168,12 @@ class BackendClient:
         return response.content, response.headers.get("content-type", "application/octet-stream")
 
     def compare_text(self, query: str, models: Sequence[str] | None = None, k: int = 10,
-                     scope: str = "all", normalise: str = "none") -> CompareTextOut:
+                     scope: str = "all", normalise: str = "none", intended: str | None = None) -> CompareTextOut:
         body: dict[str, Any] = {"query": query, "k": k, "scope": scope, "normalise": normalise}
         if models:
             body["models"] = list(models)
+        if intended:
+            body["intended"] = intended
         return self._call("POST", "/compare/text", CompareTextOut, json=body)
 
     def compare_image(

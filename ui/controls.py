@@ -20,6 +20,9 @@ from aoq_ui.render import NORMALISE_CHOICES, SCOPE_LABELS
 
 DEFAULT_K = 5
 DEFAULT_NORMALISE = "none"
+#: where the correction is principled, under the switch (the service refuses it elsewhere)
+NORMALISE_INFO = ("only with the scope 'test split only': the whole catalogue holds the training split, the "
+                  "correction's own bank, which it would push down, so the service refuses it there")
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ def shared_settings(client: BackendClient) -> Shared:
 def normalise_dropdown(prefix: str, scale: int = 2) -> gr.Dropdown:
     """The hubness correction switch of a tab (``<prefix>-normalise``), default none."""
     return gr.Dropdown(NORMALISE_CHOICES, value=DEFAULT_NORMALISE, label="Hubness correction",
-                       elem_id=f"{prefix}-normalise", scale=scale)
+                       info=NORMALISE_INFO, elem_id=f"{prefix}-normalise", scale=scale)
 
 
 @dataclass(frozen=True)

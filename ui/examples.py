@@ -1,7 +1,12 @@
-"""Example queries for the page from a YAML file (``aoq ui --examples``): free text, grouped.
+"""Example queries for the page from a YAML file (``aoq ui --examples``): free text, grouped, each
+with the answer it intends.
 
-The file maps a group name ("skin tone", "gender", ...) to a list of query strings; the page
-shows them as clickable examples that run through the models like typed text.
+The file maps a group name ("skin tone", "gender", ...) to a list of queries. A query is either a
+string, which is itself a caption of the catalogue (its own intended answer), or a one-entry
+mapping ``query: intended caption`` (``crossed fingers with dark skin tone: "crossed fingers: dark
+skin tone"``), or ``query: null`` for free text with no intended answer, judged by eye. The page
+shows them as clickable examples; the intended caption's pictures are the correct answers, by
+the model's rule.
 """
 
 from __future__ import annotations
@@ -18,17 +23,30 @@ class ExamplesError(ValueError):
 
 @dataclass(frozen=True)
 class ExampleQuery:
-    """One free-text example and its group."""
+    """One free-text example, its group and the caption it intends (None: judge by eye)."""
 
     group: str
     text: str
+    intends: str | None = None
+
+
+def _query(group: str, entry: object) -> ExampleQuery | None:
+    """An entry of a group's list, or None when it is not one of the three forms."""
+    if isinstance(entry, str) and entry.strip():
+        return ExampleQuery(group, entry.strip(), entry.strip())
+    if isinstance(entry, dict) and len(entry) == 1:
+        (text, intends), = entry.items()
+        if isinstance(text, str) and text.strip() and (intends is None or isinstance(intends, str) and intends.strip()):
+            return ExampleQuery(group, text.strip(), intends.strip() if intends else None)
+    return None
 
 
 def load_example_queries(path: str | Path) -> list[ExampleQuery]:
     """The queries of ``path`` in file order.
 
     Raises:
-        ExamplesError: the file is missing, not YAML, or not a mapping of names to lists of strings.
+        ExamplesError: the file is missing, not YAML, or not a mapping of names to lists of
+            queries (strings, or one-entry mappings of a query to its intended caption or null).
     """
     path = Path(path)
     try:
@@ -39,7 +57,9 @@ def load_example_queries(path: str | Path) -> list[ExampleQuery]:
         raise ExamplesError(f"{path}: expected a mapping of group names to lists of queries")
     out = []
     for group, queries in data.items():
-        if not isinstance(queries, list) or not all(isinstance(q, str) and q.strip() for q in queries):
-            raise ExamplesError(f"{path}: group {group!r} must be a list of non-empty strings")
-        out += [ExampleQuery(str(group), q.strip()) for q in queries]
+        parsed = [_query(str(group), q) for q in queries] if isinstance(queries, list) else [None]
+        if not parsed or None in parsed:
+            raise ExamplesError(f"{path}: group {group!r} must be a list of non-empty strings or "
+                                "'query: intended caption' entries")
+        out += parsed
     return out

@@ -18,11 +18,13 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from aoq_serve.schemas import ExampleCaption, FailureItem, GalleryImage, ModelOut
+from aoq_serve.schemas import ExampleCaption, FailuresOut, GalleryImage, ModelOut
 from aoq_ui import plots
 from aoq_ui.client import UPLOAD_TYPES, BackendClient, BackendError
 from aoq_ui.export import download_link
 from aoq_ui.render import (
+    SCOPE_LABELS,
+    format_rank,
     model_label,
     pick_default_models,
     render_error,
@@ -34,7 +36,8 @@ from aoq_ui.render import (
     render_text_query,
 )
 from aoq_ui.render_analysis import failure_choices, render_failures, render_metrics_table, render_negatives, \
-    render_selection
+    render_seed_note, render_selection
+from aoq_ui.seeds import SeedSummary
 from aoq_ui.state import View, view_query
 
 N_EXAMPLES = 12
@@ -46,8 +49,10 @@ PREVIEW_BYTES = 2 * 1024 * 1024
 
 Columns = tuple[str, str, str]  # (query line or message, left column, right column)
 #: the query a view shows, to run it again when k, the scope, the hubness correction or a model
-#: changes: {"text": ...},
-#: {"image_id": ..., "image_url": ...} or {"upload": path}; empty when there is none.
+#: changes: {"text": ..., "intended": ...},
+#: {"image_id": ..., "image_url": ...} or {"upload": path}; empty when there is none. A failure
+#: case also fixes the scope and hubness correction it was evaluated in ("scope", "normalise") and
+#: says so ("note").
 LastQuery = dict
 
 
@@ -115,22 +120,23 @@ def _links(view: View, answer) -> str:
 
 
 def search_text(client: BackendClient, query: str, left: str | None, right: str | None, k: int,
-                scope: str = "all", normalise: str = "none") -> Columns:
-    """Text -> image for both models, ranked under the hubness correction ``normalise``: (query
-    line or error, left column, right column)."""
+                scope: str = "all", normalise: str = "none", intended: str | None = None) -> Columns:
+    """Text -> image for both models, ranked under the hubness correction ``normalise``, judged by
+    the ``intended`` caption when given (a showcased example's): (query line or error, left
+    column, right column)."""
     query = (query or "").strip()
     if not query:
         return render_notice("Type a query or pick an example."), "", ""
     if problem := _check_models(left, right):
         return render_error(problem), "", ""
     try:
-        answer = client.compare_text(query, [left, right], int(k), scope, normalise)  # type: ignore[list-item]
+        answer = client.compare_text(query, [left, right], int(k), scope, normalise, intended)  # type: ignore[list-item]
     except BackendError as exc:
         return render_error(exc), "", ""
     view = View(tab="t2i", query=query, left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_text_query(answer.left, answer.right, _links(view, answer)),
-            render_text_column(answer.left, f"Left: {answer.left.model}"),
-            render_text_column(answer.right, f"Right: {answer.right.model}"))
+            render_text_column(answer.left, f"Left: {answer.left.model}", answer.right, view),
+            render_text_column(answer.right, f"Right: {answer.right.model}", answer.left, view))
 
 
 def _preview(path: Path) -> str:
@@ -178,9 +184,10 @@ def search_image(
             links = f'<div class="aoq-links">{download_link(answer)}</div>'
     except BackendError as exc:
         return render_error(exc), "", ""
+    settings = View(tab="i2t", left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_image_query(answer.left, answer.right, label, url, links),
-            render_image_column(answer.left, f"Left: {answer.left.model}"),
-            render_image_column(answer.right, f"Right: {answer.right.model}"))
+            render_image_column(answer.left, f"Left: {answer.left.model}", answer.right, settings),
+            render_image_column(answer.right, f"Right: {answer.right.model}", answer.left, settings))
 
 
 def run_last(client: BackendClient, last: LastQuery | None, left: str | None, right: str | None, k: int,
@@ -189,12 +196,17 @@ def run_last(client: BackendClient, last: LastQuery | None, left: str | None, ri
     when it has none."""
     if not last:
         return None
+    scope, normalise = last.get("scope", scope), last.get("normalise", normalise)
     if "text" in last:
-        return search_text(client, last["text"], left, right, k, scope, normalise)
-    if "image_id" in last:
-        return search_image(client, left, right, k, scope, normalise, image_id=last["image_id"],
-                            image_url=last["image_url"])
-    return search_image(client, left, right, k, scope, normalise, upload=last["upload"])
+        columns = search_text(client, last["text"], left, right, k, scope, normalise, last.get("intended"))
+    elif "image_id" in last:
+        columns = search_image(client, left, right, k, scope, normalise, image_id=last["image_id"],
+                               image_url=last["image_url"])
+    else:
+        columns = search_image(client, left, right, k, scope, normalise, upload=last["upload"])
+    if last.get("note"):
+        columns = (render_notice(last["note"]) + columns[0], *columns[1:])
+    return columns
 
 
 def gallery_page(client: BackendClient, scope: str, query: str, page: int
@@ -222,10 +234,10 @@ def gallery_page(client: BackendClient, scope: str, query: str, page: int
 def list_failures(
     client: BackendClient, direction: str, which: str, per_page: int, page: int, left: str | None,
     right: str | None,
-) -> tuple[str, list[tuple[str, int]], dict[int, FailureItem], int]:
-    """(the page's table or an error, dropdown choices, items by query id, the page shown)."""
+) -> tuple[str, list[tuple[str, int]], FailuresOut | None, int]:
+    """(the page's table or an error, dropdown choices, the listed page or None, the page shown)."""
     if problem := _check_models(left, right):
-        return render_error(problem), [], {}, 0
+        return render_error(problem), [], None, 0
     page = max(0, int(page))
     try:
         failures = client.failures(direction, which, int(per_page), [left, right], page * int(per_page))  # type: ignore[list-item]
@@ -233,17 +245,26 @@ def list_failures(
             page = max(0, (failures.total - 1) // int(per_page))
             failures = client.failures(direction, which, int(per_page), [left, right], page * int(per_page))  # type: ignore[list-item]
     except BackendError as exc:
-        return render_error(exc), [], {}, 0
-    return render_failures(failures), failure_choices(failures), {i.query_id: i for i in failures.items}, page
+        return render_error(exc), [], None, 0
+    return render_failures(failures), failure_choices(failures), failures, page
 
 
-def failure_query(direction: str, item: FailureItem | None) -> LastQuery:
-    """The query of a failure case, to show it in the side-by-side view."""
-    if item is None:
+def failure_query(failures: FailuresOut | None, query_id: int | None) -> LastQuery:
+    """The query of a listed failure case, to show it in the side-by-side view in the scope and
+    with the raw scores its listed ranks were evaluated in (so the columns show the same ranks)."""
+    item = next((i for i in failures.items if i.query_id == query_id), None) if failures else None
+    if item is None or failures is None:
         return {}
-    if direction == "t2i":
-        return {"text": item.query_text} if item.query_text else {}
-    return {"image_id": item.query_id, "image_url": item.image_url or ""}
+    if failures.direction == "t2i":
+        if not item.query_text:
+            return {}
+        query: LastQuery = {"text": item.query_text}
+    else:
+        query = {"image_id": item.query_id, "image_url": item.image_url or ""}
+    note = (f"Opened as evaluated: {SCOPE_LABELS[failures.scope]}, raw scores (no hubness correction); the list "
+            f"gave {failures.left} rank {format_rank(item.left_rank)}, {failures.right} rank "
+            f"{format_rank(item.right_rank)}. The scope and correction above do not apply to this view.")
+    return {**query, "scope": failures.scope, "normalise": "none", "note": note}
 
 
 def parse_train_pick(pick: str | None) -> tuple[str, int] | None:
@@ -271,16 +292,18 @@ def show_negatives(
     return render_negatives(answer)
 
 
-def show_metrics(client: BackendClient, names: Sequence[str], models: Sequence[ModelOut] = ()
-                 ) -> tuple[str, Figure | None, Figure | None]:
-    """(R@K table or error, R@1 curves, rank histogram) of the chosen models, each labelled."""
+def show_metrics(client: BackendClient, names: Sequence[str], models: Sequence[ModelOut] = (),
+                 seeds: SeedSummary | None = None) -> tuple[str, Figure | None, Figure | None]:
+    """(R@K table or error, R@1 curves, rank histogram) of the chosen models, each labelled, the
+    served seed beside the multi-seed result ``seeds`` when given."""
     if not names:
         return render_notice("Tick at least one model."), None, None
     try:
         all_metrics = [client.metrics(name) for name in names]
     except BackendError as exc:
         return render_error(exc), None, None
-    return (render_metrics_table(all_metrics) + render_selection(models, names),
+    return (render_seed_note(seeds, all_metrics, models) + render_metrics_table(all_metrics)
+            + render_selection(models, names),
             plots.recall_curves_figure(all_metrics), plots.rank_histogram_figure(all_metrics))
 
 

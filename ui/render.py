@@ -9,6 +9,7 @@ client rewrote them for the browser (``aoq_ui.client``). Every number says what 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from html import escape
 
 from aoq_serve.schemas import (
@@ -21,6 +22,7 @@ from aoq_serve.schemas import (
     SearchTextOut,
 )
 from aoq_ui.client import BackendError, BackendUnavailable
+from aoq_ui.state import View, view_query
 
 TICK = "\u2714"  # heavy check mark, as the paper ticks correct items
 DOT = " \u00b7 "
@@ -61,6 +63,11 @@ CSS = """
 .aoq-truth figure { margin: 0; width: 84px; text-align: center; border: 2px solid #2e9d4f; border-radius: 6px; }
 .aoq-truth img { width: 64px; height: 64px; }
 .aoq-links a { margin-right: 1em; }
+.aoq-enlarge { display: block; font-size: .75em; cursor: zoom-in; opacity: .8; }
+.aoq-one-drawing .aoq-twin { display: none; }
+.aoq-verdict { margin: .3em 0; padding: .3em .6em; border-left: 4px solid #2e9d4f; }
+.aoq-only { display: inline-block; font-size: .75em; padding: 0 .35em; border-radius: 4px;
+            background: rgba(60,110,200,.15); border: 1px solid rgba(60,110,200,.6); }
 .aoq-table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 .aoq-table th, .aoq-table td { border: 1px solid #8884; padding: .2em .5em; text-align: right; }
 .aoq-table th:first-child, .aoq-table td:first-child { text-align: left; }
@@ -189,13 +196,17 @@ def _tick(is_ground_truth: bool) -> str:
 
 
 def _truth_line(answer: SearchTextOut | SearchImageOut, what: str) -> str:
-    """Where the best correct answer ranks: in this list, and in the evaluation split."""
+    """Where the best correct answer ranks: in the searched scope (out of how many, and whether
+    the list shows it), and in the evaluation split."""
     context = answer.context
     if answer.scope_rank is None and answer.ground_truth_rank is None:
         return ""
     bits = []
     if answer.scope_rank is not None:
-        bits.append(f"first correct {what} at <b>#{format_rank(answer.scope_rank)}</b> in this list")
+        shown = len(answer.results)
+        seen = "among" if answer.scope_rank <= shown else "not among"
+        bits.append(f"first correct {what} at <b>#{format_rank(answer.scope_rank)}</b> of {context.searched:,} "
+                    f"searched, {seen} the {shown} shown")
     else:
         bits.append(f"no correct {what} in the {escape(SCOPE_LABELS[context.scope])}")
     if answer.ground_truth_rank is not None:
@@ -230,40 +241,72 @@ def _header(title: str, answer: SearchTextOut | SearchImageOut, what: str) -> st
             f"<div class=\"aoq-meta aoq-normalise\">{escape(_normalise_line(answer))}</div>")
 
 
-def render_text_column(answer: SearchTextOut, title: str) -> str:
-    """One model's top-k images for a text query: rank, score, name, split; ticks on correct ones."""
+ONLY_HERE = ('<span class="aoq-only" title="the other column does not list it among its top k">'
+             "only this column</span>")
+
+
+def _enlarge(url: str, name: str) -> str:
+    """A link that opens the full-size picture in a new tab."""
+    return (f'<a class="aoq-enlarge" href="{escape(url)}" target="_blank" title="the full-size picture of {name}">'
+            "\u2922 enlarge</a>")
+
+
+def render_text_column(answer: SearchTextOut, title: str, other: SearchTextOut | None = None,
+                       search_by: View | None = None) -> str:
+    """One model's top-k images for a text query: rank, score, name, split; ticks on correct ones;
+    pictures that the ``other`` column does not list are marked. With ``search_by`` (the page's
+    settings) a picture is a link to the image-to-text view searching by it; a picture whose name
+    an earlier one of the column has (a twin drawing) is marked for the "one drawing per emoji"
+    switch."""
     eval_split = answer.context.eval_split
-    cards = []
+    theirs = None if other is None else {h.image_id for h in other.results}
+    cards, seen = [], set()
     for hit in answer.results:
+        twin = " aoq-twin" if hit.name.lower() in seen else ""
+        seen.add(hit.name.lower())
         gt = " aoq-gt" if hit.is_ground_truth else ""
+        only = ONLY_HERE if theirs is not None and hit.image_id not in theirs else ""
+        href = hit.image_url if search_by is None else \
+            view_query(replace(search_by, tab="i2t", query=None, image=hit.image_id))
+        target = ' target="_blank"' if search_by is None else ' class="aoq-search-by" title="search by this picture"'
         name = escape(hit.name)
         cards.append(
-            f'<figure class="aoq-card{gt}" data-image-id="{hit.image_id}">'
-            f'<a href="{escape(hit.image_url)}" target="_blank"><img src="{escape(hit.thumbnail_url)}" '
+            f'<figure class="aoq-card{gt}{twin}" data-image-id="{hit.image_id}">'
+            f'<a href="{escape(href)}"{target}><img src="{escape(hit.thumbnail_url)}" '
             f'alt="{name}" title="{name}" loading="eager"></a>'
             f'<figcaption class="aoq-caption"><span class="aoq-rank">#{hit.rank}</span> '
             f'<span class="aoq-rank">score {hit.score:.3f}</span>{_tick(hit.is_ground_truth)}'
-            f'<span class="aoq-name">{name}</span>{_split_badge(hit.split, eval_split)}</figcaption></figure>'
+            f'<span class="aoq-name">{name}</span>{_split_badge(hit.split, eval_split)}{only}'
+            f"{_enlarge(hit.image_url, name)}</figcaption></figure>"
         )
     body = '<div class="aoq-grid">' + "".join(cards) + "</div>" if cards else render_notice("No results.")
     return f'<div class="aoq-col">{_header(title, answer, "image")}{body}</div>'
 
 
-def render_image_column(answer: SearchImageOut, title: str) -> str:
+def render_image_column(answer: SearchImageOut, title: str, other: SearchImageOut | None = None,
+                        search_by: View | None = None) -> str:
     """One model's top-k captions for an image query: rank, text, its picture, score; under the
-    text rule a row stands for every caption of its text (x copies)."""
+    text rule a row stands for every caption of its text (x copies); texts that the ``other``
+    column does not list are marked. With ``search_by`` (the page's settings) a caption is a link
+    to the text-to-image view searching by it."""
     eval_split = answer.context.eval_split
+    theirs = None if other is None else {h.text.lower() for h in other.results}
     items = []
     for hit in answer.results:
+        only = ONLY_HERE if theirs is not None and hit.text.lower() not in theirs else ""
         gt = ' class="aoq-gt"' if hit.is_ground_truth else ""
         copies = (f' <span class="aoq-rank" title="this text is the caption of {hit.copies} pictures in the '
                   f'searched scope">\u00d7{hit.copies}</span>') if hit.copies > 1 else ""
         picture = (f'<img src="{escape(hit.thumbnail_url)}" alt="{escape(hit.image_name)}" '
                    f'title="{escape(hit.image_name)}" loading="eager">') if hit.thumbnail_url else ""
+        text = escape(hit.text) if search_by is None else (
+            f'<a class="aoq-search-by" title="search by this caption" '
+            f'href="{escape(view_query(replace(search_by, tab="t2i", query=hit.text, image=None)))}">'
+            f"{escape(hit.text)}</a>")
         items.append(
             f'<li{gt} data-caption-id="{hit.caption_id}">{picture}<span><span class="aoq-rank">#{hit.rank}</span> '
-            f"{escape(hit.text)}{copies}{_tick(hit.is_ground_truth)} <span class=\"aoq-rank\">"
-            f"(score {hit.score:.3f})</span>{_split_badge(hit.split, eval_split)}</span></li>"
+            f"{text}{copies}{_tick(hit.is_ground_truth)} <span class=\"aoq-rank\">"
+            f"(score {hit.score:.3f})</span>{_split_badge(hit.split, eval_split)}{only}</span></li>"
         )
     body = '<ol class="aoq-list">' + "".join(items) + "</ol>" if items else render_notice("No results.")
     return f'<div class="aoq-col">{_header(title, answer, "caption")}{body}</div>'
@@ -289,29 +332,50 @@ def _notices(left: SearchTextOut | SearchImageOut, right: SearchTextOut | Search
         outside = left.outside or right.outside
         if outside is not None:
             name = getattr(outside, "name", None) or getattr(outside, "text", "")
-            message += (f" The whole catalogue has a better match outside it: \u201c{name}\u201d "
-                        f"({outside.split} split, #{outside.rank} in the whole catalogue). Switch the scope to "
-                        f"\u2018{SCOPE_LABELS['all']}\u2019 to see it.")
+            message += (f" Outside it the whole catalogue has a higher-scoring item: \u201c{name}\u201d "
+                        f"({outside.split} split, #{outside.rank} in the whole catalogue, the scope "
+                        f"\u2018{SCOPE_LABELS['all']}\u2019).")
         out.append(f'<div class="aoq-notice" role="status">{escape(message)}</div>')
     return "".join(out)
 
 
+def verdict(left: SearchTextOut | SearchImageOut, right: SearchTextOut | SearchImageOut) -> str:
+    """One line that reads the comparison: where each column's first correct answer is, out of
+    how many correct answers the scope holds and how many each column shows."""
+    def place(answer: SearchTextOut | SearchImageOut) -> str:
+        rank = "none in the scope" if answer.scope_rank is None else f"#{format_rank(answer.scope_rank)}"
+        return f"{escape(answer.model)} {rank}"
+
+    what = "intended answer \u201c" + escape(left.intended) + "\u201d; " \
+        if isinstance(left, SearchTextOut) and left.intended else ""
+    return (f'<div class="aoq-verdict"><b>Verdict:</b> {what}first correct answer {place(left)}, {place(right)}, '
+            f"of {len(left.ground_truth_ids):,} correct in the {escape(SCOPE_LABELS[left.context.scope])}, "
+            f"{len(left.results)} shown.</div>")
+
+
 def render_text_query(left: SearchTextOut, right: SearchTextOut, links: str = "") -> str:
-    """The query line of a text search: the query, notices, the correct pictures (named) or why
-    there are none, then ``links`` (share, export)."""
+    """The query line of a text search: the query, notices, the verdict, the correct pictures
+    (named) or why there are none, then ``links`` (share, export)."""
     context = left.context
     head = (f'<div class="aoq-query">Query: <q>{escape(left.query)}</q> \u00b7 scope: '
             f"{escape(SCOPE_LABELS[context.scope])}</div>")
+    if left.ground_truth_ids or right.ground_truth_ids:
+        head += verdict(left, right)
     if left.ground_truth:
         truth = (f'<div class="aoq-meta">Correct answers by the positives rule {context.positives} '
                  f"({escape(RULES[context.positives])}):</div><div class=\"aoq-truth\">"
                  + "".join(_figure(g, context.eval_split) for g in left.ground_truth) + "</div>")
     elif left.caption_id is not None:
-        truth = render_notice(f"The query is a caption of the {left.query_split} split; its pictures lie outside "
+        what = f"The intended answer \u201c{left.intended}\u201d" if left.intended else "The query"
+        truth = render_notice(f"{what} is a caption of the {left.query_split} split; its pictures lie outside "
                               f"the {SCOPE_LABELS[context.scope]}, so no answer here is correct.")
+    elif left.intended:
+        truth = ('<div class="aoq-meta aoq-free"><b>Free text: judge by eye.</b> Its intended answer '
+                 f"\u201c{escape(left.intended)}\u201d is no caption of this catalogue (a subset of the dataset?), so "
+                 "no answer is marked correct.</div>")
     else:
-        truth = ('<div class="aoq-meta">Free text: no picture of the catalogue has this caption, so no answer '
-                 "is marked correct.</div>")
+        truth = ('<div class="aoq-meta aoq-free"><b>Free text: judge by eye.</b> No caption of the catalogue has '
+                 "this text and no intended answer was given, so no answer is marked correct.</div>")
     return head + _notices(left, right) + truth + links
 
 
@@ -334,4 +398,5 @@ def render_image_query(left: SearchImageOut, right: SearchImageOut, label: str, 
         truth = (f'<div class="aoq-meta"><b>{name}</b>{_split_badge(query.split, context.eval_split)}: its own '
                  f"captions, correct by the positives rule {context.positives} ({escape(RULES[context.positives])}):"
                  f'</div><ul class="aoq-meta">{own}</ul>')
-    return head + _notices(left, right) + truth + legend + links
+    verdict_line = verdict(left, right) if query is not None else ""
+    return head + verdict_line + _notices(left, right) + truth + legend + links

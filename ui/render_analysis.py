@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from html import escape
 
 from aoq_serve.schemas import FailuresOut, MetricsOut, ModelOut, NegativeItem, NegativesOut
-from aoq_ui.render import DOT, RULES, TICK, format_rank, measured_label, render_notice
+from aoq_ui.seeds import SeedSummary
+from aoq_ui.render import DOT, RULES, SCOPE_LABELS, TICK, format_rank, measured_label, render_notice
 
 WHICH_LABELS = {
     "baseline_only": "left (baseline) wrong at rank 1, right (AOQ) right",
@@ -28,7 +29,8 @@ def failure_choices(failures: FailuresOut) -> list[tuple[str, int]]:
     for number, item in enumerate(failures.items, start=failures.offset + 1):
         what = _label(item.query_text, item.image_name, item.query_id)
         short = what if len(what) <= 70 else what[:67] + "..."
-        choices.append((f"{number}. {short}  [{failures.left}: rank {format_rank(item.left_rank)}, "
+        copies = f" \u00d7{item.copies}" if item.copies > 1 else ""
+        choices.append((f"{number}. {short}{copies}  [{failures.left}: rank {format_rank(item.left_rank)}, "
                         f"{failures.right}: rank {format_rank(item.right_rank)}]", item.query_id))
     return choices
 
@@ -40,12 +42,17 @@ def render_failures(failures: FailuresOut) -> str:
     direction = DIRECTION_LABELS.get(failures.direction, failures.direction)
     shown = (f"cases {failures.offset + 1}\u2013{failures.offset + len(failures.items)} of <b>{failures.total:,}</b>"
              if failures.items else f"none of <b>{failures.total:,}</b> on this page")
+    if failures.queries is not None and failures.queries != failures.total:
+        shown += (f" ({failures.queries:,} queries: \u00d7n marks a text that is the caption of n pictures, "
+                  "such as both vendors' drawings, with the same two ranks)")
     origin = ""
     if failures.measured is not None:
         origin = (f" Ranks of the {escape(measured_label(failures.measured))}: "
                   f"{escape(RULES[failures.measured.positives])}.")
     summary = (f'<div class="aoq-meta">{direction}, {escape(kind)} (left = {escape(failures.left)}, '
-               f"right = {escape(failures.right)}): {shown}.{origin} Pick one below to see both rankings.</div>")
+               f"right = {escape(failures.right)}): {shown}.{origin} Pick one below to see both rankings; it opens "
+               f"in the scope they were evaluated in ({escape(SCOPE_LABELS[failures.scope])}, raw scores), "
+               "whatever the scope above says.</div>")
     if not failures.items:
         return summary
     t2i = failures.direction == "t2i"
@@ -55,7 +62,8 @@ def render_failures(failures: FailuresOut) -> str:
     for number, item in enumerate(failures.items, start=failures.offset + 1):
         name = escape(item.image_name or "")
         image = f'<img src="{escape(item.thumbnail_url)}" alt="{name}" title="{name}">' if item.thumbnail_url else ""
-        cells = [str(number), escape(item.query_text or ""), image] if t2i else [str(number), image, name]
+        copies = f' <span class="aoq-rank">\u00d7{item.copies}</span>' if item.copies > 1 else ""
+        cells = [str(number), escape(item.query_text or "") + copies, image] if t2i else [str(number), image, name]
         cells += [format_rank(item.left_rank), format_rank(item.right_rank)]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     header = "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"
@@ -172,3 +180,28 @@ def render_label_table(all_metrics: Sequence[MetricsOut]) -> str:
     return ('<p>Label-wise retrieval (relevance = shared labels, percent; same split as above)</p>'
             f'<table class="aoq-table aoq-labels"><tr><th>model</th><th>labels</th>{head}<th>k</th></tr>'
             + "".join(rows) + "</table>")
+
+
+def render_seed_note(summary: SeedSummary | None, all_metrics: Sequence[MetricsOut], models: Sequence[ModelOut]
+                     ) -> str:
+    """The served baseline and AOQ (one seed each) beside the pair's multi-seed result: AOQ -
+    baseline with its paired interval and n, and how far single seeds fall from the mean."""
+    if summary is None:
+        return ""
+    roles = {m.name: m.role for m in models}
+    served = {roles.get(m.model): m for m in all_metrics if "full" in m.tables and m.measured is not None}
+    lines = [f"Over {len(summary.per_seed)} seeds ({escape(summary.source)}): baseline rsum "
+             f"{escape(summary.baseline_rsum)}, AOQ {escape(summary.aoq_rsum)}; AOQ \u2212 baseline "
+             f"{escape(summary.difference)}, a paired 95% interval over the seeds."]
+    if "baseline" in served and "aoq" in served:
+        baseline, aoq = served["baseline"], served["aoq"]
+        seeds = sorted(set(baseline.measured.seeds) | set(aoq.measured.seeds))
+        gap = aoq.tables["full"].rsum - baseline.tables["full"].rsum
+        lines.insert(0, f"The demo serves one seed ({', '.join(map(str, seeds)) or 'not recorded'}): baseline rsum "
+                        f"{baseline.tables['full'].rsum:.1f}, AOQ {aoq.tables['full'].rsum:.1f}, AOQ \u2212 baseline "
+                        f"{gap:+.1f}.")
+    gaps = [a - b for b, a in summary.per_seed.values()]
+    if gaps:
+        lines.append(f"One seed can be far from the mean: per seed, AOQ \u2212 baseline ran from {min(gaps):+.1f} to "
+                     f"{max(gaps):+.1f}, and a model trained from the same seed on another CPU can differ too.")
+    return '<div class="aoq-meta aoq-seeds">' + " ".join(lines) + "</div>"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
+import numpy as np
 from fastapi import APIRouter, Path, Query, Request
 
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
@@ -19,11 +20,21 @@ from aoq_serve.schemas import (
     NegativeItem,
     NegativesOut,
 )
+from aoq_serve.registry import Gallery
 from aoq_serve.search.failures import RanksChanged, failure_cases
 from aoq_serve.search.negatives import CORRECT_RULE
 
 router = APIRouter(tags=["analysis"])
 ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 422, 503)}
+
+
+def _text_keys(gallery: Gallery):
+    """Caption ids -> the key of their normalised text (an id without a caption: a key of its own)."""
+    def key_of(caption_ids: np.ndarray) -> np.ndarray:
+        known = gallery.ids.caption_ids
+        p = np.searchsorted(known, caption_ids).clip(max=len(known) - 1)
+        return np.where(known[p] == caption_ids, gallery.view.keys[p], -1 - caption_ids)
+    return key_of
 
 
 @router.get("/failures", response_model=FailuresOut, responses=ERRORS)
@@ -49,14 +60,16 @@ def get_failures(
     if left.gallery is not right.gallery:
         raise ServiceError(422, f"models {left.name!r} and {right.name!r} are indexed over different galleries")
     try:
-        total, rows = failure_cases(session, left, right, direction, which, limit, offset)
+        total, queries, rows = failure_cases(session, left, right, direction, which, limit, offset,
+                                             _text_keys(left.gallery) if direction == "t2i" else None)
     except RanksChanged as exc:
         service.faults.disable(endpoint(request.scope), str(exc))
         raise ServiceError(503, f"{exc}; /failures is disabled until POST /admin/reload") from None
     gallery = left.gallery
     view = gallery.view
     items = []
-    for query_id, left_rank, right_rank in rows:
+    for case in rows:
+        query_id = case.query_id
         if direction == "t2i":
             p = gallery.caption_position(query_id)
             owner = None if p is None else int(view.caption_owner[p])
@@ -68,10 +81,11 @@ def get_failures(
             query_id=query_id, query_text=text, image_id=image_id,
             image_url=None if image_id is None else urls.image(image_id),
             thumbnail_url=None if image_id is None else urls.thumbnail(image_id),
-            image_name=None if owner is None else view.name(owner), left_rank=left_rank, right_rank=right_rank))
+            image_name=None if owner is None else view.name(owner), left_rank=case.left_rank,
+            right_rank=case.right_rank, copies=case.copies))
     service.querylog.record("/failures", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", limit)
     return FailuresOut(direction=direction, which=which, left=left.name, right=right.name, total=total,
-                       offset=offset, measured=left.report.get("measured"), items=items)
+                       queries=queries, offset=offset, measured=left.report.get("measured"), items=items)
 
 
 @router.get("/metrics/{model}", response_model=MetricsOut, responses=ERRORS)

@@ -75,7 +75,8 @@ def _pair(snapshot: Snapshot, models: list[str] | None) -> tuple[str, str]:
 @router.post("/search/text", response_model=SearchTextOut, responses=ERRORS)
 def post_search_text(body: SearchTextIn, service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep) -> Response:
     """Rank the gallery images of ``model`` for a sentence."""
-    out = search_text(snapshot.get(body.model), body.query, body.k, urls, body.scope, body.normalise)
+    out = search_text(snapshot.get(body.model), body.query, body.k, urls, body.scope, body.normalise,
+                      body.intended)
     service.querylog.record("/search/text", out.latency_ms, body.model, body.k)
     return _answer(out)
 
@@ -98,8 +99,9 @@ def post_compare_text(body: CompareTextIn, service: ServiceDep, snapshot: Snapsh
     """The same sentence on two models (default: the baseline-role and the aoq-role model)."""
     start = time.perf_counter()
     left, right = (snapshot.get(name) for name in _pair(snapshot, body.models))
-    out = CompareTextOut(query=body.query, left=search_text(left, body.query, body.k, urls, body.scope, body.normalise),
-                         right=search_text(right, body.query, body.k, urls, body.scope, body.normalise))
+    out = CompareTextOut(query=body.query,
+                         left=search_text(left, body.query, body.k, urls, body.scope, body.normalise, body.intended),
+                         right=search_text(right, body.query, body.k, urls, body.scope, body.normalise, body.intended))
     service.querylog.record("/compare/text", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", body.k)
     return _answer(out)
 

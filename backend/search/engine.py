@@ -11,7 +11,8 @@ image query lists each text once with the number of captions it stands for.
 Hubness correction) with the normalisers stored with the index: scope ``test`` normalises every
 score of the split (exact, as ``aoq evaluate --hubness``); scope ``all`` re-ranks a FAISS pool of
 ``CANDIDATE_FACTOR * k`` raw candidates (an item the normaliser would lift from beyond the pool is
-missed). Ranks of the ground truth are always computed on every normalised score of the scope.
+missed). A scope that holds the bank's own split (scope ``all`` holds the training split) is refused
+a correction (:func:`check_bank`): it would push every training item down. Ranks of the ground truth are always computed on every normalised score of the scope.
 
 Two ranks of the ground truth are given: in the searched scope (what the list shows) and among
 the evaluation split's items (what the failure cases and the metrics count). A rank is read
@@ -31,6 +32,7 @@ from aoq.hubness import CANDIDATE_FACTOR, Normaliser, normalise_rows, query_appl
 from aoq.names import Normalisation, PositiveRule
 from aoq_serve.errors import ServiceError
 from aoq_serve.index import faiss_index
+from aoq_serve.index.bank import MANIFEST_KEY as BANK_KEY
 from aoq_serve.registry import ServingModel
 from aoq_serve.schemas import (
     THUMBNAIL_SIZE,
@@ -127,6 +129,26 @@ class _Query:
         return self._scored[scope]
 
 
+def check_bank(served: ServingModel, scope: Scope, normalise: Normalisation) -> None:
+    """Refuse a hubness correction in a scope that holds its bank's own split: the bank (the
+    training captions or images) retrieves its own split's items most, so the correction pushes
+    every one of them down and the list is biased against them.
+
+    Raises:
+        ServiceError: 422 naming the split and the principled alternatives.
+    """
+    if normalise == "none" or served.index.hubness is None:
+        return
+    bank = (served.index.config.get(BANK_KEY) or {}).get("split")
+    view = served.gallery.view
+    held = [s.split for s in view.spans] if scope == "all" else [view.eval.split]
+    if bank in held:
+        raise ServiceError(422, f"hubness correction {normalise!r} is refused in scope {scope!r}: it holds the "
+                                f"{bank} split, whose items are the correction's own bank, so every {bank} item "
+                                "would be pushed down; search scope 'test' (the evaluation split, disjoint from the "
+                                "bank) or use normalise 'none'")
+
+
 def _normaliser(query: _Query, scope: Scope) -> Normaliser:
     """The stored normaliser of a scope's items (indexed from the scope's first item).
 
@@ -201,25 +223,29 @@ def _context(query: _Query, top: _Top) -> SearchContext:
 
 
 def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Scope = "all",
-                normalise: Normalisation = "none") -> SearchTextOut:
-    """Rank the images of a scope for a sentence.
+                normalise: Normalisation = "none", intended: str | None = None) -> SearchTextOut:
+    """Rank the images of a scope for a sentence; ``intended`` (a caption text) names the correct
+    answers of a free-text sentence (none when no caption of the gallery has it: a dataset subset
+    may lack a showcased example's answer).
 
     Raises:
-        ServiceError: 409 a normalisation on an index built without a hubness bank.
+        ServiceError: 409 a normalisation on an index built without a hubness bank; 422 a
+            normalisation in a scope holding the bank's split.
     """
     start = time.perf_counter()
+    check_bank(served, scope, normalise)
     view, ids = served.gallery.view, served.gallery.ids
     ask = _Query(served, "images", encode_text(served.checkpoint, query), scope, normalise)
     top = _top(ask, k)
     scores, positions = top.scores, top.positions
-    truth = text_truth(view, _rule(served), query, scope)
+    truth = text_truth(view, _rule(served), intended or query, scope)
     scope_rank, eval_rank = _ranks(ask, top, truth)
     correct = set(truth.in_scope.tolist())
     results = [ImageHit(rank=r + 1, score=float(s), is_ground_truth=int(p) in correct,
                         **gallery_image(served, int(p), urls).model_dump())
                for r, (s, p) in enumerate(zip(scores, positions))]
     outside = None
-    if scope == "test":
+    if scope == "test" and normalise == "none":  # scope all is refused a correction (check_bank)
         wide_top = _top(ask.within("all"), k)
         wide_scores, wide = wide_top.scores, wide_top.positions
         beyond = [r for r, p in enumerate(wide) if p not in view.eval.images]
@@ -228,7 +254,7 @@ def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Sco
             outside = ImageHit(rank=r + 1, score=float(wide_scores[r]), is_ground_truth=False,
                                **gallery_image(served, int(wide[r]), urls).model_dump())
     return SearchTextOut(
-        model=served.name, query=query,
+        model=served.name, query=query, intended=intended,
         caption_id=None if truth.caption is None else int(ids.caption_ids[truth.caption]),
         query_split=None if truth.caption is None else view.caption_split(truth.caption),
         context=_context(ask, top),
@@ -302,9 +328,11 @@ def search_image(
 
     Raises:
         ServiceError: 404 the id is not a gallery image of the model; 422 an upload the model
-            cannot featurise; 409 a normalisation on an index built without a hubness bank.
+            cannot featurise; 409 a normalisation on an index built without a hubness bank;
+            422 a normalisation in a scope holding the bank's split.
     """
     start = time.perf_counter()
+    check_bank(served, scope, normalise)
     gallery = served.gallery
     view = gallery.view
     truth, query, own, texts = None, None, {}, []
@@ -331,7 +359,7 @@ def search_image(
         scope_rank, eval_rank = _ranks(ask, top, truth)
         correct = set(truth.in_scope.tolist())
     outside = None
-    if scope == "test":
+    if scope == "test" and normalise == "none":  # scope all is refused a correction (check_bank)
         shown = {int(view.keys[r.position]) for r in rows}
         wide, _ = _listed(ask.within("all"), k, own)
         beyond = [r for r in wide if r.position not in view.eval.captions and int(view.keys[r.position]) not in shown]
