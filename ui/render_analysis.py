@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from html import escape
 
 from aoq_serve.schemas import FailuresOut, MetricsOut, ModelOut, NegativeItem, NegativesOut
-from aoq_ui.seeds import SeedSummary
 from aoq_ui.render import DOT, RULES, SCOPE_LABELS, TICK, format_rank, measured_label, render_notice
+from aoq_ui.seeds import SeedSummary
 
 WHICH_LABELS = {
     "baseline_only": "left (baseline) wrong at rank 1, right (AOQ) right",
