@@ -10,12 +10,15 @@ from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from aoq_serve.cluster.board import Board, BoardWatcher
 from aoq_serve.config import Settings
 from aoq_serve.errors import ServiceError
-from aoq_serve.guards.faults import Faults, endpoint
+from aoq_serve.guards.faults import CATALOGUE, Faults, endpoint
 from aoq_serve.guards.hosts import public_base
 from aoq_serve.registry import Registry, Snapshot
 from aoq_serve.search.decode import MemoryBudget
+from aoq_serve.store.catalogue import CatalogueError
+from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.search.engine import Urls
 from aoq_serve.search.negatives import NegativesService
 from aoq_serve.store.querylog import QueryLogger
@@ -29,10 +32,36 @@ class Service:
     registry: Registry
     querylog: QueryLogger
     negatives: NegativesService
-    #: shared by concurrent upload decodes (``AOQ_DECODE_MEMORY_BUDGET_MB``).
+    #: shared by concurrent upload decodes (``AOQ_DECODE_MEMORY_BUDGET_MB``), of every worker.
     decode_budget: MemoryBudget
     #: endpoints disabled by catalogue damage found while serving.
     faults: Faults = field(default_factory=Faults)
+    #: with several worker processes: this worker's place on the shared board, and the thread
+    #: answering the other workers' reload requests; None in a server of one process.
+    board: Board | None = None
+    watcher: BoardWatcher | None = None
+
+    def reload(self) -> Snapshot:
+        """Check the catalogue, then reload every model of this process.
+
+        Raises:
+            CatalogueError: the catalogue is damaged (the models loaded before keep serving, and
+                the catalogue is marked faulty).
+        """
+        try:
+            check_catalogue(self.settings)
+        except CatalogueError as exc:
+            self.faults.disable(CATALOGUE, str(exc))
+            raise
+        self.faults.clear()
+        return self.registry.reload()
+
+    def state(self) -> dict:
+        """What ``/health`` says about this process: status, served models, index generation."""
+        snapshot, faults = self.registry.current, self.faults.current
+        healthy = bool(snapshot.models) and not snapshot.disabled and not faults
+        return {"status": "ok" if healthy else "degraded", "models": sorted(snapshot.models),
+                "disabled": dict(snapshot.disabled), "faults": dict(faults), "generation": snapshot.generation}
 
 
 # The dependencies that only read the app's state are coroutines: FastAPI runs a plain function

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter, Depends
 
-from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep
+from aoq_serve.deps import Service, ServiceDep, SessionDep, SnapshotDep
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.access import require_admin
-from aoq_serve.guards.faults import CATALOGUE
 from aoq_serve.schemas import (
     DatasetOut,
     ErrorOut,
@@ -15,23 +16,30 @@ from aoq_serve.schemas import (
     ModelOut,
     ReloadOut,
     SplitCounts,
+    WorkerOut,
 )
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import CatalogueError
-from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.version import VERSION
 
 router = APIRouter(tags=["service"])
 
 
+#: how long a reload waits for the other worker processes to reload too.
+RELOAD_WAIT_S = 300.0
+
+
+def _workers(service: Service) -> list[WorkerOut]:
+    """Every worker's published state; this process's own when it is the only one."""
+    if service.board is None:
+        return [WorkerOut(worker=0, pid=os.getpid(), **service.state())]
+    service.watcher.refresh()  # type: ignore[union-attr]
+    return [WorkerOut(**state) for state in service.board.states()]
+
+
 @router.get("/health", response_model=HealthOut)
-def health(snapshot: SnapshotDep, service: ServiceDep) -> HealthOut:
-    faults = service.faults.current
-    healthy = snapshot.models and not snapshot.disabled and not faults
-    return HealthOut(
-        status="ok" if healthy else "degraded", models=sorted(snapshot.models),
-        disabled=snapshot.disabled, faults=faults, version=VERSION, generation=snapshot.generation,
-    )
+def health(service: ServiceDep) -> HealthOut:
+    return HealthOut(**service.state(), version=VERSION, workers=_workers(service))
 
 
 @router.get("/models", response_model=list[ModelOut])
@@ -69,12 +77,16 @@ def reload(service: ServiceDep) -> ReloadOut:
 
     The catalogue is checked first: a damaged one keeps the models loaded before serving and
     answers 503 with the problem; a sound one enables again what damage found while serving had
-    disabled."""
+    disabled.
+
+    With several worker processes, every worker reloads before the answer, which lists them."""
     try:
-        check_catalogue(service.settings)
+        snapshot = service.reload()
     except CatalogueError as exc:
-        service.faults.disable(CATALOGUE, str(exc))
         raise ServiceError(503, f"{exc}; still serving the models loaded before") from None
-    service.faults.clear()
-    snapshot = service.registry.reload()
-    return ReloadOut(generation=snapshot.generation, models=sorted(snapshot.models), disabled=snapshot.disabled)
+    if service.board is not None:
+        number = service.board.request_reload()
+        service.watcher.refresh()  # type: ignore[union-attr]
+        service.board.wait_all(number, RELOAD_WAIT_S)
+    return ReloadOut(generation=snapshot.generation, models=sorted(snapshot.models), disabled=snapshot.disabled,
+                     workers=_workers(service))
