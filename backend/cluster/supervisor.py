@@ -5,6 +5,8 @@ forks no threads' state."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from aoq_serve.cluster.state import Shared
 
 log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
 #: seconds a stopping worker gets to finish its requests before it is killed.
 STOP_GRACE_S = 30.0
 
@@ -40,12 +43,14 @@ class Supervisor:
         self.children: dict[int, int] = {}
 
     def _fork(self, worker: int) -> None:
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
+                _end_with_parent(parent)
                 code = self.run_worker(worker)
             except BaseException:
                 log.exception("worker %d failed", worker)
@@ -95,6 +100,18 @@ class Supervisor:
                 elif time.monotonic() > deadline:
                     _signal(pid, signal.SIGKILL)
             time.sleep(0.05)
+
+
+def _end_with_parent(parent: int) -> None:
+    """Have the kernel send SIGTERM to this worker when the supervisor dies (even by SIGKILL), so
+    no worker keeps serving without it (Linux; elsewhere a worker outlives a killed supervisor)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the supervisor died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _signal(pid: int, signum: int) -> None:
