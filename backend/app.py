@@ -66,7 +66,8 @@ def start_service(settings: Settings, check: bool = True, cluster: WorkerContext
     registry.start()
     querylog = QueryLogger(sessions, enabled=settings.query_log)
     querylog.start()
-    budget = cluster.decode_budget(settings) if cluster else MemoryBudget(settings.decode_memory_budget_mb * 1024 * 1024)
+    budget_bytes = settings.decode_memory_budget_mb * 1024 * 1024
+    budget = cluster.decode_budget(settings) if cluster else MemoryBudget(budget_bytes)
     svc = Service(settings=settings, engine=engine, sessions=sessions, registry=registry, querylog=querylog,
                   negatives=NegativesService(settings.data_dir, sessions), decode_budget=budget, board=board)
     if board is not None:

@@ -73,18 +73,19 @@ def _serve_one(settings: Settings, sock: socket.socket) -> int:
 def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int:
     """``workers`` forked processes sharing ``sock``, the connection caps, the decode budget and
     the index pages (docs/serving.md, Workers); a worker that dies is replaced."""
+    # Imported before the fork: the workers share these modules' pages and start sooner. No
+    # model is loaded and no thread started here.
+    from aoq_serve.app import create_app
     from aoq_serve.cluster.state import Shared
     from aoq_serve.cluster.supervisor import Supervisor
     from aoq_serve.cluster.worker import WorkerContext
+    from aoq_serve.server import make_server
 
     share_dir = Path(tempfile.mkdtemp(prefix="aoq-serve-", dir=_SHM if _SHM.is_dir() else None))
     try:
         shared = Shared.create(share_dir, workers, settings.max_connections)
 
         def run_worker(worker: int) -> int:
-            from aoq_serve.app import create_app
-            from aoq_serve.server import make_server
-
             context = WorkerContext(shared.reopen(), worker, share_dir)
             app = create_app(settings, check_catalogue=False, cluster=context)
             server = make_server(app, settings, context.connections(settings))
