@@ -76,9 +76,9 @@ def _workers(port: int) -> list[dict]:
 
 
 def test_several_workers_answer_as_one_worker_does(fx, several):
-    with serve_process(fx, workers=1) as (port, _):
+    with serve_process(fx, workers=1) as (port, proc):
         one = _answers(port)
-        assert [w["worker"] for w in _workers(port)] == [0]
+        assert [(w["worker"], w["pid"]) for w in _workers(port)] == [(0, proc.pid)]  # the process itself
     port = several[0]
     assert len({w["pid"] for w in _workers(port)}) == WORKERS
     assert _answers(port) == one
