@@ -76,3 +76,20 @@ def test_reload_requests_reach_the_other_worker(tmp_path):
     assert board0.wait_all(number, 1.0)
     board1.publish({"generation": 3})
     assert board0.states()[-1] == {"generation": 3, "worker": 1, "pid": board0.states()[-1]["pid"]}
+
+
+def test_index_arrays_are_shared_once_or_kept_when_the_directory_cannot_hold_them(tmp_path):
+    import numpy as np
+
+    from aoq_serve.index import shared as sharing
+
+    array = np.arange(24, dtype=np.float32).reshape(4, 6)
+    try:
+        sharing.set_share_dir(tmp_path)
+        first, second = sharing.shared(array), sharing.shared(array.copy())
+        assert isinstance(first, np.memmap) and first.filename == second.filename  # one file for both
+        assert np.array_equal(first, array) and not first.flags.writeable
+        sharing.set_share_dir(tmp_path / "missing")  # cannot be written: the array itself
+        assert sharing.shared(array) is array
+    finally:
+        sharing.set_share_dir(None)

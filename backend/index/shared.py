@@ -11,11 +11,13 @@ directory only the server's user can write, which ``aoq index`` never touches.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
+log = logging.getLogger(__name__)
 _share_dir: Path | None = None
 
 
@@ -38,7 +40,13 @@ def shared(array: np.ndarray) -> np.ndarray:
         # Written aside, then renamed: a worker never maps a half-written file; two workers
         # writing the same content at once each rename a complete copy.
         temp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
-        with open(temp, "wb") as f:
-            np.save(f, array, allow_pickle=False)
-        os.replace(temp, path)
+        try:
+            with open(temp, "wb") as f:
+                np.save(f, array, allow_pickle=False)
+            os.replace(temp, path)
+        except OSError as exc:  # e.g. a container's small /dev/shm: this worker keeps its own copy
+            temp.unlink(missing_ok=True)
+            log.warning("index array of %d bytes kept per worker: %s cannot hold it (%s)", array.nbytes,
+                        _share_dir, exc.strerror or exc)
+            return array
     return np.load(path, mmap_mode="r", allow_pickle=False)
