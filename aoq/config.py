@@ -63,7 +63,9 @@ class ModelConfig(_Strict):
     (all-MiniLM-L6-v2). Their backbones are frozen by default and only a projection head trains.
     """
 
-    image_encoder: Literal["vse", "vsrn", "cnn", "effnet_lite0"] = "vse"
+    #: ``scan`` / ``bfan``: the cross-attention models (docs/models.md), scored per pair from the
+    #: region features and the bi-GRU's word states rather than from two embeddings.
+    image_encoder: Literal["vse", "vsrn", "cnn", "effnet_lite0", "scan", "bfan"] = "vse"
     text_encoder: Literal["gru", "minilm"] = "gru"
     embed_dim: int = Field(1024, ge=8)
     word_dim: int = Field(300, ge=8)
@@ -81,6 +83,21 @@ class ModelConfig(_Strict):
     text_finetune_layers: int = Field(0, ge=0, le=6)
     #: pretrained encoders: the head from backbone features to the joint space.
     projection: Literal["linear", "mlp"] = "linear"
+    #: scan: one of the published settings (aoq.models.scan.SCAN_PRESETS).
+    scan_preset: str = "t2i_lse"
+    #: bfan: the focal function of eq. 3.
+    bfan_focal: Literal["equal", "prob"] = "equal"
+
+    @model_validator(mode="after")
+    def _check_cross_attention(self) -> "ModelConfig":
+        from aoq.models.scan import SCAN_PRESETS  # torch only; aoq.models.scan imports no config
+
+        if self.scan_preset not in SCAN_PRESETS:
+            raise ValueError(f"model.scan_preset={self.scan_preset!r}: one of {', '.join(SCAN_PRESETS)}")
+        if self.image_encoder in ("scan", "bfan") and self.text_encoder != "gru":
+            raise ValueError(f"model.image_encoder={self.image_encoder} reads word states of the bi-GRU: "
+                             "set model.text_encoder=gru")
+        return self
 
 
 class OptimConfig(_Strict):
@@ -172,7 +189,7 @@ class MiningConfig(_Strict):
     #: same lists (docs/mining.md, section 2). ``auto``: ``bf16`` on a CPU whose bf16 products are
     #: at least 1.5x faster (AMX, some AVX512-BF16 CPUs), else ``fp32``. CUDA: ``fp16`` float16
     #: products, faster, lists not exactly float32's.
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "int8", "fp16"] = "auto"
     #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
     teacher: str | None = None
     #: false-negative filters of the lists (docs/method.md, False negatives), applied in the order
@@ -265,6 +282,9 @@ class ExperimentConfig(_Strict):
                 f"model.image_encoder=effnet_lite0 reads 224x224 images; set data.image_size=224 "
                 f"(got {self.data.image_size})"
             )
+        if self.model.image_encoder in ("scan", "bfan") and self.train.loss == "goal":
+            raise ValueError(f"train.loss=goal differentiates embeddings; model.image_encoder="
+                             f"{self.model.image_encoder} has none (use max_violation, the paper's)")
         if self.round2.depth == "relative":
             if self.round2.h_rel is None:
                 raise ValueError("round2.depth=relative needs round2.h_rel (e.g. 0.07)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -134,3 +135,55 @@ def encode_split(
 
 def _embed_dim(model: JointModel) -> int:
     return model.embed_dim
+
+
+@dataclass(frozen=True)
+class EncodedFragments:
+    """A split encoded by a cross-attention model (:class:`aoq.models.cross.CrossAttentionModel`).
+
+    Attributes:
+        regions: (n_images, R, d) float32 region vectors.
+        words: (total words, d) float32 word vectors, the captions' words one after another.
+        offsets: (n_captions + 1,) int64: caption c's words are ``words[offsets[c]:offsets[c + 1]]``
+            (held packed: padding every caption to the longest one would multiply the memory).
+    """
+
+    regions: np.ndarray
+    words: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def n_images(self) -> int:
+        return self.regions.shape[0]
+
+    @property
+    def n_captions(self) -> int:
+        return self.offsets.shape[0] - 1
+
+    def captions(self, ids: np.ndarray | range) -> tuple[Tensor, Tensor]:
+        """(C, L, d) zero-padded word vectors of captions ``ids`` (L: their longest) and (C,) lengths."""
+        ids = np.asarray(ids)
+        lengths = self.offsets[ids + 1] - self.offsets[ids]
+        out = np.zeros((len(ids), int(lengths.max()), self.words.shape[1]), dtype=self.words.dtype)
+        for row, (c, n) in enumerate(zip(ids, lengths)):
+            out[row, :n] = self.words[self.offsets[c] : self.offsets[c] + n]
+        return torch.from_numpy(out), torch.from_numpy(lengths)
+
+
+def encode_fragments(model: JointModel, vocab: Vocabulary, split: SplitData, batch_size: int = 256,
+                     device: str | torch.device | None = None, progress: bool = False) -> EncodedFragments:
+    """Every image's regions and every caption's words of a split, by a cross-attention model."""
+    dev = _device(model, device)
+    images = DataLoader(ImageDataset(split, "features"), batch_size=batch_size, collate_fn=collate_images)
+    captions = DataLoader(CaptionDataset(split, vocab, "tokens"), batch_size=batch_size, collate_fn=collate_captions)
+    regions, words, counts = [], [], []
+    with _inference(model):
+        for batch in tqdm(images, desc=f"encode {split.name} regions", disable=not progress, leave=False):
+            regions.append(_numpy(model.encode_images(batch["images"].to(dev))))
+        for batch in tqdm(captions, desc=f"encode {split.name} words", disable=not progress, leave=False):
+            states = _numpy(model.encode_texts(batch["tokens"].to(dev), batch["lengths"]))
+            lengths = batch["lengths"].numpy()
+            words.extend(states[row, :n] for row, n in enumerate(lengths))
+            counts.append(lengths)
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+    return EncodedFragments(np.concatenate(regions), np.concatenate(words), offsets)

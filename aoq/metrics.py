@@ -33,6 +33,9 @@ METRIC_KEYS = ("r1", "r5", "r10", "medr", "meanr")
 #: "full": the whole split; "1k5fold": COCO 1K, the mean over 5 folds of 1,000 images; "5k": COCO 5K
 Protocol = Literal["full", "1k5fold", "5k"]
 PROTOCOLS: tuple[str, ...] = get_args(Protocol)
+#: COCO 1K: folds of this many images, this many folds (and 5K: their images at once).
+FOLD_IMAGES = 1000
+N_FOLDS = 5
 #: rank intervals of the supplement's cross-retrieval histogram (inclusive, None = no upper end).
 DEFAULT_BINS = ((1, 1), (2, 5), (6, 20), (21, 100), (101, 200), (201, None))
 
@@ -201,7 +204,7 @@ def _fold(source: np.ndarray | SimsFn, images: slice, captions: slice) -> np.nda
 
 def fold_1k(
     sims: np.ndarray | SimsFn, captions_per_image: int = 5, *, n_images: int | None = None,
-    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
+    fold_images: int = FOLD_IMAGES, n_folds: int = N_FOLDS, texts: Sequence[str] | None = None,
 ) -> dict:
     """COCO "1K": every metric averaged over ``n_folds`` consecutive folds of ``fold_images``
     images (and their captions) of the first ``n_folds * fold_images`` images.
@@ -233,7 +236,7 @@ def fold_1k(
 
 def evaluate_embeddings(
     img_emb: np.ndarray, cap_emb: np.ndarray, captions_per_image: int = 5, protocol: Protocol = "full", *,
-    fold_images: int = 1000, n_folds: int = 5, texts: Sequence[str] | None = None,
+    fold_images: int = FOLD_IMAGES, n_folds: int = N_FOLDS, texts: Sequence[str] | None = None,
 ) -> dict:
     """Evaluate (n_images, d) image and (n_captions, d) caption embeddings under a protocol.
 
@@ -272,7 +275,31 @@ def evaluate_embeddings(
     def fn(rows: slice, cols: slice) -> np.ndarray:
         return img_emb[rows] @ cap_emb[cols].T
 
-    n_images = img_emb.shape[0]
+    return _evaluate_protocol(fn, img_emb.shape[0], captions_per_image, protocol, fold_images, n_folds, texts)
+
+
+def evaluate_scores(
+    sims: np.ndarray, captions_per_image: int = 5, protocol: Protocol = "full", *,
+    fold_images: int = FOLD_IMAGES, n_folds: int = N_FOLDS, texts: Sequence[str] | None = None,
+) -> dict:
+    """:func:`evaluate_embeddings` on a score matrix (a pair model's, :mod:`aoq.pair_scores`):
+    (n_images, n_captions), or for ``1k5fold`` and ``5k`` at least its first 5,000 images' rows and
+    their captions' columns.
+
+    Raises:
+        ValueError: as :func:`evaluate_embeddings`.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOLS}")
+    sims = _as_sims(sims, captions_per_image)
+    if not np.isfinite(sims).all():
+        raise ValueError("scores contain NaN or infinite values")
+    return _evaluate_protocol(array_fn(sims), sims.shape[0], captions_per_image, protocol, fold_images, n_folds,
+                              texts)
+
+
+def _evaluate_protocol(fn: SimsFn, n_images: int, captions_per_image: int, protocol: str, fold_images: int,
+                       n_folds: int, texts: Sequence[str] | None) -> dict:
     if protocol == "1k5fold":
         return fold_1k(fn, captions_per_image, n_images=n_images, fold_images=fold_images, n_folds=n_folds,
                        texts=texts)

@@ -73,6 +73,17 @@ class Positives:
         order = np.lexsort((captions, images))
         return cls(n_images, captions_per_image, images[order], captions[order].astype(np.int64))
 
+    def holds(self, captions: np.ndarray, images: np.ndarray) -> np.ndarray:
+        """Element-wise: is caption ``captions[k]`` a positive of image ``images[k]``? (bool array):
+        the evaluation's own rule, for counting false negatives among mined candidates."""
+        captions = np.asarray(captions, dtype=np.int64).reshape(-1)
+        images = np.asarray(images, dtype=np.int64).reshape(-1)
+        n_captions = self.n_images * self.captions_per_image
+        keys = self.images * n_captions + self.captions  # sorted: the pairs are sorted by image, then caption
+        wanted = images * n_captions + captions
+        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+        return keys[at] == wanted if len(keys) else np.zeros(len(wanted), dtype=bool)
+
     @property
     def merged(self) -> int:
         """Pairs matched beyond each caption's own image: how many duplicates the text rule merged."""

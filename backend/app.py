@@ -19,8 +19,9 @@ from aoq_serve.cluster.board import BoardWatcher
 from aoq_serve.cluster.worker import WorkerContext
 from aoq_serve.config import Settings
 from aoq_serve.deps import Service
+from aoq_serve.docs_page import add_docs_pages
 from aoq_serve.errors import ServiceError
-from aoq_serve.guards.faults import endpoint, first_line
+from aoq_serve.guards.faults import CatalogueDamage, Faults, endpoint, first_line
 from aoq_serve.guards.hosts import HostCheckMiddleware
 from aoq_serve.guards.limits import BodyLimitMiddleware
 from aoq_serve.index.faiss_index import set_search_threads
@@ -62,14 +63,16 @@ def start_service(settings: Settings, check: bool = True, cluster: WorkerContext
         check_catalogue(settings)
     engine = make_engine(settings.catalogue(), create=False)
     sessions = session_factory(engine)
-    registry = Registry(settings, sessions)
+    faults = Faults()
+    registry = Registry(settings, sessions, faults)
     registry.start()
     querylog = QueryLogger(sessions, enabled=settings.query_log)
     querylog.start()
     budget_bytes = settings.decode_memory_budget_mb * 1024 * 1024
     budget = cluster.decode_budget(settings) if cluster else MemoryBudget(budget_bytes)
     svc = Service(settings=settings, engine=engine, sessions=sessions, registry=registry, querylog=querylog,
-                  negatives=NegativesService(settings.data_dir, sessions), decode_budget=budget, board=board)
+                  negatives=NegativesService(settings.data_dir, sessions), decode_budget=budget, faults=faults,
+                  board=board)
     if board is not None:
         svc.watcher = BoardWatcher(board, svc.reload, svc.state)
         svc.watcher.start()
@@ -104,14 +107,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(SQLAlchemyError)
-    async def catalogue_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+    def disable(request: Request, reason: str) -> JSONResponse:
         # Damage found while serving: disable the endpoint (one log line), never a 500 per request.
         part = endpoint(request.scope)
-        reason = f"the catalogue cannot be read ({first_line(exc)})"
         request.app.state.service.faults.disable(part, reason)
         return JSONResponse({"detail": f"{part} is disabled: {reason}; repair or rebuild the catalogue, then "
                                        f"POST /admin/reload"}, status_code=503)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def catalogue_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        return disable(request, f"the catalogue cannot be read ({first_line(exc)})")
+
+    @app.exception_handler(CatalogueDamage)
+    async def catalogue_damage(request: Request, exc: CatalogueDamage) -> JSONResponse:
+        return disable(request, f"the catalogue is damaged ({exc})")
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -145,8 +154,9 @@ def create_app(settings: Settings | None = None, check_catalogue: bool = True,
         title="AOQ image-text retrieval",
         version=VERSION,
         description="Sentence -> images and image -> sentences with baseline and AOQ models (docs/api.md).",
-        lifespan=lifespan,
+        lifespan=lifespan, docs_url=None, redoc_url=None,
     )
+    add_docs_pages(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_upload_bytes + _FORM_OVERHEAD)
     # Added last, so it runs first: a request with a foreign Host is answered before anything else.
     app.add_middleware(HostCheckMiddleware, settings=settings)

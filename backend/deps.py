@@ -13,15 +13,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from aoq_serve.cluster.board import Board, BoardWatcher
 from aoq_serve.config import Settings
 from aoq_serve.errors import ServiceError
-from aoq_serve.guards.faults import CATALOGUE, Faults, endpoint
+from aoq_serve.guards.faults import CATALOGUE, Faults, endpoint, picture_part
 from aoq_serve.guards.hosts import public_base
+from aoq_serve.guards.paths import public_text
 from aoq_serve.registry import Registry, Snapshot
 from aoq_serve.search.decode import MemoryBudget
-from aoq_serve.store.catalogue import CatalogueError
-from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.search.engine import Urls
 from aoq_serve.search.negatives import NegativesService
+from aoq_serve.store.catalogue import CatalogueError
+from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.store.querylog import QueryLogger
+
+
+#: pictures named one by one in ``/health``; the rest are counted.
+MAX_LISTED_PICTURES = 20
 
 
 @dataclass
@@ -57,11 +62,21 @@ class Service:
         return self.registry.reload()
 
     def state(self) -> dict:
-        """What ``/health`` says about this process: status, served models, index generation."""
-        snapshot, faults = self.registry.current, self.faults.current
+        """What ``/health`` says about this process: status, served models, index generation,
+        faults (pictures that differ from their digests named up to ``MAX_LISTED_PICTURES``).
+        Public (health checks need no token): reasons name files relative to the configured folders."""
+        snapshot = self.registry.current
+        pictures = sorted(snapshot.pictures.items())
+        faults = {**{picture_part(i): reason for i, reason in pictures[:MAX_LISTED_PICTURES]}, **self.faults.current}
+        if len(pictures) > MAX_LISTED_PICTURES:
+            faults["/images"] = f"{len(pictures) - MAX_LISTED_PICTURES} more pictures differ from their files' digests"
         healthy = bool(snapshot.models) and not snapshot.disabled and not faults
         return {"status": "ok" if healthy else "degraded", "models": sorted(snapshot.models),
-                "disabled": dict(snapshot.disabled), "faults": dict(faults), "generation": snapshot.generation}
+                "disabled": self._public(snapshot.disabled), "faults": self._public(faults),
+                "generation": snapshot.generation}
+
+    def _public(self, reasons: dict[str, str]) -> dict[str, str]:
+        return {part: public_text(reason, self.settings) for part, reason in reasons.items()}
 
 
 # The dependencies that only read the app's state are coroutines: FastAPI runs a plain function
@@ -80,10 +95,11 @@ async def get_snapshot(request: Request) -> Snapshot:
 
 def get_session(request: Request) -> Iterator[Session]:
     # An endpoint disabled by catalogue damage answers at once, without reading the catalogue again.
-    reason = request.app.state.service.faults.reason(endpoint(request.scope))
+    service = request.app.state.service
+    reason = service.faults.reason(endpoint(request.scope))
     if reason is not None:
-        raise ServiceError(503, f"{endpoint(request.scope)} is disabled: {reason}; repair or rebuild the catalogue, "
-                                f"then POST /admin/reload")
+        raise ServiceError(503, f"{endpoint(request.scope)} is disabled: {public_text(reason, service.settings)}; "
+                                f"repair or rebuild the catalogue, then POST /admin/reload")
     with request.app.state.service.sessions() as session:
         yield session
 

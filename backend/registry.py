@@ -16,6 +16,9 @@ A request takes ``registry.current`` once and uses only that snapshot, so a relo
 an old index with a new catalogue inside one answer: requests in flight finish on the old
 snapshot while new ones see the new one.
 
+Each picture file the models show is compared with the digest ``aoq index`` recorded
+(:mod:`aoq_serve.store.pictures`): a file swapped on disk disables that picture, not the model.
+
 The embeddings are read into memory, not memory-mapped, so a file truncated while serving cannot
 kill the process (SIGBUS); on every tick the watcher still looks for index files written in
 place (same inode, new size or time): one whose bytes no longer match its manifest hash
@@ -32,12 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
 from aoq.io import ArtefactError, read_manifest, sha256_file
 from aoq_serve.config import Settings
 from aoq_serve.errors import ServiceError
+from aoq_serve.guards.faults import CATALOGUE, Faults, first_line
 from aoq_serve.index.faiss_index import (
     MODALITIES,
     FileStamp,
@@ -47,9 +52,11 @@ from aoq_serve.index.faiss_index import (
     read_generation,
 )
 from aoq_serve.search.gallery import GalleryView, Span
-from aoq_serve.store import catalogue
+from aoq_serve.store import catalogue, pictures
 from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.store.db import Model
+from aoq_serve.store.model_info import ModelInfo, model_info
+from aoq_serve.store.integrity import row_count_problem
 
 log = logging.getLogger(__name__)
 
@@ -75,54 +82,10 @@ class Gallery:
     digest: str
 
     def image_position(self, image_id: int) -> int | None:
-        return _position(self.ids.image_ids, image_id)
+        return catalogue.position(self.ids.image_ids, image_id)
 
     def caption_position(self, caption_id: int) -> int | None:
-        return _position(self.ids.caption_ids, caption_id)
-
-
-def _position(sorted_ids: np.ndarray, item_id: int) -> int | None:
-    """Position of ``item_id`` in an increasing id array (ids are assigned in position order)."""
-    p = int(np.searchsorted(sorted_ids, item_id))
-    return p if p < len(sorted_ids) and int(sorted_ids[p]) == item_id else None
-
-
-@dataclass(frozen=True)
-class ImagePaths:
-    """Image files (relative to the data directory) by catalogue id, as verified at load time:
-    ``/images`` serves these, so a later edit of the catalogue cannot swap pictures."""
-
-    ids: np.ndarray
-    paths: tuple[str | None, ...]
-
-    @classmethod
-    def of(cls, ids: np.ndarray, paths: list[str | None]) -> ImagePaths:
-        order = np.argsort(ids, kind="stable")
-        return cls(np.asarray(ids, dtype=np.int64)[order], tuple(paths[i] for i in order))
-
-    def get(self, image_id: int) -> str | None:
-        """The image's path ("" for a features-only image), None when it is not one of these."""
-        p = _position(self.ids, image_id)
-        return None if p is None else self.paths[p] or ""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What ``/models`` says about a model, served or not."""
-
-    name: str
-    role: str = "unknown"
-    loss: str = ""
-    image_encoder: str = ""
-    image_input: str = ""
-    checkpoint_hash: str = ""
-    dataset: str = ""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    #: where ``metrics`` and the report's figures come from (``aoq_serve.schemas.Measured``).
-    metrics_measured: dict[str, Any] | None = None
-    evaluated: dict[str, Any] | None = None
-    enabled: bool = False
-    disabled_reason: str | None = None
+        return catalogue.position(self.ids.caption_ids, caption_id)
 
 
 @dataclass(frozen=True)
@@ -137,7 +100,7 @@ class ServingModel:
     report: dict[str, Any]
     mined_dir: str | None
     #: the files of the images this model shows, verified when it was loaded.
-    images: ImagePaths
+    images: pictures.ImagePaths
 
     @property
     def name(self) -> str:
@@ -150,6 +113,9 @@ class Snapshot:
     models: dict[str, ServingModel]
     infos: list[ModelInfo]
     loaded_at: float
+    #: ``{image id: reason}``: picture files whose bytes differ from their recorded digest when
+    #: the snapshot was loaded; ``/images`` answers 503 for them and ``/health`` names them.
+    pictures: dict[int, str] = field(default_factory=dict)
 
     @property
     def disabled(self) -> dict[str, str]:
@@ -175,7 +141,8 @@ class Snapshot:
         infos = [dataclasses.replace(i, enabled=False, disabled_reason=reasons[i.name]) if i.name in reasons else i
                  for i in self.infos]
         models = {name: m for name, m in self.models.items() if name not in reasons}
-        return Snapshot(generation=self.generation, models=models, infos=infos, loaded_at=self.loaded_at)
+        return Snapshot(generation=self.generation, models=models, infos=infos, loaded_at=self.loaded_at,
+                        pictures=self.pictures)
 
     def by_role(self, role: str) -> ServingModel | None:
         return next((m for m in self.models.values() if m.info.role == role), None)
@@ -193,22 +160,17 @@ class Snapshot:
         return left.name, right.name
 
 
-def _info(row: Model, dataset: str, enabled: bool, reason: str | None) -> ModelInfo:
-    return ModelInfo(
-        name=row.name, role=row.role, loss=row.loss, image_encoder=row.image_encoder,
-        image_input=row.image_input, checkpoint_hash=row.checkpoint_hash, dataset=dataset,
-        metrics=dict(row.metrics or {}), metrics_measured=(row.report or {}).get("selected_on"),
-        evaluated=(row.report or {}).get("measured"), enabled=enabled, disabled_reason=reason,
-    )
-
-
 class _Loader:
     """Builds one snapshot; galleries are shared by the models of a dataset split."""
 
-    def __init__(self, settings: Settings, session: Session, previous: Snapshot | None) -> None:
-        self.settings, self.session, self.previous = settings, session, previous
+    def __init__(self, settings: Settings, session: Session, previous: Snapshot | None,
+                 checker: pictures.PictureChecker) -> None:
+        self.settings, self.session, self.previous, self.checker = settings, session, previous, checker
         self.galleries: dict[tuple[int, tuple[str, ...], str], Gallery] = {}
         self.paths: dict[tuple[int, str], tuple[np.ndarray, list[str | None], str]] = {}
+        #: picture files found to differ from their digests, and the splits already compared.
+        self.bad_pictures: dict[int, str] = {}
+        self.compared: set[tuple[int, str]] = set()
 
     def gallery(self, dataset_id: int, splits: tuple[str, ...], eval_split: str) -> Gallery:
         """The gallery of ``splits`` (as the index lists them) with ``eval_split`` among them."""
@@ -307,21 +269,34 @@ class _Loader:
             self.paths[key] = (ids, paths, catalogue.paths_digest(ids, paths))
         return self.paths[key]
 
-    def image_paths(self, row: Model, index: LoadedIndex) -> ImagePaths:
+    def image_paths(self, row: Model, index: LoadedIndex) -> pictures.ImagePaths:
         """The image files of every split the model shows, checked against its index's digests."""
         recorded = index.config.get("paths_hash")
         if not isinstance(recorded, dict) or "ranks_hash" not in index.config:
             raise Disabled(f"index {index.path} records no digest of its image paths and ranks (built by an older "
                            f"aoq index); re-run aoq index")
-        ids, paths = [], []
+        if sorted(index.config.get("picture_digests") or []) != sorted(recorded):
+            raise Disabled(f"index {index.path} records no digests of its picture files (built by an older aoq "
+                           f"index); re-run aoq index")
+        ids, paths, digests = [], [], []
         for split, digest in sorted(recorded.items()):
             split_ids, split_paths, found = self.split_paths(row.dataset_id, split)
             if found != digest:
                 raise Disabled(f"image paths of split {split!r} in the catalogue differ from what index {index.path} "
                                f"was built from (the catalogue was edited or damaged); re-run aoq index")
+            split_digests = np.load(index.path / pictures.digests_file(split))
+            if split_digests.shape != (len(split_ids), pictures.DIGEST_BYTES):
+                raise Disabled(f"{index.path / pictures.digests_file(split)} holds {split_digests.shape[0]} digests "
+                               f"for {len(split_ids)} images; re-run aoq index")
+            if (row.dataset_id, split) not in self.compared:  # once per snapshot
+                self.compared.add((row.dataset_id, split))
+                self.bad_pictures.update(self.checker.compare(self.settings.data_dir, split_ids, split_paths,
+                                                              split_digests))
             ids.append(split_ids)
             paths.extend(split_paths)
-        return ImagePaths.of(np.concatenate(ids) if ids else np.zeros(0, np.int64), paths)
+            digests.append(split_digests)
+        return pictures.ImagePaths.of(np.concatenate(ids) if ids else np.zeros(0, np.int64), paths,
+                             np.concatenate(digests) if digests else np.zeros((0, pictures.DIGEST_BYTES), np.uint8))
 
     def load(self, row: Model) -> ServingModel:
         dataset = catalogue.get_dataset(self.session, row.dataset_id)
@@ -334,12 +309,13 @@ class _Loader:
         images = self.image_paths(row, index)
         ckpt = self.checkpoint(row)
         return ServingModel(
-            info=_info(row, dataset.name, True, None), model_id=row.id, checkpoint=ckpt, index=index,
+            info=model_info(row, dataset.name, True, None), model_id=row.id, checkpoint=ckpt, index=index,
             gallery=gallery, report=dict(row.report or {}), mined_dir=row.mined_dir, images=images,
         )
 
 
-def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot | None = None) -> Snapshot:
+def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot | None = None,
+                  checker: pictures.PictureChecker | None = None) -> Snapshot:
     """Check and load every catalogued model; failures become disabled entries, never exceptions."""
     generation = None
     try:
@@ -349,7 +325,7 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
     served: dict[str, ServingModel] = {}
     infos: list[ModelInfo] = []
     with sessions() as session:
-        loader = _Loader(settings, session, previous)
+        loader = _Loader(settings, session, previous, checker or pictures.PictureChecker())
         rows = catalogue.models(session)
         for row in rows:
             try:
@@ -357,7 +333,7 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
             except Disabled as exc:
                 log.error("model %r disabled: %s", row.name, exc)
                 dataset = catalogue.get_dataset(session, row.dataset_id)
-                infos.append(_info(row, dataset.name if dataset else "", False, str(exc)))
+                infos.append(model_info(row, dataset.name if dataset else "", False, str(exc)))
                 continue
             served[row.name] = model
             infos.append(model.info)
@@ -370,18 +346,23 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
             log.warning("model %r disabled: %s", name, reason)
             infos.append(ModelInfo(name=name, enabled=False, disabled_reason=reason))
     log.info("serving %d model(s): %s (generation %s)", len(served), ", ".join(served) or "none", generation)
-    return Snapshot(generation=generation, models=served, infos=infos, loaded_at=time.time())
+    return Snapshot(generation=generation, models=served, infos=infos, loaded_at=time.time(),
+                    pictures=loader.bad_pictures)
 
 
 class Registry:
     """Holds the current snapshot; reloads on demand or when ``index.json`` changes."""
 
-    def __init__(self, settings: Settings, sessions: sessionmaker) -> None:
+    def __init__(self, settings: Settings, sessions: sessionmaker, faults: Faults | None = None) -> None:
         self.settings, self.sessions = settings, sessions
+        #: where the watcher records catalogue damage it finds (``/health``, and 503 on what reads it).
+        self.faults = faults if faults is not None else Faults()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
-        self._snapshot = load_snapshot(settings, sessions)
+        #: kept across reloads: a picture file is hashed again only when its stamp changed.
+        self.pictures = pictures.PictureChecker()
+        self._snapshot = load_snapshot(settings, sessions, checker=self.pictures)
 
     @property
     def current(self) -> Snapshot:
@@ -390,7 +371,7 @@ class Registry:
     def reload(self) -> Snapshot:
         """Build a new snapshot next to the current one, then swap (one reference assignment)."""
         with self._lock:
-            self._snapshot = load_snapshot(self.settings, self.sessions, self._snapshot)
+            self._snapshot = load_snapshot(self.settings, self.sessions, self._snapshot, self.pictures)
             return self._snapshot
 
     def _generation_on_disk(self) -> Any:
@@ -420,12 +401,25 @@ class Registry:
                 self._snapshot = snapshot.without(reasons)
             return reasons
 
+    def check_rows(self) -> str | None:
+        """Count the catalogue's rows per split against what was registered; a difference (a row
+        deleted while serving) disables what reads the catalogue until a reload finds it sound."""
+        try:
+            with self.sessions() as session:
+                problem = row_count_problem(session.connection())
+        except SQLAlchemyError as exc:
+            problem = f"the catalogue cannot be read ({first_line(exc)})"
+        if problem is not None:
+            self.faults.disable(CATALOGUE, problem)
+        return problem
+
     def _watch(self) -> None:
         while not self._stop.wait(self.settings.reload_poll_s):
             try:
                 self.check_files()
             except OSError:
                 log.exception("checking the served index files failed")
+            self.check_rows()
             on_disk = self._generation_on_disk()
             if on_disk is not None and on_disk != self._snapshot.generation:
                 log.info("index generation %s on disk (serving %s): reloading", on_disk, self._snapshot.generation)

@@ -333,6 +333,10 @@ class NegativeItem(BaseModel):
     removed_by: FalseNegativeFilter | None = Field(
         None, description="offline, filtered lists: the false-negative filter that removed this candidate from the "
                           "lists round 2 samples from; null when it was kept")
+    correct: bool = Field(
+        False, description="*(added)* a correct match of the anchor under the text rule (`correct_rule`): it shares a "
+                           "caption text with the anchor (an emoji's twin drawing, an identical caption), so it is "
+                           "no negative at all; marked whether or not a filter removed it")
 
 
 class NegativesOut(BaseModel):
@@ -346,6 +350,8 @@ class NegativesOut(BaseModel):
     filters: list[FalseNegativeFilter] = Field(
         default_factory=list, description="the false-negative filters of the mined lists, in the order they apply; "
                                           "empty when the lists were not filtered")
+    correct_rule: Literal["text"] = Field(
+        "text", description="*(added)* the rule `correct` follows: text identity, as the search pages tick answers")
 
 
 class ReloadOut(BaseModel):

@@ -4,11 +4,12 @@ Measured in one run on random unit vectors (default 20,000 images x 100,000 capt
 H = 2000 captions per image / 400 images per caption, like the public AOQ code):
 
 (a) ``aoq_train.mining.mine_offline_negatives``, both directions, torch backend on the CPU (the
-    fused pass: every score computed once, both directions selected from it), in both precision
-    modes (the bf16 filter and float32 products; the canonical scores decide either way), with
-    its resumable per-block files written to a temporary folder (as ``aoq mine`` does). The
-    default ("auto": the bf16 filter where this CPU's bf16 products pay, else float32) is run
-    first; the two modes' lists are compared byte for byte;
+    fused pass: every score computed once, both directions selected from it), in every precision
+    mode (float32 products, the bf16 filter and the int8 filter; the canonical scores decide
+    either way), with its resumable per-block files written to a temporary folder (as ``aoq
+    mine`` does). The default ("auto": the bf16 filter where this CPU's bf16 products pay, else
+    the int8 filter where its int8 products pay, else float32) is run first; every mode's lists
+    are compared byte for byte with the float32 mode's;
 (b) the public AOQ mining loop: one anchor at a time, ``(anchor * gallery).sum(1)``, own
     positives set to -inf, ``torch.topk``; timed on a subset of anchors per direction and
     extrapolated to all anchors. The same loop with a matrix-vector product instead of the
@@ -28,12 +29,14 @@ used instead (an upper bound only if nothing before (a) peaked higher, so (a) ru
 
 The miner's compiled kernels are warmed on a tiny case first (a fresh clone compiles them once,
 ~10 s, then loads them from numba's cache). Wall and CPU (process) time are both printed: on a shared machine the CPU time is the less
-load-sensitive figure. Last line: ``RESULT precision=<the default's products>
-identical_lists=<share of the lists, both directions, byte-identical between the two modes>
-speedup_vs_loop=<(b)/(a)> ratio_to_matmul=<(a)/(c), wall, the default mode>
-ratio_to_matmul_cpu=<(a)/(c), CPU time> fp32_mode_ratio=<the float32 mode's, wall>
-fp32_mode_ratio_cpu=<.., CPU time> bf16_mode_ratio=<the bf16 filter's, wall> peak_mb=<the
-default's>``.
+load-sensitive figure. The COCO shape's time is projected from the default's throughput (score
+matrix size x dimension). Last line: ``RESULT precision=<the default's products>
+identical_lists=<the smallest share, over the modes, of the lists (both directions) byte-identical
+to the float32 mode's> speedup_vs_loop=<(b)/(a)> ratio_to_matmul=<(a)/(c), wall, the default
+mode> ratio_to_matmul_cpu=<(a)/(c), CPU time> fp32_mode_ratio=<the float32 mode's, wall>
+fp32_mode_ratio_cpu=<.., CPU time> bf16_mode_ratio=.. bf16_mode_ratio_cpu=.. int8_mode_ratio=..
+int8_mode_ratio_cpu=.. coco_projected_s=<the COCO shape at this run's throughput, wall>
+coco_projected_cpu_s=<the same from the CPU time, divided by the thread count> peak_mb=<the default's>``.
 
 ``--coco``: the COCO shape (113,287 images x 566,435 captions, d = 1024, H = 2000 / 400) on a
 slice, in fp32 (exact) and bf16 (filter) mode: the fused pass is built at full size and runs its
@@ -75,9 +78,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from aoq.device import cpu_description  # noqa: E402
 from aoq_train.mining import fused, mine_offline_negatives  # noqa: E402
 from aoq_train.mining.canonical import canonical_pairs  # noqa: E402
-from aoq_train.mining.driver import product_precision  # noqa: E402
+from aoq_train.mining.driver import FILTER_MODES, product_precision  # noqa: E402
 
 COCO_IMAGES, COCO_CPI, COCO_DIM = 113_287, 5, 1024
+MODES = ("fp32", "bf16", "int8")  # the fused pass's products; the first is the reference the others are compared with
+
+
+def coco_scale(n_img: int, n_cap: int, dim: int) -> float:
+    """How many times more multiply-adds the COCO shape's score matrix takes than this run's."""
+    return COCO_IMAGES * COCO_IMAGES * COCO_CPI * COCO_DIM / (n_img * n_cap * dim)
 
 
 def _status_kb(field: str) -> int | None:
@@ -125,7 +134,7 @@ def warm_kernels() -> None:
     that no timing includes a first compile (~10 s on a fresh clone: one-time, not mining)."""
     gen = torch.Generator().manual_seed(1)
     img, cap = unit_vectors(1024, 16, gen), unit_vectors(5120, 16, gen)  # past the sample phase: row tiles too
-    for precision in ("fp32", "bf16"):
+    for precision in MODES:
         with tempfile.TemporaryDirectory() as work:
             mine_offline_negatives(img, cap, 5, 200, 40, 512, "cpu", work_dir=work, progress=False, precision=precision)
     canonical_pairs(img, cap, np.arange(4), np.arange(4))  # the redone lists' signature (int64 ids)
@@ -343,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--coco", action="store_true", help="the COCO shape on a slice, fp32 and bf16, projected")
     p.add_argument("--coco-tiles", type=int, default=4, help="row tiles timed with --coco, besides the sample phase")
-    p.add_argument("--coco-full", choices=["fp32", "bf16"], default=None,
+    p.add_argument("--coco-full", choices=list(MODES), default=None,
                    help="mine the whole COCO shape once in this precision (~5 min in bf16 on 2 AMX cores, ~10 "
                         "GB of memory) and check 128 lists against a float64 brute force")
     args = p.parse_args(argv)
@@ -370,9 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     products = product_precision(torch.device("cpu"), "torch", "auto")
-    default = "fp32" if products == "float32" else "bf16"
+    default = FILTER_MODES.get(products, "fp32")
     runs = {}
-    for mode in (default, ({"fp32", "bf16"} - {default}).pop()):
+    for mode in (default, *(m for m in MODES if m != default)):
         with tempfile.TemporaryDirectory() as work, PeakMemory() as mem, Clock() as clock:
             lists = mine_offline_negatives(img, cap, cpi, args.top_captions, args.top_images, args.block_size, "cpu",
                                            work_dir=work, progress=False, precision=mode)
@@ -381,9 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(a {mode}) fused miner, both directions, {mode} products{note}: {clock.wall:.2f} s ({clock.cpu:.2f} s "
               f"CPU); extra peak memory {mem.mb:.0f} MB ({mem.method})")
     ours, mem, lists = runs[default]
-    identical = identical_lists(runs["fp32"][2], runs["bf16"][2])
-    print(f"    bf16 mode {agreement(img, cap, runs['bf16'][2], runs['fp32'][2])}; {identical:.4%} of all lists "
-          "byte-identical")
+    identical = min(identical_lists(runs["fp32"][2], runs[mode][2]) for mode in MODES)
+    for mode in MODES[1:]:
+        print(f"    {mode} mode {agreement(img, cap, runs[mode][2], runs['fp32'][2])}; "
+              f"{identical_lists(runs['fp32'][2], runs[mode][2]):.4%} of all lists byte-identical")
 
     products_timed = {}
     for name, fn in (("blocks of 4096 x 16384, torch's threads", blocked_matmul),
@@ -409,12 +419,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{per_cap * 1e3:.2f} ms/caption anchor ({args.loop_captions} timed) -> {loops[form]:.0f} s extrapolated"
         )
     print(f"speedup vs the matrix-vector loop: {loops['matvec'] / ours.wall:.1f}x")
+    threads = torch.get_num_threads()
+    coco_s, coco_cpu_s = (t * coco_scale(n_img, n_cap, args.dim) for t in (ours.wall, ours.cpu / threads))
+    print(f"COCO shape ({COCO_IMAGES} x {COCO_IMAGES * COCO_CPI}, d={COCO_DIM}) projected from this run's throughput "
+          f"({default}, {threads} torch threads): {coco_s:.0f} s wall, {coco_cpu_s:.0f} s from the CPU time on "
+          f"{threads} idle cores (score-matrix size x dimension; leaves out what grows with the pools, see --coco)")
     print(
         f"RESULT precision={products} identical_lists={identical:.4f} "
         f"speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
         f"ratio_to_matmul={ratios[default][0]:.2f} ratio_to_matmul_cpu={ratios[default][1]:.2f} "
         f"fp32_mode_ratio={ratios['fp32'][0]:.2f} fp32_mode_ratio_cpu={ratios['fp32'][1]:.2f} "
-        f"bf16_mode_ratio={ratios['bf16'][0]:.2f} peak_mb={mem.mb:.0f}"
+        f"bf16_mode_ratio={ratios['bf16'][0]:.2f} bf16_mode_ratio_cpu={ratios['bf16'][1]:.2f} "
+        f"int8_mode_ratio={ratios['int8'][0]:.2f} int8_mode_ratio_cpu={ratios['int8'][1]:.2f} "
+        f"coco_projected_s={coco_s:.0f} coco_projected_cpu_s={coco_cpu_s:.0f} peak_mb={mem.mb:.0f}"
     )
     return 0
 

@@ -202,13 +202,13 @@ def ensure_features(cfg: ExperimentConfig, workers: int) -> None:
 
 def ensure_indexes(models_dir: Path, data_root: Path, index_dir: Path, catalogue_url: str | None) -> None:
     """Build the FAISS indexes and the catalogue unless they were built from these very models."""
-    from aoq_serve.index.build import IndexJob, discover_checkpoints, index_models
+    from aoq_serve.index.build import INDEX_FORMAT, IndexJob, discover_checkpoints, index_models
     from aoq_serve.config import CATALOGUE_FILE
 
     hashes = {p.name: read_manifest(p, verify=False)["content_hash"] for p in discover_checkpoints(models_dir)}
     stamp = index_dir / "demo-built-from.json"
     url = catalogue_url or f"sqlite:///{(index_dir / CATALOGUE_FILE).resolve()}"
-    key = {"models": hashes, "catalogue": url}
+    key = {"models": hashes, "catalogue": url, "format": INDEX_FORMAT}
     if stamp_matches(stamp, key):
         log.info("indexes %s: up to date, skipped", index_dir)
         return

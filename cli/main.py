@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "train2": "Round-2 training with offline hard negatives (OffTri, OffQuin, AdapOffQuin, ablations).",
     "pipeline": "Round 1 -> mining -> round 2, resumable stage by stage, with a comparison table.",
     "report": "Write docs/results.md and its figures from finished runs.",
+    "regimes": "Map where offline mining pays: a pilot and a grid over aoq synth's knobs, docs/results-regimes.md.",
     "index": "Embed a gallery with registered models and build FAISS indexes plus the catalogue.",
     "serve": "Start the REST search service (FastAPI + FAISS).",
     "ui": "Start the comparison web UI (Gradio), talking to the service over HTTP.",
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if top.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not top.verbose:
+        # faiss logs which CPU build it loads (six lines) on import; a command's output, and a
+        # refusal that must fit one line, do not need it.
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     try:
         return int(module.run(args) or 0)
     except (ConfigError, DataError, ArtefactError) as exc:

@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from aoq.mined import DIAGNOSTICS_FILE
     from aoq_train.mining import mine_with_checkpoint
     from aoq_train.mining.diagnostics import summary_line
+    from aoq_train.mining.truth import shares_line
+    from aoq_train.regimes.advice import advice_line, read_evidence
 
     cfg = resolve_config(args)
     out = Path(args.out) if args.out else cfg.run_dir / "mined"
@@ -58,5 +60,8 @@ def run(args: argparse.Namespace) -> int:
           f"hash {str(mined.checkpoint_hash)[:12]}), backend {mined.manifest.get('backend')}")
     if mined.diagnostics is not None:
         print("  " + summary_line(mined.diagnostics))
+        if "shares" in mined.diagnostics:
+            print("  " + shares_line(mined.diagnostics["shares"]))
+        print("  " + advice_line(mined.diagnostics, read_evidence()))
         print(f"  diagnostics: {out / DIAGNOSTICS_FILE}")
     return 0

@@ -310,3 +310,18 @@ def retrain(models_dir: Path, name: str, seed: int) -> str:
     old = load_checkpoint(models_dir / name)
     return write_checkpoint(models_dir / name, old.config, old.vocab, old.extra.get("img_dim"), seed,
                             {k: v for k, v in old.extra.items() if k not in ("img_dim", "image_input", "resnet_arch")})
+
+
+def refused_start(fx: ServiceFixture) -> tuple[int, str]:
+    """Start ``aoq serve`` on a damaged catalogue; it must exit by itself (bounded wait)."""
+    probe = free_socket()
+    port = probe.getsockname()[1]
+    probe.close()
+    proc = start_serve(serve_env(fx), port)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"aoq serve kept running on a damaged catalogue:\n{err[-3000:]}") from None
+    return proc.returncode, err

@@ -219,11 +219,11 @@ def test_negatives_offline_from_the_mined_artefact_and_online_from_a_batch(servi
     position = int(np.flatnonzero(flags[:, :8].any(axis=1))[0])
     caption_id = first_train_caption + position
     out = client.get("/negatives", params={"kind": "caption", "id": caption_id, "model": "aoq", "n": 8}).json()
-    assert out["kind"] == "caption" and out["id"] == caption_id and out["filters"] == MINED_FILTERS
-    # the raw mined list, each candidate marked with the filter that removed it (or kept)
-    assert [(x["rank"], x["id"], x["removed_by"]) for x in out["offline"]] == list(zip(
+    assert out["kind"] == "caption" and out["id"] == caption_id and out["filters"] == MINED_FILTERS == ["identity"]
+    assert [(x["rank"], x["id"], x["removed_by"]) for x in out["offline"]] == list(zip(  # raw list, filters named
         range(1, 9), (raw[position, :8] + first_train_image).tolist(), removed_by(flags[position, :8], MINED_FILTERS)))
-    assert "identity" in [x["removed_by"] for x in out["offline"]]
+    marks = [(x["correct"], x["removed_by"] == "identity") for x in out["offline"]]  # correct: the anchor's text
+    assert all(c == r for c, r in marks) and (True, True) in marks and out["correct_rule"] == "text"
     kept = [x["id"] - first_train_image for x in out["offline"] if x["removed_by"] is None]
     assert kept == mined.cap_top_imgs[position][:len(kept)].tolist()  # what round 2 samples from, in order
     assert all(x["image_url"].endswith(f"/images/{x['id']}?size={THUMBNAIL_SIZE}") and x["text"] for x in out["offline"])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,30 +18,13 @@ import pytest
 from tests.backend_helpers import (
     ServiceFixture,
     build_service_fixture,
-    free_socket,
     postgres_database,
+    refused_start,
     run_server,
-    serve_env,
-    start_serve,
 )
 
 pytestmark = pytest.mark.slow
 QUERY = "a red circle on a grey background"
-
-
-def _refused_start(fx: ServiceFixture) -> tuple[int, str]:
-    """Start ``aoq serve`` on a damaged catalogue; it must exit by itself (bounded wait)."""
-    probe = free_socket()
-    port = probe.getsockname()[1]
-    probe.close()
-    proc = start_serve(serve_env(fx), port)
-    try:
-        _, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate(timeout=30)
-        raise AssertionError(f"aoq serve kept running on a damaged catalogue:\n{err[-3000:]}") from None
-    return proc.returncode, err
 
 
 def _truncate(db: Path) -> None:
@@ -69,7 +51,7 @@ def test_damaged_or_missing_sqlite_catalogue_refuses_to_start_with_one_line(tmp_
     for leftover in fx.index_dir.glob("catalogue.sqlite-*"):  # WAL files of the indexing run
         leftover.unlink()
     {"truncated": _truncate, "bit-flipped": _flip_page_type, "deleted": Path.unlink}[damage](db)
-    code, err = _refused_start(fx)
+    code, err = refused_start(fx)
     last = err.strip().splitlines()[-1] if err.strip() else ""
     assert code == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
@@ -169,5 +151,5 @@ def test_embeddings_changed_in_place_disable_the_model_on_the_next_tick(tmp_path
             time.sleep(0.1)
         refused = client.post("/search/text", json={"query": QUERY, "model": "aoq"})
     assert health["models"] == ["baseline", "pixels"], health
-    assert str(target) in health["disabled"]["aoq"], health
+    assert "$AOQ_INDEX_DIR/aoq/images.npy" in health["disabled"]["aoq"], health
     assert refused.status_code == 409

@@ -202,25 +202,44 @@ def test_aoq_mine_with_filters_keeps_the_depth_and_records_what_each_removed(tmp
 
 
 def test_detector_scores_by_hand() -> None:
-    from pathlib import Path
+    from aoq_train.mining.truth import Truth, detector_scores
 
-    from aoq.mined import MinedNegatives
-    from aoq_train.report.false_negatives import Truth, detector_scores
-
-    # 2 images x 2 captions; caption 2 is true of image 0 and caption 0 of image 1, nothing else
+    # 2 images x 2 captions; caption 2 is a false negative of image 0 (the evaluation's rule), and
+    # caption 0 a near neighbour of image 1 (true by the broader rule only), nothing else
     filtered = {"img_raw": np.array([[2, 3], [0, 1]]), "img_flags": np.array([[0b001, 0b100], [0b011, 0b000]]),
                 "cap_raw": np.array([[1], [1], [0], [0]]), "cap_flags": np.array([[0b001], [0], [0b100], [0]])}
-    mined = MinedNegatives(np.zeros((2, 2), np.int32), np.zeros((4, 1), np.int32),
-                           {"filters": ["identity", "teacher"]}, Path("m"), filtered)
-    truth = Truth("hand", lambda c, i: np.isin(np.asarray(c) * 10 + np.asarray(i), [20, 1]))
-    got = detector_scores(mined, truth, 2, 1)
-    # candidates in order: images (0: c2 T, c3 F; 1: c0 T, c1 F), captions (c0-i1 T, c1-i1 F, c2-i0 T, c3-i0 F)
-    assert got["true"] == 0.5
-    assert got["identity"] == {"flagged": 3 / 8, "precision": 1.0, "recall": 0.75}
+    positive = lambda c, i: np.isin(np.asarray(c) * 10 + np.asarray(i), [20])  # noqa: E731
+    broad = lambda c, i: np.isin(np.asarray(c) * 10 + np.asarray(i), [20, 1])  # noqa: E731
+    got = detector_scores(filtered, ["identity", "teacher"], Truth("hand", positive, "broad", broad), 2, 1)
+    # candidates in order: images (0: c2 FN, c3 -; 1: c0 near, c1 -), captions (c0-i1 near, c1-i1 -, c2-i0 FN, c3-i0 -)
+    assert got["false_negatives"] == 0.25 and got["near_neighbours"] == 0.25
+    # identity flags c2-i0 (image side), c0-i1 (image side), c0-i1 (caption side)
+    assert got["identity"] == {"flagged": 3 / 8, "false_negatives": {"precision": 1 / 3, "recall": 0.5},
+                               "near_neighbours": {"precision": 2 / 3, "recall": 1.0}}
     assert "semantic" not in got  # not one of the lists' filters: its bits are not read
-    assert got["teacher"] == {"flagged": 2 / 8, "precision": 0.5, "recall": 0.25}
-    # the enabled ones together: identity or teacher
-    assert got["enabled"] == {"flagged": 5 / 8, "precision": 0.8, "recall": 1.0}
+    assert got["teacher"] == {"flagged": 2 / 8, "false_negatives": {"precision": 0.5, "recall": 0.5},
+                              "near_neighbours": {"precision": 0.0, "recall": 0.0}}
+    assert got["enabled"]["false_negatives"] == {"precision": 0.4, "recall": 1.0}
+    # no broader ground truth: near neighbours unknown, not zero
+    alone = detector_scores(filtered, ["identity"], Truth("hand", positive), 2, 1)
+    assert alone["near_neighbours"] is None and alone["identity"]["near_neighbours"] is None
+
+
+def test_positives_hold_the_evaluations_rule() -> None:
+    """False negatives are counted with the evaluation's own positives: identical text under the
+    text rule (a twin's copy), nothing but the own captions under the pair rule."""
+    from aoq.metrics import positives_of
+
+    texts = ["a cat", "A  cat ", "dog", "bird"]  # 2 images x 2 captions; captions 0 and 1 are one text
+    text = positives_of(2, 2, texts)
+    caps, imgs = np.array([0, 1, 2, 3, 2, 0]), np.array([0, 0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(text.holds(caps, imgs), [True, True, False, False, True, False])
+    pair = positives_of(2, 2, None)
+    np.testing.assert_array_equal(pair.holds(caps, imgs), [True, True, False, False, True, False])
+    texts2 = ["a cat", "x", "a cat", "y"]  # image 1's caption 2 repeats image 0's caption 0
+    np.testing.assert_array_equal(positives_of(2, 2, texts2).holds(np.array([2, 0, 3]), np.array([0, 1, 0])),
+                                  [True, True, False])
+    np.testing.assert_array_equal(positives_of(2, 2, None).holds(np.array([2, 0]), np.array([0, 1])), [False, False])
 
 
 @pytest.mark.parametrize("text", [False, True], ids=["with-teacher", "text-only"])

@@ -303,8 +303,14 @@ def test_aoq_mine_from_the_checkpoint_config_skips_when_up_to_date(tmp_path: Pat
     save_checkpoint(tmp_path / "ckpt", model, cfg, vocab, {"rsum": 0.0})
 
     assert cli_main(["mine", "--checkpoint", str(tmp_path / "ckpt"), "--no-progress"]) == 0
-    assert "mined in" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mined in" in printed
     mined = load_mined(tmp_path / "run" / "mined")
+    # both shares, and the regime map's advice (or that there is no reliable predictor)
+    from aoq_train.regimes.advice import advice_line, read_evidence
+
+    assert "  false negatives 0.0% of the sampled candidates, near neighbours unknown" in printed
+    assert f"  {advice_line(mined.diagnostics, read_evidence())}\n" in printed
     img, cap = encode_split(model, vocab, split)  # the teacher's embeddings of the train split
     ref = mine_offline_negatives(img, cap, 5, 20, 5, progress=False)
     np.testing.assert_array_equal(mined.img_top_caps, ref[0])
@@ -368,7 +374,7 @@ def test_bf16_filter_on_random_vectors_gives_the_canonical_lists() -> None:
     img = torch.nn.functional.normalize(torch.randn(600, 48, generator=gen), dim=1).numpy()
     cap = torch.nn.functional.normalize(torch.randn(3000, 48, generator=gen), dim=1).numpy()
     ref = canonical_reference(img, cap, 5, 100, 20)
-    for precision in ("bf16", "fp32"):
+    for precision in ("bf16", "int8", "fp32"):
         got = mine_offline_negatives(img, cap, 5, 100, 20, block_size=256, gallery_chunk=1024, precision=precision,
                                      progress=False)
         np.testing.assert_array_equal(got[0], ref[0])
@@ -386,8 +392,14 @@ def test_product_precision_names_what_runs_and_refuses_what_cannot(monkeypatch) 
     for device, precision, hint in ((cuda, "bf16", "use fp16"), (cpu, "fp16", "use bf16"), (cpu, "fp64", "must be")):
         with pytest.raises(ValueError, match=hint):
             product_precision(device, "torch", precision)
-    for pays, products in ((True, "bfloat16+float32"), (False, "float32")):  # auto: the bf16 filter where it pays
-        monkeypatch.setattr(driver, "bf16_pays", lambda pays=pays: pays)
+    assert product_precision(cpu, "torch", "int8") == "int8+float32"
+    with pytest.raises(ValueError, match="int8 on one CPU device"):  # the int8 filter is the fused pass's
+        product_precision(cpu, "torch", "int8", fused=False)
+    # auto: the bf16 filter where it pays, else the int8 filter where it pays, else float32
+    for bf16, int8, products in ((True, True, "bfloat16+float32"), (False, True, "int8+float32"),
+                                 (False, False, "float32")):
+        monkeypatch.setattr(driver, "bf16_pays", lambda pays=bf16: pays)
+        monkeypatch.setattr(driver, "int8_pays", lambda pays=int8: pays)
         assert product_precision(cpu, "torch", "auto") == products
         assert product_precision(cpu, "torch", "auto", fused=False) == "float32"  # several CPU devices
         assert product_precision(cuda, "torch", "auto") == product_precision(cpu, "faiss", "auto") == "float32"

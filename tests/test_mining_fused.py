@@ -37,7 +37,7 @@ def _count_row_tiles(monkeypatch) -> list[tuple[int, int, bool]]:
     return calls
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize(("seed", "n_img", "cpi", "dim", "levels", "ht", "hi", "block", "chunk"), [
     (0, 101, 5, 6, 2, 40, 9, 16, 37),     # massive ties; nothing divides anything
     (1, 64, 3, 8, 4, 150, 20, 64, 32),    # k = 150 larger than a chunk (32) and than a row tile (7)
@@ -125,7 +125,7 @@ def test_every_score_is_computed_once(small_tiles, monkeypatch) -> None:
     assert prepass < 70 * 350 // 4
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_thresholds_guessed_too_high_redo_every_list_exactly(small_tiles, monkeypatch, precision) -> None:
     rng = np.random.default_rng(6)
     img, cap = exact_embeddings(rng, 40, 6, 4), exact_embeddings(rng, 120, 6, 4)

@@ -161,13 +161,16 @@ def test_filtered_and_teacher_arms_train_on_their_own_mined_lists(tmp_path, synt
 
     methods = ReportSetup(Path("cfg"), arms=("aoq", "aoq-fn-identity+teacher1.5")).methods
     section = "\n".join(false_negative_section([run_dir], methods, cfg))
-    truth = split_truth(load_split(cfg.data, "train"), cfg.data.path, cfg.data.format)
-    assert truth.rule == "the synthetic benchmark's facts" and "## False negatives in the mined lists" in section
+    truth = split_truth(load_split(cfg.data, "train"), cfg.data.path, cfg.data.format, cfg.eval.positives)
+    assert truth.broad_rule == "the synthetic benchmark's facts"
+    assert "## False negatives and near neighbours in the mined lists" in section
     settings = filtered.diagnostics["settings"]
     scores = detector_scores(filtered, truth, settings["h_t"], settings["h_i"])
     row = next(line for line in section.splitlines() if line.startswith("| AdapOffQuin, filters identity"))
-    assert row.startswith(f"| AdapOffQuin, filters identity + teacher rho=1.5 | {100 * scores['true']:.1f} | "
-                          f"{100 * scores['enabled']['flagged']:.1f} |")
+    assert row.startswith(f"| AdapOffQuin, filters identity + teacher rho=1.5 | {100 * scores['false_negatives']:.1f} | "
+                          f"{100 * scores['near_neighbours']:.1f} | {100 * scores['enabled']['flagged']:.1f} |")
+    shares = filtered.diagnostics["shares"]  # the mining's own count, both kinds
+    assert set(shares) == {"false_negatives", "near_neighbours"} and shares["near_neighbours"] is not None
 
 
 def test_resumes_after_kill_9(tmp_path, synth):

@@ -268,9 +268,11 @@ def test_serve_disables_what_is_damaged_naming_the_file_and_serves_the_rest(tmp_
     finally:
         err = _stop(server)
     assert health["status"] == "degraded" and health["models"] == ["aoq"]  # degraded: two models are disabled
-    assert health["disabled"] == {
-        "baseline": f"checkpoint cannot be loaded: {weights}: content hash mismatch (corrupted or truncated file)",
-        "pixels": f"index cannot be loaded: {index}: content hash mismatch (corrupted or truncated file)",
+    assert health["disabled"] == {  # public: relative to the configured folders, which the log names
+        "baseline": "checkpoint cannot be loaded: $AOQ_MODELS_DIR/baseline/model.safetensors: content hash mismatch "
+                    "(corrupted or truncated file)",
+        "pixels": "index cannot be loaded: $AOQ_INDEX_DIR/pixels/images.faiss: content hash mismatch "
+                  "(corrupted or truncated file)",
     }
     assert refused.status_code == 409 and str(weights) in refused.json()["detail"]
     assert served.status_code == 200 and len(served.json()["results"]) == 10

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.backend_helpers import ServiceFixture, build_service_fixture, run_server, serve_process
+from tests.backend_helpers import ServiceFixture, build_service_fixture, refused_start, run_server, serve_process
 
 pytestmark = pytest.mark.slow
 QUERY = {"query": "a red circle on a grey background", "model": "aoq", "k": 5}
@@ -82,6 +83,131 @@ def test_damaged_catalogue_disables_what_reads_it_with_one_line_and_503(fx, capl
     disabled = [r for r in caplog.records if "disabled:" in r.getMessage()]
     assert 1 <= len(disabled) <= len(set(paths)) + 1, [r.getMessage() for r in disabled]
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_health_after_a_failed_reload_names_no_absolute_path(fx):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        db = _db(fx)
+        with db.open("r+b") as f:
+            f.truncate(db.stat().st_size // 2)
+        reload = client.post("/admin/reload", json={})
+        health = client.get("/health")
+        examples = client.get("/examples")
+    assert reload.status_code == 503 and str(db) in reload.json()["detail"]  # the admin sees the file
+    assert health.json()["status"] == "degraded" and "$AOQ_INDEX_DIR/catalogue.sqlite" in health.text, health.text
+    for public in (health.text, examples.text):
+        assert str(fx.index_dir.parent) not in public and str(fx.index_dir.resolve().parts[1]) not in public, public
+
+
+def test_a_catalogue_row_deleted_while_serving_is_a_503_with_one_log_line_not_a_short_answer(fx, caplog):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        before = client.get("/examples", params={"n": 4}).json()
+        first = before["images"][0]["id"]
+        with sqlite3.connect(_db(fx)) as conn:  # the service's own connection enforces the foreign keys
+            conn.execute("DELETE FROM images WHERE id = ?", (first,))
+        answers = [client.get("/examples", params={"n": 4}) for _ in range(3)]
+        caption = client.get(f"/captions/{before['captions'][0]['id']}")
+        health = client.get("/health").json()
+    assert len(before["images"]) == 4
+    assert [r.status_code for r in answers] == [503] * 3, answers[0].text
+    assert f"image at position 0" in answers[0].json()["detail"], answers[0].text
+    assert caption.status_code == 200  # the caption row is still there
+    assert health["status"] == "degraded" and "/examples" in health["faults"], health
+    logged = [r.getMessage() for r in caplog.records if "disabled:" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith("/examples disabled: the catalogue is damaged"), logged
+
+
+def test_the_watcher_counts_catalogue_rows_while_serving(fx):
+    with run_server(fx.settings(reload_poll_s=0.2)) as url, httpx.Client(base_url=url, timeout=30) as client:
+        caption = client.get("/examples", params={"n": 1}).json()["captions"][0]["id"]
+        assert client.get("/health").json()["status"] == "ok"
+        with sqlite3.connect(_db(fx)) as conn:
+            conn.execute("DELETE FROM captions WHERE id = ?", (caption,))
+        deadline, health = time.monotonic() + 20, {}
+        while time.monotonic() < deadline and health.get("status") != "degraded":
+            time.sleep(0.1)
+            health = client.get("/health").json()
+        missing = client.get(f"/captions/{caption}")
+        search = client.post("/search/text", json=QUERY)
+    assert "catalogue" in health["faults"] and "captions rows but recorded" in health["faults"]["catalogue"], health
+    assert missing.status_code == 503 and search.status_code == 200  # searches read the verified snapshot
+
+
+def _swap_in(fx: ServiceFixture, target: int, source: int) -> Path:
+    """Copy the picture file of image ``source`` over that of ``target`` (a valid PNG, another picture)."""
+    with sqlite3.connect(_db(fx)) as conn:
+        (a,), (b,) = (conn.execute("SELECT path FROM images WHERE id = ?", (i,)).fetchone() for i in (target, source))
+    path = fx.data_dir / a
+    path.write_bytes((fx.data_dir / b).read_bytes())
+    return path
+
+
+def test_a_picture_file_swapped_on_disk_is_a_503_and_health_names_it_also_after_a_reload(fx, caplog):
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        first, second = (i["id"] for i in client.get("/examples", params={"n": 2}).json()["images"])
+        original = client.get(f"/images/{first}").content
+        path = _swap_in(fx, first, second)
+        served = [client.get(f"/images/{first}") for _ in range(3)]
+        thumb = client.get(f"/images/{first}", params={"size": 32})
+        other = client.get(f"/images/{second}")
+        health = client.get("/health").json()
+        reload = client.post("/admin/reload", json={})
+        after_reload = (client.get("/health").json(), client.get(f"/images/{first}"))
+        path.write_bytes(original)  # restored: the next reload serves it again
+        client.post("/admin/reload", json={})
+        restored = (client.get("/health").json(), client.get(f"/images/{first}"))
+    assert [r.status_code for r in served] == [503] * 3 and thumb.status_code == 503, served[0].text
+    assert "differs from the picture file that aoq index recorded" in served[0].json()["detail"]
+    assert other.status_code == 200
+    part = f"/images/{first}"
+    assert health["status"] == "degraded" and part in health["faults"], health
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"{part} disabled")]
+    assert len(logged) == 1, logged
+    assert reload.status_code == 200
+    assert after_reload[0]["status"] == "degraded" and part in after_reload[0]["faults"], after_reload[0]
+    assert after_reload[1].status_code == 503
+    assert restored[0]["status"] == "ok" and restored[1].content == original
+
+
+def test_a_picture_file_swapped_before_start_up_is_found_when_loading(fx, caplog):
+    with run_server(fx.settings()) as url:
+        first, second = (i["id"] for i in httpx.get(f"{url}/examples", params={"n": 2}).json()["images"])
+    _swap_in(fx, first, second)
+    with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=30) as client:
+        health = client.get("/health").json()
+        served = client.get(f"/images/{first}")
+        search = client.post("/search/text", json=QUERY)
+    assert health["status"] == "degraded" and health["models"] == ["aoq", "baseline", "pixels"], health
+    # the pixels model's dataset shows the same file under its own id: that picture is disabled too
+    assert f"/images/{first}" in health["faults"] and len(health["faults"]) == 2, health
+    assert all(part.startswith("/images/") for part in health["faults"]), health
+    assert served.status_code == 503 and search.status_code == 200
+    assert any(r.getMessage().startswith(f"picture {first} disabled:") for r in caplog.records)
+
+
+def _zero_index_cells(db: Path) -> None:
+    """Zero the cell pointers of an index's root page: SQLite still opens the file, and
+    ``PRAGMA quick_check`` reports one problem per lost cell (dozens of lines)."""
+    with sqlite3.connect(db) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'ix_images_split_position'").fetchone()[0]
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    with db.open("r+b") as fh:
+        fh.seek((root - 1) * page_size + 12)  # past the b-tree page header
+        fh.write(bytes(64))
+
+
+def test_a_long_quick_check_report_is_one_line_naming_the_full_report(fx):
+    db = _db(fx)
+    for leftover in fx.index_dir.glob("catalogue.sqlite-*"):  # WAL files of the indexing run
+        leftover.unlink()
+    _zero_index_cells(db)
+    code, err = refused_start(fx)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith("aoq serve: error: ") and "quick_check" in lines[0] and "aoq index" in lines[0]
+    report = Path(lines[0].split("full report: ", 1)[1].split(")", 1)[0])
+    assert report.is_file() and len(report.read_text().splitlines()) > 10  # the whole report is kept
 
 
 def test_dropped_query_ranks_table_answers_503_with_a_message(fx):

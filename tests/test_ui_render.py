@@ -300,6 +300,18 @@ def test_negatives_strike_through_what_the_filters_removed_and_name_the_filter()
     assert '<figure class="aoq-card aoq-removed" data-id="7">' in cards and '<figure class="aoq-card" data-id="8">' in cards
 
 
+def test_negatives_mark_correct_matches_and_say_the_lists_were_not_filtered():
+    answer = NegativesOut.model_validate({
+        "model": "aoq", "kind": "caption", "id": 4, "text": "grinning face", "image_url": "/media/images/4",
+        "online": [], "offline": [{"id": 7, "text": "grinning face", "image_url": "/media/images/7", "rank": 1,
+                                   "correct": True},
+                                  {"id": 8, "text": "cat", "image_url": "/media/images/8", "rank": 2}]})
+    _, offline, _ = render_negatives(answer)
+    assert "mined without false-negative filters" in offline and "struck through" not in offline
+    assert offline.count("correct match</span>") == 1 and "a correct match (same caption text" in offline
+    assert re.search(r'data-id="7">.*correct match</span>.*data-id="8"', offline)
+
+
 def test_metrics_table_says_where_each_row_comes_from():
     html = render_metrics_table([_metrics("baseline", **METRICS), _metrics("aoq")])
     assert html.count("<tr>") == 3

@@ -2,7 +2,7 @@
 reduced before any 8-bit or float conversion, and concurrent decodes share the budget.
 
 The server test reads the peak resident memory (``VmHWM``) of a real ``aoq serve`` process
-before and after six concurrent uploads of a 6300 x 6300 16-bit PNG (about 77 KB on disk).
+before and after rounds of six concurrent uploads of a 6300 x 6300 16-bit PNG (about 77 KB on disk).
 """
 
 from __future__ import annotations
@@ -22,10 +22,13 @@ from aoq_serve.search.decode import MemoryBudget, decode_cost, decode_upload
 from tests.backend_helpers import build_service_fixture, serve_process
 
 #: the budget the server test runs with, and the allowance on top of it for everything else a
-#: request holds (the upload bytes, the form parser, the model's own small tensors).
+#: request holds (the upload bytes, the form parser, the model's work on the reduced image, and
+#: what worker threads keep once they have run an upload: docs/serving.md, Uploads).
 BUDGET_MB = 256
-OTHER_MB = 200
+OTHER_MB = 300
 SIDE = 6300
+#: rounds of six concurrent uploads: the peak grows with the rounds (then levels), not per round
+ROUNDS = 3
 
 
 def big_png16(side: int = SIDE) -> bytes:
@@ -46,7 +49,7 @@ def _vm_hwm_mb(pid: int) -> float:
 
 
 @pytest.mark.slow
-def test_six_concurrent_16_bit_uploads_stay_within_the_budget(tmp_path: Path):
+def test_rounds_of_six_concurrent_16_bit_uploads_stay_within_the_budget(tmp_path: Path):
     fx = build_service_fixture(tmp_path)
     data = big_png16()
     assert len(data) < 200_000
@@ -66,16 +69,19 @@ def test_six_concurrent_16_bit_uploads_stay_within_the_budget(tmp_path: Path):
                 r = c.post("/search/image", data={"model": model, "k": 3}, files={"file": ("big.png", data, "image/png")})
                 statuses.append(r.status_code)
 
-        threads = [threading.Thread(target=upload, args=(("aoq", "pixels")[i % 2],)) for i in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=600)
-        after = _vm_hwm_mb(proc.pid)
-    print(f"server peak RSS {before:.0f} MB before, {after:.0f} MB after six concurrent {SIDE}x{SIDE} 16-bit PNG "
-          f"uploads ({len(data) // 1000} KB each): +{after - before:.0f} MB (budget {BUDGET_MB} MB)")
-    assert statuses == [200] * 6
-    assert after - before <= BUDGET_MB + OTHER_MB
+        peaks = []
+        for _ in range(ROUNDS):  # the peak is the worst overlap of decodes and model work: repeat it
+            threads = [threading.Thread(target=upload, args=(("aoq", "pixels")[i % 2],)) for i in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=600)
+            peaks.append(_vm_hwm_mb(proc.pid) - before)
+    print(f"server peak RSS {before:.0f} MB before; after each of {ROUNDS} rounds of six concurrent {SIDE}x{SIDE} "
+          f"16-bit PNG uploads ({len(data) // 1000} KB each): " + ", ".join(f"+{p:.0f}" for p in peaks) +
+          f" MB (budget {BUDGET_MB} MB)")
+    assert statuses == [200] * 6 * ROUNDS
+    assert peaks[-1] <= BUDGET_MB + OTHER_MB
 
 
 # ----------------------------------------------------------------------------- units

@@ -13,6 +13,7 @@ training split as the bank (docs/serving.md, Hubness correction).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,31 @@ from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
 from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
-from aoq.embed import encode_split
+from aoq.embed import encode_fragments, encode_split
 from aoq.hubness import HUB_ITEMS, bank_normaliser, bank_provenance, direction_fns, hub_share, top1_per_query
 from aoq.label_metrics import label_metrics, label_metrics_folds, label_metrics_of_scores
-from aoq.metrics import PROTOCOLS, chance_rsum, evaluate_directions, evaluate_embeddings
+from aoq.metrics import (
+    FOLD_IMAGES,
+    N_FOLDS,
+    PROTOCOLS,
+    chance_rsum,
+    evaluate_directions,
+    evaluate_embeddings,
+    evaluate_scores,
+    fold_1k,
+)
 from aoq.models.joint import JointModel
 from aoq.names import Normalisation, PositiveRule
+from aoq.pair_scores import (
+    COCO_5K,
+    ScoringTime,
+    fold_scores,
+    rescore_shortlist,
+    score_matrix,
+    shortlist,
+    shortlist_sims,
+)
+from aoq.ranks import array_fn
 
 #: the protocols a hubness normalisation evaluates under: one gallery, the whole split
 HUBNESS_PROTOCOLS = ("full", "labels")
@@ -59,8 +79,74 @@ def evaluate_model(
         DataError: ``protocol="labels"`` on a split without labels.
     """
     _check_labels(split, protocol == "labels")
+    if model.pairwise:
+        return evaluate_pairwise(model, vocab, split, protocol, batch_size=batch_size, device=device,
+                                 positives=positives)
     img, cap = encode_split(model, vocab, split, batch_size=batch_size, device=device, image_size=image_size)
     return _evaluate_encoded(img, cap, split, protocol, ndcg_k, positives)
+
+
+def _pairwise_protocol(protocol: str) -> str:
+    if protocol == "labels":
+        raise ValueError("label-wise metrics are not wired for cross-attention models yet; use full, 1k5fold or 5k")
+    return protocol
+
+
+def evaluate_pairwise(
+    model: JointModel,
+    vocab: Vocabulary,
+    split: SplitData,
+    protocol: str = "full",
+    *,
+    batch_size: int = 256,
+    device: str | torch.device | None = None,
+    positives: PositiveRule = "pair",
+    progress: bool = False,
+    shortlist_by: tuple[np.ndarray, np.ndarray] | None = None,
+    shortlist_n: int = 100,
+) -> dict:
+    """Recalls of a cross-attention model (``model.pairwise``): its score matrix in bounded-memory
+    blocks (:func:`aoq.pair_scores.score_matrix`), or with ``shortlist_by`` (an embedding model's
+    (image, caption) embeddings of the split) the top ``shortlist_n`` of that model's ranking
+    re-scored in each direction (protocol full only).
+
+    Returns:
+        As :func:`evaluate_model`, plus ``"scoring"``: ``seconds``, ``pairs`` scored and
+        ``projected_coco5k_s`` (the time of the same work on COCO 5K at the measured rate: the
+        whole matrix, the five 1K fold blocks under 1k5fold, or every query's shortlist); with a
+        shortlist, ``shortlist`` = N.
+    """
+    protocol = _pairwise_protocol(protocol)
+    if protocol in ("5k", "1k5fold") and split.n_images < COCO_5K[0]:
+        raise ValueError(f"the {protocol} protocol needs at least {COCO_5K[0]:,} images; this set has {split.n_images:,}")
+    dev = next(model.parameters()).device if device is None else torch.device(device)
+    fragments = encode_fragments(model, vocab, split, batch_size=batch_size, device=dev, progress=progress)
+    texts = split.captions if positives == "text" else None
+    if shortlist_by is not None:
+        if protocol != "full":
+            raise ValueError("shortlist re-ranking evaluates the whole split (protocol full)")
+        start = time.perf_counter()
+        base = shortlist_by[0] @ shortlist_by[1].T
+        i2t_short, t2i_short = shortlist(base, shortlist_n), shortlist(base.T, shortlist_n)
+        i2t = shortlist_sims(base, i2t_short, rescore_shortlist(model.pair_scores, fragments, i2t_short, "images",
+                                                                 dev, progress))
+        t2i = shortlist_sims(base.T, t2i_short, rescore_shortlist(model.pair_scores, fragments, t2i_short,
+                                                                   "captions", dev, progress)).T
+        timing = ScoringTime(time.perf_counter() - start, i2t_short.size + t2i_short.size)
+        result = evaluate_directions(array_fn(i2t), array_fn(t2i), split.n_images, split.captions_per_image, texts)
+        result["shortlist"] = int(i2t_short.shape[1])
+        coco_pairs = (COCO_5K[0] + COCO_5K[1]) * result["shortlist"]  # every query's shortlist
+    elif protocol == "1k5fold":
+        fn, timing = fold_scores(model.pair_scores, fragments, dev, FOLD_IMAGES, N_FOLDS, progress)
+        result = fold_1k(fn, split.captions_per_image, n_images=FOLD_IMAGES * N_FOLDS, texts=texts)
+        coco_pairs = FOLD_IMAGES * N_FOLDS * COCO_5K[1]  # five folds of 1,000 x 5,000
+    else:
+        images = range(COCO_5K[0]) if protocol == "5k" else None
+        sims, timing = score_matrix(model.pair_scores, fragments, dev, images, progress)
+        result = evaluate_scores(sims, split.captions_per_image, protocol, texts=texts)
+        coco_pairs = COCO_5K[0] * COCO_5K[1]
+    scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(coco_pairs)}
+    return {**result, "positives": positives, "scoring": scoring}
 
 
 def _check_labels(split: SplitData, wanted: bool) -> None:
@@ -114,8 +200,14 @@ def evaluate_checkpoint(
     ndcg_k: int = 10,
     positives: PositiveRule | None = None,
     hubness: Normalisation | None = None,
+    shortlist_by: str | Path | None = None,
+    shortlist_n: int = 100,
 ) -> dict:
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
+
+    A cross-attention checkpoint (scan, bfan) is scored pair by pair (:func:`evaluate_pairwise`,
+    with a progress bar; the result's ``scoring`` projects the COCO 5K time); ``shortlist_by``
+    (an embedding model's checkpoint) re-scores only the top ``shortlist_n`` of its ranking.
 
     Args:
         ckpt_dir: a checkpoint directory (``aoq.checkpoint``).
@@ -138,10 +230,15 @@ def evaluate_checkpoint(
         CheckpointError / DataError: a broken checkpoint or dataset.
         ValueError: ``hubness`` with a protocol of folds or a subset.
     """
+    loaded = _load(ckpt_dir, split_name, data_path, device, protocol == "labels")
+    if loaded[0].model.pairwise:
+        return _evaluate_pairwise_checkpoint(loaded, protocol, device, batch_size, positives, hubness,
+                                             shortlist_by, shortlist_n)
+    if shortlist_by is not None:
+        raise ValueError("--shortlist-by re-ranks with a cross-attention model; this checkpoint is an embedding model")
     if hubness is not None and protocol not in HUBNESS_PROTOCOLS:
         raise ValueError(f"--hubness evaluates the whole split (protocol full or labels), not {protocol}")
-    split, img, cap, common, configured, bank = _load_encoded(ckpt_dir, split_name, data_path, device, batch_size,
-                                                              protocol == "labels", hubness not in (None, "none"))
+    split, img, cap, common, configured, bank = _encoded(loaded, batch_size, hubness not in (None, "none"))
     rule = positives or configured
     if hubness is not None:
         result = evaluate_hubness(img, cap, split, hubness, bank, rule, ndcg_k if protocol == "labels" else None)
@@ -186,24 +283,36 @@ def evaluate_hubness(img: np.ndarray, cap: np.ndarray, split: SplitData, method:
     return result
 
 
-def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path | None,
-                  device: str | torch.device, batch_size: int, labels: bool, bank: bool = False) -> tuple:
-    """One split of a checkpoint's data (or of ``data_path``), its embeddings by the checkpoint's
-    model, the fields every result of it carries (split, checkpoint hash, vocabulary coverage),
-    the checkpoint config's ``eval.positives`` and, with ``bank``, the training split's
-    (images, captions, provenance) embeddings (else None); ``labels``: the split must have labels
-    (checked before encoding)."""
+def _load(ckpt_dir: str | Path, split_name: str, data_path: str | Path | None, device: str | torch.device,
+          labels: bool) -> tuple:
+    """A checkpoint, its data config (with ``data_path``), one split of it and the fields every
+    result of it carries (split, checkpoint hash, vocabulary coverage)."""
     ckpt = load_checkpoint(ckpt_dir, resolve_device(device))
     data_cfg = ckpt.config.data
     if data_path is not None:
         data_cfg = data_cfg.model_copy(update={"path": str(data_path)})
     split = load_split(data_cfg, split_name)
     _check_labels(split, labels)
-    img, cap = encode_split(ckpt.model, ckpt.vocab, split, batch_size=batch_size, image_size=data_cfg.image_size)
     common = {"split": split_name, "checkpoint": ckpt.content_hash}
     # Unknown words exist only for a word vocabulary; a WordPiece tokenizer (minilm) covers every word.
     if isinstance(ckpt.vocab, Vocabulary):
         common["vocabulary"] = coverage(ckpt.vocab, split.captions)
+    return ckpt, data_cfg, split, common
+
+
+def _encoded(loaded: tuple, batch_size: int, bank: bool) -> tuple:
+    """The split of :func:`_load`'s result, its embeddings by the checkpoint's model, the fields
+    every result of it carries, the checkpoint config's ``eval.positives`` and, with ``bank``, the
+    training split's (images, captions, provenance) embeddings (else None).
+
+    Raises:
+        ValueError: a cross-attention model (it has no embeddings).
+    """
+    ckpt, data_cfg, split, common = loaded
+    if ckpt.model.pairwise:
+        raise ValueError("a cross-attention model has no embeddings: evaluate it with aoq evaluate "
+                         "(no --hubness, no comparison of protocols from one encoding)")
+    img, cap = encode_split(ckpt.model, ckpt.vocab, split, batch_size=batch_size, image_size=data_cfg.image_size)
     embedded_bank = None
     if bank:
         train = load_split(data_cfg, data_cfg.train_split)
@@ -211,6 +320,25 @@ def _load_encoded(ckpt_dir: str | Path, split_name: str, data_path: str | Path |
                                           image_size=data_cfg.image_size)
         embedded_bank = (bank_img, bank_cap, bank_provenance(data_cfg.train_split, bank_img, bank_cap))
     return split, img, cap, common, ckpt.config.eval.positives, embedded_bank
+
+
+def _evaluate_pairwise_checkpoint(loaded: tuple, protocol: str, device: str | torch.device, batch_size: int,
+                                  positives: PositiveRule | None, hubness: Normalisation | None,
+                                  shortlist_by: str | Path | None, shortlist_n: int) -> dict:
+    if hubness is not None:
+        raise ValueError("--hubness needs embeddings; a cross-attention model has none")
+    ckpt, data_cfg, split, common = loaded
+    by = None
+    if shortlist_by is not None:
+        teacher = load_checkpoint(shortlist_by, resolve_device(device))
+        if teacher.model.pairwise:
+            raise ValueError(f"--shortlist-by {shortlist_by}: needs an embedding model, not a cross-attention one")
+        by = encode_split(teacher.model, teacher.vocab, split, batch_size=batch_size, image_size=data_cfg.image_size)
+        common["shortlist_by"] = teacher.content_hash
+    result = evaluate_pairwise(ckpt.model, ckpt.vocab, split, protocol, batch_size=batch_size,
+                               positives=positives or ckpt.config.eval.positives, progress=True,
+                               shortlist_by=by, shortlist_n=shortlist_n)
+    return {"n_images": split.n_images, **result, **common}
 
 
 def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels: bool = False,
@@ -226,12 +354,36 @@ def compare_checkpoint(ckpt_dir: str | Path, split_name: str = "test", *, labels
     Returns:
         ``{protocol: result}``, each result as :func:`evaluate_checkpoint`'s for that protocol.
     """
-    split, img, cap, common, positives, _ = _load_encoded(ckpt_dir, split_name, None, device, batch_size, labels)
+    loaded = _load(ckpt_dir, split_name, None, device, labels)
+    if loaded[0].model.pairwise:
+        return _compare_pairwise(loaded, labels, batch_size, ndcg_k)
+    split, img, cap, common, positives, _ = _encoded(loaded, batch_size, False)
     protocols = PROTOCOLS if split.n_images >= 5000 else ("full",)
     results = {p: {**_recalls(img, cap, split, p, positives), **common} for p in protocols}
     if labels:
         where = "1k5fold" if "1k5fold" in results else "full"
         results[where]["labels"] = _label_scores(img, cap, split, ndcg_k, folds=where == "1k5fold")
+    return results
+
+
+def _compare_pairwise(loaded: tuple, labels: bool, batch_size: int, ndcg_k: int) -> dict:
+    """:func:`compare_checkpoint` for a cross-attention model: one score matrix of the split, every
+    protocol from it; the label-wise metrics (``labels``) go with ``full``."""
+    ckpt, _, split, common = loaded
+    device = next(ckpt.model.parameters()).device
+    fragments = encode_fragments(ckpt.model, ckpt.vocab, split, batch_size=batch_size, device=device)
+    sims, timing = score_matrix(ckpt.model.pair_scores, fragments, device)
+    positives = ckpt.config.eval.positives
+    texts = split.captions if positives == "text" else None
+    scoring = {"seconds": timing.seconds, "pairs": timing.pairs,
+               "projected_coco5k_s": timing.projected_seconds(COCO_5K[0] * COCO_5K[1])}
+    protocols = PROTOCOLS if split.n_images >= COCO_5K[0] else ("full",)
+    results = {p: {**evaluate_scores(sims, split.captions_per_image, p, texts=texts), "positives": positives,
+                   "scoring": scoring, **common} for p in protocols}
+    if labels:
+        targets = multi_hot(split.labels, label_vocabulary(split.labels))
+        results["full"]["labels"] = {**label_metrics_of_scores(sims, sims.T, targets, split.captions_per_image, ndcg_k),
+                                     "n_labels": int(targets.shape[1])}
     return results
 
 
@@ -247,6 +399,12 @@ def format_table(result: dict) -> str:
         m = result[key]
         lines.append(f"{label:<22}{m['r1']:>8.2f}{m['r5']:>8.2f}{m['r10']:>8.2f}{m['medr']:>8.1f}{m['meanr']:>9.2f}")
     lines.append(f"rsum {result['rsum']:.2f}")
+    scoring = result.get("scoring")
+    if scoring:
+        cut = f", re-ranking the top {result['shortlist']} of the embedding model" if "shortlist" in result else ""
+        lines.append(f"cross-attention scoring{cut}: {scoring['pairs']:,} pairs in {scoring['seconds']:.1f} s; "
+                     f"the same on COCO 5K ({COCO_5K[0]:,} images, {COCO_5K[1]:,} captions) projected "
+                     f"{scoring['projected_coco5k_s'] / 60:.1f} min")
     if "vocabulary" in result:
         lines.append(f"unknown words: {format_coverage(result['vocabulary'])}")
     hub = result.get("hubness")

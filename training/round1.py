@@ -66,7 +66,8 @@ def round1_step(
                              batch["tokens"].to(device, non_blocking=True), batch["lengths"])
         # The loss sees the global batch under torchrun, in float32 whatever the precision.
         img, cap = distributed.gather_groups(full_precision(img)), distributed.gather_groups(full_precision(cap))
-        scores = img @ cap.T
+        lengths = distributed.gather_groups(batch["lengths"].to(device))
+        scores = distributed.unwrap(model).pair_scores(img, cap, lengths)
         if spec is not None:
             loss = goal_objective(img, cap, spec)
         else:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from html import escape
 
 from aoq_serve.schemas import FailuresOut, MetricsOut, ModelOut, NegativeItem, NegativesOut
-from aoq_ui.render import DOT, RULES, format_rank, measured_label, render_notice
+from aoq_ui.render import DOT, RULES, TICK, format_rank, measured_label, render_notice
 
 WHICH_LABELS = {
     "baseline_only": "left (baseline) wrong at rank 1, right (AOQ) right",
@@ -71,6 +71,8 @@ def _negative_item(item: NegativeItem, kind: str) -> str:
     removed = "" if item.removed_by is None else " aoq-removed"
     why = "" if item.removed_by is None else \
         f' <span class="aoq-why" title="not among the negatives round 2 samples from">removed: {item.removed_by}</span>'
+    if item.correct:  # the same caption text as the anchor: a correct match, not a negative
+        why += f' <span class="aoq-tick" title="shares a caption text with the anchor">{TICK} correct match</span>'
     if kind == "image":
         return (f'<figure class="aoq-card{removed}" data-id="{item.id}">{picture}<figcaption class="aoq-caption">'
                 f'{badge_html}{why}<span class="aoq-name">{text}</span></figcaption></figure>')
@@ -104,8 +106,10 @@ def render_negatives(answer: NegativesOut) -> tuple[str, str, str]:
     else:
         anchor = f'<div class="aoq-query">Anchor: training image {answer.id}, <b>{text}</b><br>{picture}</div>'
         negative_kind = "caption"
-    filtered = "" if not answer.filters else \
+    filtered = "; mined without false-negative filters" if not answer.filters else \
         f"; struck through: removed as a likely false negative by the filters {', '.join(answer.filters)}"
+    if any(item.correct for item in (*answer.offline, *answer.online)):
+        filtered += f"; {TICK}: a correct match (same caption text as the anchor), not a negative"
     offline = _negative_block("Offline hard negatives (mined from the whole training set; rank in the mined list"
                               f"{filtered})", answer.offline, negative_kind)
     online = _negative_block("Online hard negatives (hardest in a random batch of 128; the model's score)",

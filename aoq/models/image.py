@@ -7,6 +7,7 @@
   and de Rijke used it).
 - :class:`ConvImageEncoder` (``cnn``): raw pixels -> a small convolutional network trained from
   scratch, or a torchvision ResNet initialised from a *local* weights file.
+- :class:`RegionEncoder` (``scan``, ``bfan``): FC per region, one L2-normalised vector per region.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from aoq.models.attention import l2norm
 
 
 def _xavier_fc(in_dim: int, out_dim: int) -> nn.Linear:
@@ -179,3 +182,16 @@ class ResNetImageEncoder(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return F.normalize(self.fc(self.backbone(images)), dim=-1)
+
+
+class RegionEncoder(nn.Module):
+    """Precomputed region features -> FC per region -> L2 norm per region (SCAN/BFAN's image
+    encoder: the regions stay apart for the cross-attention)."""
+
+    def __init__(self, img_dim: int, embed_dim: int) -> None:
+        super().__init__()
+        self.fc = _xavier_fc(img_dim, embed_dim)
+
+    def forward(self, features: Tensor) -> Tensor:
+        """(B, R, D) or (B, D) features -> (B, R, embed_dim) (R = 1 for global features)."""
+        return l2norm(self.fc(_as_regions(features)), dim=-1)

@@ -37,10 +37,15 @@ class JointModel(nn.Module):
             by both modalities, present only for models trained with ``train.label_lambda > 0``
             (retrieval never uses it).
 
+    ``pairwise`` (a class attribute): False here, True for models whose scores need both inputs
+    at once (:class:`aoq.models.cross.CrossAttentionModel`), which have no embedding to index.
+
     The weights of frozen pretrained backbones are left out of :meth:`state_dict` (they come from
     their packages; :meth:`backbone_identities` names them), so checkpoints and trainer states
     hold only what training changed.
     """
+
+    pairwise = False
 
     def __init__(
         self,
@@ -105,6 +110,16 @@ class JointModel(nn.Module):
     def encode_texts(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """(B, T) padded token ids and (B,) lengths -> (B, d), unit L2 norm."""
         return self.text_encoder(tokens, lengths)
+
+    def pair_scores(self, img: Tensor, cap: Tensor, lengths: Tensor) -> Tensor:
+        """(B, C) scores of every pair of B encoded images and C encoded captions: the cosines
+        ``img @ cap.T`` (``lengths``, the captions' word counts, matter to cross-attention
+        models only, :class:`aoq.models.cross.CrossAttentionModel`)."""
+        return img @ cap.T
+
+    def aligned_scores(self, img: Tensor, cap: Tensor, lengths: Tensor) -> Tensor:
+        """(B,) scores of the pairs (image b, caption b): the row-wise dot products."""
+        return (img * cap).sum(dim=1)
 
     def forward(self, images: Tensor, tokens: Tensor, lengths: Tensor, groups: int = 1) -> tuple[Tensor, Tensor]:
         """Both modalities' embeddings. The rows may stack ``groups`` equal groups (round 2: the
@@ -198,10 +213,12 @@ def build_model(
             built after the encoders so their initial weights do not depend on it.
 
     Raises:
-        ValueError: a feature model without ``img_dim``.
+        ValueError: a feature model without ``img_dim``; labels for a cross-attention model.
         PretrainedPackageError: a pretrained encoder whose package is not installed.
     """
     model = _encoders(model_cfg, vocab_size, img_dim, resnet_arch)
+    if n_labels and model_cfg.image_encoder in ("scan", "bfan"):
+        raise ValueError("train.label_lambda > 0 needs a joint embedding; scan/bfan have none")
     if n_labels:
         model.label_head = nn.Linear(model_cfg.embed_dim, n_labels)
     return model
@@ -209,6 +226,12 @@ def build_model(
 
 def _encoders(model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, resnet_arch: str | None) -> JointModel:
     kind, dim = model_cfg.image_encoder, model_cfg.embed_dim
+    if kind in ("vse", "vsrn", "scan", "bfan") and img_dim is None:
+        raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim)")
+    if kind in ("scan", "bfan"):
+        from aoq.models.cross import CrossAttentionModel  # it subclasses JointModel
+
+        return CrossAttentionModel(model_cfg, vocab_size, img_dim)
     text = _text_encoder(model_cfg, vocab_size)
     if kind == "effnet_lite0":
         from aoq.models.pretrained import EffNetImageEncoder
@@ -216,8 +239,6 @@ def _encoders(model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, resn
         image_enc = EffNetImageEncoder(dim, model_cfg.image_finetune_blocks, model_cfg.projection)
         return JointModel(image_enc, text, "pixels", None, dim)
     if kind in ("vse", "vsrn"):
-        if img_dim is None:
-            raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim)")
         if kind == "vse":
             image: nn.Module = VSEImageEncoder(img_dim, model_cfg.embed_dim, model_cfg.pooling)
         else:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from aoq.models.attention import l2norm
 from aoq.models.packed_gru import packed_gru_final_states
 
 
@@ -67,3 +68,31 @@ class TextEncoder(nn.Module):
         # (from its end), which is why it is used rather than the output at the last time step.
         out = (last[0] + last[1]) / 2 if self.bidirectional else last[0]
         return F.normalize(out, dim=-1)
+
+
+class WordEncoder(nn.Module):
+    """Token ids -> one L2-normalised state per word (SCAN/BFAN's caption encoder).
+
+    The GRU's output at each word; with ``bidirectional`` the two directions' outputs are
+    averaged (the public code's ``--bi_gru``). Positions after a caption's length are zeros.
+    Word vectors are initialised as in :class:`TextEncoder`.
+    """
+
+    def __init__(self, vocab_size: int, word_dim: int, embed_dim: int, num_layers: int = 1,
+                 bidirectional: bool = True) -> None:
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.embed = nn.Embedding(vocab_size, word_dim)
+        self.rnn = nn.GRU(word_dim, embed_dim, num_layers=num_layers, batch_first=True,
+                          bidirectional=bidirectional)
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+
+    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """(B, T) padded word ids and (B,) lengths (>= 1) -> (B, T, embed_dim)."""
+        packed = pack_padded_sequence(tokens, lengths.detach().cpu().long(), batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed._replace(data=self.embed(packed.data)))
+        states, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
+        if self.bidirectional:
+            forward, backward = states.chunk(2, dim=-1)
+            states = (forward + backward) / 2
+        return l2norm(states, dim=-1)

@@ -36,6 +36,16 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else exc.__class__.__name__
 
 
+def picture_part(image_id: int) -> str:
+    """The part a picture whose file differs from its recorded digest is disabled under."""
+    return f"/images/{image_id}"
+
+
+class CatalogueDamage(Exception):
+    """Rows the catalogue must hold are missing or differ (found by a route or the watcher); the
+    app answers it like a catalogue that cannot be read: 503, the endpoint disabled, one log line."""
+
+
 class Faults:
     """``{part: reason}`` of what is disabled while serving; thread-safe."""
 
@@ -50,6 +60,11 @@ class Faults:
             self._reasons.setdefault(part, reason)
         if new:
             log.error("%s disabled: %s", part, reason)
+
+    def get(self, part: str) -> str | None:
+        """The reason ``part`` itself is disabled (the catalogue's fault aside)."""
+        with self._lock:
+            return self._reasons.get(part)
 
     def reason(self, part: str) -> str | None:
         with self._lock:

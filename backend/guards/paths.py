@@ -8,12 +8,17 @@ read an arbitrary file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from aoq.config import DataConfig
 from aoq.data.dataset import DataError
+from aoq_serve.config import Settings
 from aoq_serve.errors import ServiceError
+
+#: an absolute POSIX path inside a message (not the ``//`` of a URL's scheme).
+_ABSOLUTE = re.compile(r"(?<![\w:/.])/(?:[^\s;,()'\"/]+/)*([^\s;,()'\"/]+)")
 
 
 def safe_path(data_dir: Path, relative: str | Path) -> Path:
@@ -61,3 +66,20 @@ def served_data_config(data_dir: Path, tree: dict[str, Any]) -> DataConfig:
     if tree.get("image_root") is not None:
         tree["image_root"] = str(safe_path(data_dir, tree["image_root"]))
     return DataConfig.model_validate(tree)
+
+
+def public_text(text: str, settings: Settings) -> str:
+    """:func:`without_roots` with the service's three configured folders."""
+    return without_roots(text, {"AOQ_INDEX_DIR": settings.index_dir, "AOQ_MODELS_DIR": settings.models_dir,
+                                "AOQ_DATA_DIR": settings.data_dir})
+
+
+def without_roots(text: str, roots: dict[str, Path]) -> str:
+    """``text`` for public answers (``/health``): each configured folder's absolute path becomes
+    its setting's name (``$AOQ_INDEX_DIR/aoq/images.npy``), and any other absolute path its file
+    name, so the service's file layout is not disclosed; the log keeps the full paths."""
+    spelled = [(str(spelling), name) for name, root in roots.items() for spelling in {root, root.resolve()}
+               if str(spelling).startswith("/") and str(spelling) != "/"]
+    for spelling, name in sorted(spelled, key=lambda pair: -len(pair[0])):
+        text = re.sub(re.escape(spelling) + r"(?=/|\b|$)", f"${name}", text)
+    return _ABSOLUTE.sub(lambda m: m.group(1), text)

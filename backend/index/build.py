@@ -48,12 +48,16 @@ from aoq_serve.search.negatives import TRAIN_SPLIT
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.store.db import create_schema, make_engine, session_factory, utcnow
+from aoq_serve.store.pictures import digests_file, split_digests
 
 log = logging.getLogger(__name__)
 
 SYNTHETIC_KIND = "synthetic_dataset"
 #: checkpoints written by the trainer say which round they come from; the pipeline says the role.
 ROLE_ALIASES = {"round1": "baseline", "round2": "aoq"}
+#: what an index folder holds; raised when the service needs something older folders lack
+#: (2: the digests of the picture files), so the demo's up-to-date stamp no longer matches.
+INDEX_FORMAT = 2
 
 
 @dataclass
@@ -140,6 +144,8 @@ class _Catalogue:
     def __init__(self, sessions: sessionmaker, data_dir: Path) -> None:
         self.sessions, self.data_dir = sessions, data_dir
         self.splits: dict[tuple[str, str], tuple[SplitIds, SplitData]] = {}
+        #: digests of the picture files of each split registered by this run, keyed like ``splits``.
+        self.pictures: dict[tuple[str, str], np.ndarray] = {}
 
     def split(self, data_cfg: DataConfig, role: str) -> tuple[SplitIds, SplitData]:
         key = (data_cfg.name, role)
@@ -155,6 +161,7 @@ class _Catalogue:
                 stored_data_config(self.data_dir, data_cfg),
             )
             ids = catalogue.register_split(session, dataset, role, split, rel, sizes)
+        self.pictures[key] = split_digests(files, split.n_images)
         log.info("catalogued %s/%s: %d images, %d captions", data_cfg.name, role, split.n_images, split.n_captions)
         self.splits[key] = (ids, split)
         return ids, split
@@ -234,9 +241,11 @@ def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path
             "gallery_hash": catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions]),
             "paths_hash": paths_hash,
             "ranks_hash": {d: catalogue.ranks_digest(query_ids[d], r) for d, r in ranks.items()},
+            "picture_digests": sorted(paths_hash),
             MANIFEST_KEY: provenance}
+    pictures = {digests_file(split): registry.pictures[(cfg.data.name, split)] for split in paths_hash}
     manifest = write_model_index(job.out / name, vectors, {"images": gallery.image_ids, "captions": gallery.caption_ids},
-                                 job.spec, meta, bank_arrays(vectors, _eval_spans(parts, job.split), bank))
+                                 job.spec, meta, {**bank_arrays(vectors, _eval_spans(parts, job.split), bank), **pictures})
     labels = None if split.labels is None else multi_hot(split.labels, label_vocabulary(split.labels))
     report = model_report(img_emb, cap_emb, cpi, _metrics_logs(ckpt.extra, role, path), labels, texts)
     seed = cfg.round2.seed if ckpt.extra.get("mined_dir") else cfg.train.seed

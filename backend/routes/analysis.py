@@ -20,6 +20,7 @@ from aoq_serve.schemas import (
     NegativesOut,
 )
 from aoq_serve.search.failures import RanksChanged, failure_cases
+from aoq_serve.search.negatives import CORRECT_RULE
 
 router = APIRouter(tags=["analysis"])
 ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 422, 503)}
@@ -100,8 +101,9 @@ def get_negatives(
 
     out = NegativesOut(
         model=model, kind=kind, id=id, text=result.anchor_text, image_url=urls.image(result.anchor_image_id),
-        offline=[item(x, rank=x.rank, removed_by=x.removed_by) for x in result.offline],
-        online=[item(x, score=x.score) for x in result.online], filters=result.filters,
+        offline=[item(x, rank=x.rank, removed_by=x.removed_by, correct=x.correct) for x in result.offline],
+        online=[item(x, score=x.score, correct=x.correct) for x in result.online], filters=result.filters,
+        correct_rule=CORRECT_RULE,
     )
     service.querylog.record("/negatives", (time.perf_counter() - start) * 1000, model, n)
     return out

@@ -10,7 +10,8 @@ from fastapi.responses import Response
 
 from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep, UrlsDep
 from aoq_serve.errors import ServiceError
-from aoq_serve.guards.paths import safe_path
+from aoq_serve.guards.faults import CatalogueDamage, picture_part
+from aoq_serve.guards.paths import public_text, safe_path
 from aoq_serve.registry import Snapshot
 from aoq_serve.schemas import (
     MAX_GALLERY_PAGE,
@@ -29,19 +30,20 @@ from aoq_serve.schemas import (
 )
 from aoq_serve.search.engine import gallery_image
 from aoq_serve.store import catalogue
-from aoq_serve.store.images import checked_file, media_type, thumbnail_png
+from aoq_serve.store.images import PictureMismatch, checked_file, media_type, thumbnail_png
 
 router = APIRouter(tags=["items"])
-ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}, 503: {"model": ErrorOut}}
 ItemId = Annotated[int, Path(ge=0, le=MAX_ID)]
 
 
-def served_path(snapshot: Snapshot, image_id: int) -> str | None:
-    """The verified path of an image of a served gallery ("" for a features-only image), else None."""
+def served_path(snapshot: Snapshot, image_id: int) -> tuple[str, bytes | None] | None:
+    """The verified path of an image of a served gallery ("" for a features-only image) and the
+    digest of its file, else None."""
     for served in snapshot.models.values():
         path = served.images.get(image_id)
         if path is not None:
-            return path
+            return path, served.images.digest(image_id)
     return None
 
 
@@ -58,25 +60,37 @@ def get_image(
     """The image file (its own format), or a PNG thumbnail when ``size`` is given; either only
     after the file was checked to decode (404 when it is missing or damaged). Only the pictures
     of the served models (gallery, and training split of the negatives explorer), from the paths
-    verified when the models were loaded: the catalogue is not read here."""
-    relative = served_path(snapshot, image_id)
-    if relative is None:
+    verified when the models were loaded: the catalogue is not read here. A file that decodes but
+    is not the picture ``aoq index`` recorded (its digest differs) answers 503 and disables that
+    picture (one log line; ``/health`` names it) until a reload finds it restored."""
+    found = served_path(snapshot, image_id)
+    if found is None:
         raise ServiceError(404, f"no image with id {image_id} among the pictures of the served models")
+    relative, digest = found
     if not relative:
         raise ServiceError(404, f"image {image_id} has no file: its dataset holds precomputed features only")
-    path = safe_path(service.settings.data_dir, relative)
-    headers = {"Cache-Control": "public, max-age=3600"}
-    if size is not None:
-        return Response(thumbnail_png(path, size, service.settings.max_upload_pixels), media_type="image/png",
-                        headers=headers)
-    return Response(checked_file(path, service.settings.max_upload_pixels), media_type=media_type(path),
-                    headers=headers)
+    part = picture_part(image_id)
+    reason = snapshot.pictures.get(image_id) or service.faults.get(part)
+    if reason is None:
+        path = safe_path(service.settings.data_dir, relative)
+        headers = {"Cache-Control": "public, max-age=3600"}
+        limit = service.settings.max_upload_pixels
+        try:
+            if size is not None:
+                return Response(thumbnail_png(path, size, limit, digest), media_type="image/png", headers=headers)
+            return Response(checked_file(path, limit, digest), media_type=media_type(path), headers=headers)
+        except PictureMismatch as exc:
+            reason = str(exc)
+            service.faults.disable(part, reason)
+    raise ServiceError(503, f"picture {image_id} is disabled: {public_text(reason, service.settings)}")
 
 
 @router.get("/captions/{caption_id}", response_model=CaptionOut, responses=ERRORS)
-def get_caption(caption_id: ItemId, session: SessionDep) -> CaptionOut:
+def get_caption(caption_id: ItemId, session: SessionDep, snapshot: SnapshotDep) -> CaptionOut:
     caption = catalogue.get_caption(session, caption_id)
     if caption is None:
+        if any(served.gallery.caption_position(caption_id) is not None for served in snapshot.models.values()):
+            raise CatalogueDamage(f"caption {caption_id} of a served gallery has no row")
         raise ServiceError(404, f"no caption with id {caption_id}")
     return CaptionOut(id=caption.id, text=caption.text, image_id=caption.image_id, split=caption.split)
 
@@ -103,12 +117,18 @@ def get_examples(
     positions = sorted({int(p) for p in np.linspace(0, sizes[split] - 1, num=min(n, sizes[split]))})
     images = catalogue.images_at(session, record.id, split, positions)
     firsts = catalogue.first_captions(session, [i.id for i in images])
+    # Every registered image and its captions must be there: a deleted row is damage, not a shorter answer.
+    found = {i.position for i in images}
+    missing = [f"image at position {p}" for p in positions if p not in found]
+    missing += [f"caption of image {i.id}" for i in images if i.id not in firsts]
+    if missing:
+        raise CatalogueDamage(f"split {split!r} of dataset {dataset!r} records {sizes[split]} images but has no row "
+                              f"for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     return ExamplesOut(
         dataset=dataset, split=split,
-        captions=[ExampleCaption(id=c.id, text=c.text, image_id=c.image_id)
-                  for c in (firsts.get(i.id) for i in images) if c is not None],
+        captions=[ExampleCaption(id=firsts[i.id].id, text=firsts[i.id].text, image_id=i.id) for i in images],
         images=[ExampleImage(id=i.id, image_url=urls.image(i.id), thumbnail_url=urls.thumbnail(i.id),
-                             name=firsts[i.id].text if i.id in firsts else None) for i in images],
+                             name=firsts[i.id].text) for i in images],
     )
 
 

@@ -43,11 +43,12 @@ def health(service: ServiceDep) -> HealthOut:
 
 
 @router.get("/models", response_model=list[ModelOut])
-def list_models(snapshot: SnapshotDep) -> list[ModelOut]:
+def list_models(snapshot: SnapshotDep, service: ServiceDep) -> list[ModelOut]:
     return [
         ModelOut(name=i.name, role=i.role, loss=i.loss, image_encoder=i.image_encoder, image_input=i.image_input,
                  checkpoint_hash=i.checkpoint_hash, dataset=i.dataset, enabled=i.enabled,
-                 disabled_reason=i.disabled_reason, metrics=i.metrics, metrics_measured=i.metrics_measured,
+                 disabled_reason=i.disabled_reason and public_text(i.disabled_reason, service.settings),
+                 metrics=i.metrics, metrics_measured=i.metrics_measured,
                  evaluated=i.evaluated)
         for i in sorted(snapshot.infos, key=lambda i: i.name)
     ]

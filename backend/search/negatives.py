@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,7 @@ from sqlalchemy.orm import sessionmaker
 
 from aoq.backbone_cache import with_backbone_features
 from aoq.data.dataset import DataError, SplitData
+from aoq.data.facts import text_identity
 from aoq.data.load import load_split
 from aoq.data.loaders import load_pixels
 from aoq.embed import encode_caption_inputs, encode_image_inputs, encode_texts
@@ -43,6 +45,8 @@ Kind = Literal["caption", "image"]
 TRAIN_SPLIT = "train"
 BATCH_SIZE = 128
 _CACHED_MODELS = 4
+#: the rule ``Negative.correct`` follows (docs/evaluation.md): the same as the search pages' ticks.
+CORRECT_RULE = "text"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class Negative:
     score: float | None = None
     #: filtered lists: the false-negative filter that removed this mined candidate (None: kept)
     removed_by: str | None = None
+    #: a correct match of the anchor under the text rule (:data:`CORRECT_RULE`), not a negative at all
+    correct: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,8 @@ class _Training:
     ids: SplitIds
     split: SplitData
     image_size: int
+    #: ``true_of(caption positions, image positions)``: the caption's text is one of the image's own.
+    true_of: Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 class NegativesService:
@@ -130,7 +138,7 @@ class NegativesService:
                 f"the mined negatives of model {served.name!r} cover {mined.img_top_caps.shape[0]} images, the "
                 f"catalogued training split has {ids.n_images}; they are from another dataset",
             )
-        return _Training(mined, ids, split, data_cfg.image_size)
+        return _Training(mined, ids, split, data_cfg.image_size, text_identity(split.captions, split.captions_per_image))
 
     def _image_inputs(self, served: ServingModel, training: _Training, positions: np.ndarray) -> torch.Tensor:
         """Model inputs of the training images at ``positions`` (increasing): region features,
@@ -179,11 +187,17 @@ class NegativesService:
         rng = np.random.default_rng([seed, position, 0 if kind == "caption" else 1])
         ckpt = served.checkpoint
 
+        # Under the text rule a candidate sharing a caption text with the anchor (an emoji's twin
+        # drawing, an identical caption) is a correct match: marked whether or not a filter removed it.
         def image(p: int, **measure) -> Negative:
-            return Negative(int(ids.image_ids[p]), captions[p * cpi], int(ids.image_ids[p]), **measure)
+            correct = bool(training.true_of(np.array([position]), np.array([p]))[0])
+            return Negative(int(ids.image_ids[p]), captions[p * cpi], int(ids.image_ids[p]), correct=correct,
+                            **measure)
 
         def caption(p: int, **measure) -> Negative:
-            return Negative(int(ids.caption_ids[p]), captions[p], int(ids.image_ids[p // cpi]), **measure)
+            correct = bool(training.true_of(np.array([p]), np.array([position]))[0])
+            return Negative(int(ids.caption_ids[p]), captions[p], int(ids.image_ids[p // cpi]), correct=correct,
+                            **measure)
 
         if kind == "caption":
             offline = [image(p, rank=r, removed_by=why) for p, r, why in _mined(training.mined, "cap", position, n)]

@@ -53,6 +53,12 @@ class SplitIds:
         return len(self.image_ids)
 
 
+def position(sorted_ids: np.ndarray, item_id: int) -> int | None:
+    """Position of ``item_id`` in an increasing id array (ids are assigned in position order)."""
+    p = int(np.searchsorted(sorted_ids, item_id))
+    return p if p < len(sorted_ids) and int(sorted_ids[p]) == item_id else None
+
+
 def joined_ids(parts: list[SplitIds]) -> SplitIds:
     """Splits of one dataset as one gallery, in the given order (its ``split`` names them, joined
     by ``+``)."""

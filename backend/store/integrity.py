@@ -15,10 +15,11 @@ its index manifest when the models are loaded (:mod:`aoq_serve.registry`).
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from sqlalchemy import func, inspect, select
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from aoq_serve.config import Settings
@@ -42,8 +43,28 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def report_path(path: Path) -> Path:
+    """Where the full ``PRAGMA quick_check`` report of a failing catalogue file is written."""
+    return path.with_name(path.name + ".quick_check.txt")
+
+
+def _write_report(path: Path, lines: list[str]) -> str:
+    """Write the full report beside the catalogue (else in the temporary folder); its path."""
+    text = "\n".join(lines) + "\n"
+    for target in (report_path(path), Path(tempfile.gettempdir()) / f"aoq-{report_path(path).name}"):
+        try:
+            target.write_text(text, encoding="utf-8")
+            return str(target)
+        except OSError:
+            continue
+    return "not written (no writable folder)"
+
+
 def _quick_check(path: Path) -> str | None:
-    """None when the SQLite file passes ``PRAGMA quick_check``, else what is wrong (one line)."""
+    """None when the SQLite file passes ``PRAGMA quick_check``, else what is wrong (one line).
+
+    SQLite reports up to 100 problems, and one row may hold many lines: the line names the first
+    problem and the number of lines, and the whole report goes to a file beside the catalogue."""
     try:
         conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True)
     except sqlite3.Error as exc:
@@ -56,7 +77,25 @@ def _quick_check(path: Path) -> str | None:
         conn.close()
     if rows == [("ok",)]:
         return None
-    return f"fails PRAGMA quick_check ({'; '.join(str(r[0]) for r in rows[:3])})"
+    lines = [line for row in rows for line in str(row[0]).splitlines() if line.strip()]
+    problems = [line for line in lines if not line.startswith("***")] or lines
+    return (f"fails PRAGMA quick_check ({len(problems)} problem(s), first: {problems[0].strip()}; "
+            f"full report: {_write_report(path, lines)})")
+
+
+def row_count_problem(conn: Connection) -> str | None:
+    """None when every catalogued split holds as many image and caption rows as it recorded when
+    it was registered, else the first difference (one line). One indexed COUNT per table and split:
+    cheap enough for the service to repeat while serving (a deleted row is found, not served as a
+    short answer)."""
+    for split in conn.execute(select(DatasetSplit)).all():
+        for table, expected in ((Image, split.n_images), (Caption, split.n_captions)):
+            found = conn.scalar(select(func.count()).select_from(table).where(
+                table.dataset_id == split.dataset_id, table.split == split.name))
+            if found != expected:
+                return (f"split {split.name!r} of dataset {split.dataset_id} has {found} {table.__tablename__} "
+                        f"rows but recorded {expected} (rows deleted or added behind aoq index)")
+    return None
 
 
 def check_catalogue(settings: Settings) -> None:
@@ -82,15 +121,9 @@ def check_catalogue(settings: Settings) -> None:
             if missing:
                 raise CatalogueError(f"catalogue {where} has no table {', '.join(missing)}: it was not written by "
                                      f"aoq index or is damaged; rebuild it with: {rebuild}")
-            for split in conn.execute(select(DatasetSplit)).all():
-                for table, expected in ((Image, split.n_images), (Caption, split.n_captions)):
-                    found = conn.scalar(select(func.count()).select_from(table).where(
-                        table.dataset_id == split.dataset_id, table.split == split.name))
-                    if found != expected:
-                        raise CatalogueError(
-                            f"catalogue {where}: split {split.name!r} of dataset {split.dataset_id} has {found} "
-                            f"{table.__tablename__} rows but recorded {expected} (damaged); rebuild it with: {rebuild}"
-                        )
+            problem = row_count_problem(conn)
+            if problem is not None:
+                raise CatalogueError(f"catalogue {where}: {problem}; rebuild it with: {rebuild}")
     except SQLAlchemyError as exc:
         first = str(exc.orig if getattr(exc, "orig", None) is not None else exc).strip().splitlines()[0]
         raise CatalogueError(f"catalogue {where} cannot be read ({first}); rebuild it with: {rebuild}") from None

@@ -17,8 +17,9 @@ How it is computed (torch backend)
     sample). The candidates are kept as packed keys and sorted once at the end. Lists whose
     estimate was too high are redone with no threshold, so the result is exact.
     ``precision="bf16"`` scores the tiles with bfloat16 products (:mod:`aoq_train.mining.bf16`
-    bounds their error); ``precision="auto"`` (the default) does so where this CPU's bf16
-    products pay. On CUDA, each direction on its own (:mod:`aoq_train.mining.topk`): a block of
+    bounds their error), ``precision="int8"`` with exact int8 products of rounded embeddings
+    (:mod:`aoq_train.mining.int8`); ``precision="auto"`` (the default) takes bf16 where this
+    CPU's bf16 products pay, else int8 where its int8 products do. On CUDA, each direction on its own (:mod:`aoq_train.mining.topk`): a block of
     ``block_size`` queries against the gallery one chunk at a time, float32 (or float16)
     products, the compare on the GPU; the candidates within the bound of each list's k-th best
     are re-scored canonically on the GPU.

@@ -23,6 +23,7 @@ from aoq.io import (
     write_stamp,
 )
 from aoq_train.mining.bf16 import bf16_pays, canonical_tile, error_bound, tile_within_bound
+from aoq_train.mining.int8 import int8_pays
 from aoq_train.mining.canonical import RULE, canonical_inputs, float32_margin
 from aoq_train.mining.fused import CHUNK, FusedPass, processing_order
 from aoq_train.mining.pools import fresh_array
@@ -39,6 +40,8 @@ from aoq_train.mining.topk import (
 log = logging.getLogger(__name__)
 
 BF16_FILTER = "bfloat16+float32"  # the bf16 filter's products: bf16 tiles, float32 embeddings re-scored canonically
+INT8_FILTER = "int8+float32"  # the int8 filter's: exact int8 tile products, the same canonical re-score
+FILTER_MODES = {BF16_FILTER: "bf16", INT8_FILTER: "int8"}  # the fused pass's mode for each filter
 
 def _array_hash(a: np.ndarray) -> str:
     h = hashlib.sha256(str((a.shape, str(a.dtype))).encode())
@@ -118,7 +121,7 @@ def mine_offline_negatives(
     *,
     backend: Literal["torch", "faiss"] = "torch",
     gallery_chunk: int | None = None,
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto",
+    precision: Literal["auto", "fp32", "bf16", "int8", "fp16"] = "auto",
     work_dir: str | Path | None = None,
     progress: bool = True,
     on_block: Callable[[str, int], None] | None = None,
@@ -148,9 +151,11 @@ def mine_offline_negatives(
             choice gives the same lists. ``fp32``: float32 products (on CUDA a first block is
             checked against the bound, which TF32 would break). CPU torch backend: ``bf16``
             filters with bfloat16 products within a proven error bound
-            (``aoq_train.mining.bf16``). ``auto``: ``bf16`` where it pays (the fused CPU pass on
-            a CPU whose bf16 products are at least 1.5x faster,
-            :func:`aoq_train.mining.bf16.bf16_pays`), else ``fp32``. CUDA: ``fp16``, float16
+            (``aoq_train.mining.bf16``); ``int8`` (fused pass only) with exact int8 products of
+            rounded embeddings within a proven bound (``aoq_train.mining.int8``). ``auto``:
+            ``bf16`` where it pays (the fused CPU pass on a CPU whose bf16 products are at least
+            1.5x faster, :func:`aoq_train.mining.bf16.bf16_pays`), else ``int8`` where that
+            pays (:func:`aoq_train.mining.int8.int8_pays`), else ``fp32``. CUDA: ``fp16``, float16
             products with float32 results and the same kind of bound (a float32 copy of the
             gallery is kept on the device for the canonical scores).
         work_dir: folder for resumable per-block results; None keeps everything in memory.
@@ -189,7 +194,7 @@ def mine_offline_negatives(
                gallery_chunk or (CHUNK if fused else 16384), progress, on_block)
     both = directions(img_emb, cap_emb, captions_per_image, top_captions, top_images)
     if fused:
-        return _mine_fused(run, both, captions_per_image, "bf16" if products == BF16_FILTER else "fp32")
+        return _mine_fused(run, both, captions_per_image, FILTER_MODES.get(products, "fp32"))
     img_top_caps, cap_top_imgs = (_mine_direction(run, direction, devs, backend, half) for direction in both)
     return img_top_caps, cap_top_imgs
 
@@ -235,23 +240,30 @@ def product_precision(device: torch.device, backend: str, precision: str, fused:
     ``float32``, ``bfloat16+float32`` (the CPU's bf16 filter; the name is from when candidates
     were re-scored in float32, now canonically) or ``float16`` (CUDA). The lists do not depend
     on it.
+    ``int8+float32`` (the CPU's int8 filter, :mod:`aoq_train.mining.int8`).
     ``auto`` picks the bf16 filter for the fused CPU pass (``fused``: one CPU device, torch
-    backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else float32.
+    backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else the int8 filter where
+    :func:`aoq_train.mining.int8.int8_pays`, else float32 (bf16 first: its tighter bound leaves
+    fewer candidates to re-score).
 
     Raises:
         ValueError: an unknown precision, or one the device cannot run.
     """
-    if precision not in ("auto", "fp32", "bf16", "fp16"):
-        raise ValueError(f"mining precision must be auto, fp32, bf16 or fp16, got {precision!r}")
+    if precision not in ("auto", "fp32", "bf16", "int8", "fp16"):
+        raise ValueError(f"mining precision must be auto, fp32, bf16, int8 or fp16, got {precision!r}")
     if precision == "auto":
-        return BF16_FILTER if backend == "torch" and device.type == "cpu" and fused and bf16_pays() else "float32"
+        if not (backend == "torch" and device.type == "cpu" and fused):
+            return "float32"
+        return BF16_FILTER if bf16_pays() else INT8_FILTER if int8_pays() else "float32"
     if backend == "faiss" or precision == "fp32":
         return "float32"
     if device.type == "cuda" and precision == "fp16":
         return "float16"
     if device.type == "cpu" and precision == "bf16":
         return BF16_FILTER
-    hint = "fp16 (or fp32)" if device.type == "cuda" else "bf16 (or fp32)"
+    if device.type == "cpu" and precision == "int8" and fused:
+        return INT8_FILTER
+    hint = "fp16 (or fp32)" if device.type == "cuda" else "bf16 (or fp32; int8 on one CPU device)"
     raise ValueError(f"mining precision {precision} does not run on {device.type}: use {hint} there")
 
 
@@ -337,7 +349,7 @@ def _mine_direction(run: _Run, direction: Direction, devs: list[torch.device], b
 
 
 def _mine_fused(run: _Run, both: list[Direction], cpi: int,
-                precision: Literal["fp32", "bf16"]) -> tuple[np.ndarray, np.ndarray]:
+                precision: Literal["fp32", "bf16", "int8"]) -> tuple[np.ndarray, np.ndarray]:
     """Both directions from one pass (:class:`aoq_train.mining.fused.FusedPass`), resumable.
 
     Image blocks are ``block_size`` consecutive positions of the pass's image order, saved as

@@ -26,16 +26,18 @@ Thresholds
     estimated again from the pools, which by then hold a larger fair sample.
 
 Canonical decision
-    The tiles' products (float32 BLAS, or bfloat16 with ``precision="bf16"``) only find the
-    candidates: a score is one when it reaches a threshold's *filter level*, the threshold minus
-    a proven bound ``margin`` on how far the tile's product may lie from the pair's canonical
-    score (:mod:`aoq_train.mining.canonical`; for bf16, :mod:`aoq_train.mining.bf16`), rounded
-    down to the tile's format. Every candidate is then re-scored canonically
+    The tiles' products (float32 BLAS, bfloat16 with ``precision="bf16"``, or exact int8
+    products of rounded embeddings with ``precision="int8"``) only find the candidates: a score
+    is one when it reaches a threshold's *filter level*, the threshold minus a proven bound
+    ``margin`` on how far the tile's product may lie from the pair's canonical score
+    (:mod:`aoq_train.mining.canonical`; for bf16, :mod:`aoq_train.mining.bf16`; for int8,
+    :mod:`aoq_train.mining.int8`), rounded down to the tile's format (float32 for int8 values). Every candidate is then re-scored canonically
     (:func:`aoq_train.mining.canonical.rescore` on the permuted float32 embeddings, while the
     chunk is still in the caches), and thresholds, pools, keys and lists hold canonical scores
     only: the lists do not depend on the tiles' precision, blocking or CPU. The row tiles' bf16
-    scan reads the bf16 products as they come out (:func:`kernels.scan_bf16`); only the sample
-    tiles, whose thresholds are read with numpy, are converted to float32. A first tile checks
+    scan reads the bf16 products as they come out (:func:`kernels.scan_bf16`), and the int8
+    ones as int32 (:func:`kernels.scan_int8`); only the sample tiles, whose thresholds are read
+    with numpy, are converted to float32. A first tile checks
     the bound's premise on this CPU against canonical scores.
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
@@ -72,7 +74,7 @@ import numpy as np
 import torch
 
 from aoq_train.mining import bf16 as bf16_filter
-from aoq_train.mining import canonical, kernels
+from aoq_train.mining import canonical, int8, kernels
 from aoq_train.mining.keys import LOWEST, decode_ids, decode_scores
 from aoq_train.mining.pools import Pool, fresh_array, load_pools, sample_rank, sampled_threshold, save_pools
 from aoq_train.mining.topk import directions, exact_rows
@@ -84,6 +86,7 @@ CHUNK = 1024  # caption columns per tile
 ROW_HITS = 100  # sampled scores above a row threshold's level (a few % of a row's gallery at H = 2000)
 COL_HITS = 32  # the same for columns, whose sample is the first rows of the image order, scored as tall tiles
 BF16_NEG_INF = 0xFF80  # the bit pattern of bfloat16 -inf
+INT32_MIN = np.iinfo(np.int32).min  # an own positive's int8 product: it never passes (kernels.scan_int8)
 SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kill loses at most ~that much work
 
 
@@ -134,7 +137,7 @@ class FusedPass:
     excluded, from one pass over ``img @ cap.T``; see the module docstring."""
 
     def __init__(self, img: np.ndarray, cap: np.ndarray, cpi: int, k_rows: int, k_cols: int, *,
-                 chunk: int = CHUNK, precision: Literal["fp32", "bf16"] = "fp32") -> None:
+                 chunk: int = CHUNK, precision: Literal["fp32", "bf16", "int8"] = "fp32") -> None:
         self.img, self.cap, self.cpi = img, cap, cpi
         self.k_rows, self.k_cols = k_rows, k_cols
         self.n_img, self.n_cap = len(img), len(cap)
@@ -144,10 +147,14 @@ class FusedPass:
         cap_pos[self.cap_order] = np.arange(self.n_cap)
         self.own = cap_pos[cpi * self.img_order[:, None] + np.arange(cpi)]  # own captions' positions, per row
         self.q, self.g = _permuted(img, self.img_order), _permuted(cap, self.cap_order)
-        self.bf16 = precision == "bf16"
+        self.bf16, self.int8 = precision == "bf16", precision == "int8"
         if self.bf16:  # the tiles' products against canonical scores
             self.q16, self.g16 = self.q.bfloat16(), self.g.bfloat16()
             self.margin = bf16_filter.error_bound(self.q, self.g, self.q16, self.g16)
+        elif self.int8:
+            (self.q8, q_scales), (self.g8, g_scales) = int8.quantize(self.q), int8.quantize(self.g)
+            self.margin = int8.error_bound(self.q, self.g, self.q8, q_scales, self.g8, g_scales)
+            self.q_scales, self.g_scales = q_scales.double().numpy(), g_scales.double().numpy()
         else:
             self.margin = self.f32_margin
         self.bounds = [*range(0, self.n_cap, chunk), self.n_cap]
@@ -172,28 +179,32 @@ class FusedPass:
     # ------------------------------------------------------------------ one tile
 
     def _dense(self, p0: int, p1: int, ci: int, slot: int = 0, raw: bool = False) -> np.ndarray:
-        """Rows [p0, p1) against chunk ``ci``: float32 scores (of bf16 products with ``bf16``), own
-        positives at -inf, in this worker's buffer ``slot``. With ``raw`` and ``bf16``, the bf16
-        products themselves, as their bit patterns (uint16): the scan reads them directly, where a
-        float32 copy of the tile would cost about as much as the bf16 product that made it."""
+        """Rows [p0, p1) against chunk ``ci``: float32 scores (of bf16 or int8 products in those
+        modes), own positives at -inf, in this worker's buffer ``slot``. With ``raw`` and ``bf16``,
+        the bf16 products themselves, as their bit patterns (uint16): the scan reads them
+        directly, where a float32 copy of the tile would cost about as much as the bf16 product
+        that made it; with ``raw`` and ``int8``, the int32 products, own positives at INT32_MIN."""
         c0, c1 = self.bounds[ci], self.bounds[ci + 1]
         rows, width = p1 - p0, c1 - c0
-        raw = raw and self.bf16
+        raw = raw and (self.bf16 or self.int8)
+        dtype = torch.int32 if self.int8 else torch.bfloat16 if raw else torch.float32
         bufs = self.local.__dict__.setdefault("bufs", {})
         key = (slot, raw)
         if key not in bufs or bufs[key].numel() < rows * width:
-            bufs[key] = torch.empty(rows * width, dtype=torch.bfloat16 if raw else torch.float32)
+            bufs[key] = torch.empty(rows * width, dtype=dtype)
         out = bufs[key][: rows * width].view(rows, width)
-        if raw:
-            torch.mm(self.q16[p0:p1], self.g16[c0:c1].T, out=out)
+        if self.int8:
+            out = int8.products(self.q8[p0:p1], self.g8[c0:c1], out).numpy()
+            scores = out if raw else int8.as_float32(out, self.q_scales[p0:p1], self.g_scales[c0:c1])
+        elif raw:
+            scores = torch.mm(self.q16[p0:p1], self.g16[c0:c1].T, out=out).view(torch.int16).numpy().view(np.uint16)
         elif self.bf16:
-            out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T))
+            scores = out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T)).numpy()
         else:
-            torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out)
-        scores = out.view(torch.int16).numpy().view(np.uint16) if raw else out.numpy()  # torch < 2.3 has no uint16
+            scores = torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out).numpy()  # (torch < 2.3 has no uint16)
         own = self.own[p0:p1]
         r, u = np.nonzero((own >= c0) & (own < c1))
-        scores[r, own[r, u] - c0] = BF16_NEG_INF if raw else -np.inf
+        scores[r, own[r, u] - c0] = -np.inf if not raw else INT32_MIN if self.int8 else BF16_NEG_INF
         return scores
 
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
@@ -209,10 +220,14 @@ class FusedPass:
                                      np.empty(max(width, CHUNK) + 64, np.uint8))
         if tr is None:
             tr = np.full(rows, np.inf, dtype=np.float32)
-        if scores.dtype == np.uint16:
+        if scores.dtype == np.int32:
+            n = kernels.scan_int8(scores, self.q_scales[p0 : p0 + rows], self.g_scales[c0 : c0 + width],
+                                  canonical.float32_levels(tr, self.margin), canonical.float32_levels(tc, self.margin),
+                                  out[3], out[0], out[1])
+        elif scores.dtype == np.uint16:
             n = kernels.scan_bf16(scores, kernels.bf16_filter_keys(tr, self.margin),
                                   kernels.bf16_filter_keys(tc, self.margin), out[3], out[0], out[1])
-        else:  # float32 products, or a sample tile's bf16 products as float32
+        else:  # float32 products, or a sample tile's bf16 or int8 products as float32
             levels = bf16_filter.filter_levels if self.bf16 else canonical.float32_levels
             n = kernels.scan(scores, levels(tr, self.margin), levels(tc, self.margin), *out[3:], *out[:3])
         row, col, values = out[0][:n], out[1][:n], out[2][:n]
@@ -290,9 +305,9 @@ class FusedPass:
         exact = bf16_filter.canonical_tile(self.q[:rows], self.g[: self.bounds[1]])
         unit = bf16_filter.BF16_UNIT_ROUNDOFF if self.bf16 else 0.0
         if not bf16_filter.tile_within_bound(self._dense(0, rows, 0), exact, self.margin, unit):
-            raise RuntimeError(f"this CPU's {'bf16' if self.bf16 else 'float32'} products are further from the "
+            raise RuntimeError(f"this CPU's {'bf16' if self.bf16 else 'int8' if self.int8 else 'float32'} products are further from the "
                                "canonical scores than the proven bound allows (aoq_train.mining.canonical); "
-                               + ("mine with precision fp32" if self.bf16 else "is torch's float32 matmul "
+                               + ("mine with precision fp32" if self.bf16 or self.int8 else "is torch's float32 matmul "
                                   "precision lowered (torch.set_float32_matmul_precision)?"))
         tr = None
         if rows_wanted:

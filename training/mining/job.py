@@ -24,6 +24,7 @@ from aoq_train.mining.depth import checked_depths
 from aoq_train.mining.diagnostics import diagnostics_settings, hardness_diagnostics
 from aoq_train.mining.driver import mine_offline_negatives, product_precision
 from aoq_train.mining.false_negatives import filter_inputs, filter_stats, filtered_lists
+from aoq_train.mining.truth import detector_scores, list_shares, split_truth
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,12 @@ def mine_with_checkpoint(
         img_top_caps, cap_top_imgs = mine(m.top_captions, m.top_images)
     checked_depths(img_top_caps, cap_top_imgs, cfg.round2, out)
     diagnostics = hardness_diagnostics(img, cap, cpi, img_top_caps, cap_top_imgs, settings, captions=split.captions)
+    truth = split_truth(split, cfg.data.path, cfg.data.format, cfg.eval.positives)
+    diagnostics["shares"] = list_shares(img_top_caps, cap_top_imgs, truth, settings["h_t"], settings["h_i"])
     if filtered is not None:  # what the filters caught (the premise before them: the unfiltered lists')
         diagnostics["filters"] = filter_stats(filtered, m.filters, m.top_captions, m.top_images)
+        diagnostics["filters"]["detectors"] = detector_scores(filtered, list(m.filters), truth, settings["h_t"],
+                                                              settings["h_i"])
     for warning in diagnostics["warnings"]:
         log.warning("%s: %s", out, warning)
     save_mined(out, img_top_caps, cap_top_imgs, {

@@ -101,6 +101,29 @@ def scan_bf16(bits: np.ndarray, kr: np.ndarray, kc: np.ndarray, mask: np.ndarray
 
 
 @njit(nogil=True, cache=True)
+def scan_int8(products: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, tr: np.ndarray, tc: np.ndarray,
+              mask: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> int:
+    """:func:`scan` on a tile of exact int8 products (int32, :mod:`aoq_train.mining.int8`): a
+    score is ``(float64(p) * q_scales[r]) * g_scales[c]``, in that order (the bound counts its two
+    roundings), compared in float64 with the float32 levels ``tr``/``tc``; ``INT32_MIN`` marks an
+    own positive, which never passes. No values: the caller re-scores the positions."""
+    n = 0
+    n_rows, width = products.shape
+    groups = _flag_groups(mask, width)
+    lowest = np.int32(-2147483648)
+    for r in range(n_rows):
+        t = np.float64(tr[r])
+        sq = np.float64(q_scales[r])
+        row = products[r]
+        for c in range(width):
+            p = row[c]
+            v = (np.float64(p) * sq) * np.float64(g_scales[c])
+            mask[c] = (p != lowest) & (v >= min(t, np.float64(tc[c])))
+        n = _collect(mask, groups, r, rows, cols, n)
+    return n
+
+
+@njit(nogil=True, cache=True)
 def bf16_filter_keys(levels: np.ndarray, margin: float) -> np.ndarray:
     """The integer keys (see :func:`scan_bf16`) of the largest bfloat16 values at or below
     ``levels - margin`` (float32 levels; the difference taken in float64 and rounded down to

@@ -213,15 +213,26 @@ def _results_section(collected: dict[str, Any], pairs: tuple[tuple[str, str], ..
               "of the best dev rsum, wall time of training plus validation (means over seeds), and how many "
               "runs the epoch cap stopped.", "",
               diagnostics_table(collected), ""]
-    certain = [s["diagnostics"]["certain_false_negatives"] for s in collected["seeds"]
-               if s["diagnostics"] and "certain_false_negatives" in s["diagnostics"]]
-    if certain:
-        lines += [f"Certain false negatives in the mined lists (a mined caption within h_t whose text is one of the "
-                  f"anchor image's own captions), mean over seeds: "
-                  f"{100 * statistics.fmean(c['pairs'] for c in certain):.2f}% of the (image, mined caption) pairs, "
-                  f"{100 * statistics.fmean(c['images'] for c in certain):.1f}% of the images have at least one. "
-                  "The `identity` filter of `aoq mine` (the `aoq-fn-identity...` arms) drops them "
+    shares = [s["diagnostics"]["shares"] for s in collected["seeds"] if s["diagnostics"] and "shares" in s["diagnostics"]]
+    if shares:
+        near = [x["near_neighbours"] for x in shares if x["near_neighbours"] is not None]
+        lines += [f"Within the depth round 2 samples from, mean over {len(shares)} seeds: "
+                  f"{100 * statistics.fmean(x['false_negatives'] for x in shares):.2f}% of the mined candidates are "
+                  "false negatives (positives of their anchor under the evaluation's own rule, "
+                  f"`eval.positives`), "
+                  + (f"{100 * statistics.fmean(near):.2f}% near neighbours (true of the anchor by the data's broader "
+                     "ground truth, negatives under that rule)" if near else "near neighbours unknown (no broader "
+                     "ground truth)")
+                  + ". The `identity` filter of `aoq mine` (the `aoq-fn-identity...` arms) drops identical texts "
                   "([method.md](method.md#false-negatives)).", ""]
+    else:  # runs mined before the two kinds were counted: their identical-text count only
+        certain = [s["diagnostics"]["certain_false_negatives"] for s in collected["seeds"]
+                   if s["diagnostics"] and "certain_false_negatives" in s["diagnostics"]]
+        if certain:
+            lines += [f"Mined captions within h_t whose text is one of the anchor image's own captions (false negatives "
+                      f"under the text rule), mean over seeds: "
+                      f"{100 * statistics.fmean(c['pairs'] for c in certain):.2f}% of the (image, mined caption) pairs, "
+                      f"{100 * statistics.fmean(c['images'] for c in certain):.1f}% of the images have at least one.", ""]
     for s in collected["seeds"]:
         for warning in (s["diagnostics"] or {}).get("warnings", []):
             lines += [f"**Warning ({Path(s['run_dir']).name}):** {warning}", ""]

@@ -162,11 +162,13 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
 # --------------------------------------------------------------------------- collection
 
 
-def _history(path: Path) -> list[dict[str, Any]]:
+def history(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (one per epoch)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _round_dir(run_dir: Path, arm: str) -> Path:
+def round_dir(run_dir: Path, arm: str) -> Path:
+    """The training folder of a method of a run (its ``metrics.jsonl``)."""
     return run_dir / ("round1" if arm == "baseline" else resolve_arm(arm).folder)
 
 
@@ -184,7 +186,7 @@ def collect(run_dirs: list[Path], methods: dict[str, str]) -> dict[str, Any]:
         seeds.append({
             "run_dir": str(run_dir),
             "results": {arm: read_evaluation(run_dir, arm) for arm in methods},
-            "history": {arm: _history(_round_dir(run_dir, arm) / "metrics.jsonl") for arm in methods},
+            "history": {arm: history(round_dir(run_dir, arm) / "metrics.jsonl") for arm in methods},
             "diagnostics": _diagnostics(run_dir),
             # each round-2 arm's own lists (filtered, or mined by another round-1 model)
             "arm_diagnostics": {arm: _diagnostics(run_dir, resolve_arm(arm).mined_folder) for arm in methods

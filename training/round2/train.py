@@ -149,27 +149,41 @@ def collate_round2(batch: list[tuple[list[Tensor], list[Tensor], int, int]]) -> 
     }
 
 
-def round2_scores(img_emb: Tensor, cap_emb: Tensor, batch: int) -> dict[str, Tensor]:
-    """All the scores of a round-2 batch from the embeddings of :func:`collate_round2`'s groups.
+def round2_scores(img_emb: Tensor, cap_emb: Tensor, batch: int, *, model: JointModel | None = None,
+                  lengths: Tensor | None = None) -> dict[str, Tensor]:
+    """All the scores of a round-2 batch from the encoded groups of :func:`collate_round2`.
 
     Args:
-        img_emb: (kB, d) embeddings of [i | i_off (| i~_off)].
-        cap_emb: (kB, d) embeddings of [t | t_off (| t~_off)].
+        img_emb: (kB, ...) encodings of [i | i_off (| i~_off)].
+        cap_emb: (kB, ...) encodings of [t | t_off (| t~_off)].
         batch: B.
+        model: score with its ``pair_scores`` / ``aligned_scores`` (a cross-attention model needs
+            this, with ``lengths``); None: dot products of embeddings.
+        lengths: (kB,) caption lengths, with ``model``.
 
     Returns:
         ``scores`` (B, B) and the (B,) vectors ``i2t_off``, ``t2i_off``, ``off_pair`` and, with
         three groups, ``off_pair_tilde``.
     """
     img, cap = img_emb.split(batch), cap_emb.split(batch)
-    out = {
-        "scores": img[0] @ cap[0].T,
-        "i2t_off": (img[0] * cap[1]).sum(dim=1),
-        "t2i_off": (img[1] * cap[0]).sum(dim=1),
-        "off_pair": (img[1] * cap[1]).sum(dim=1),
-    }
+    if model is None:
+        def pairs(i: int, t: int) -> Tensor:
+            return img[i] @ cap[t].T
+
+        def aligned(i: int, t: int) -> Tensor:
+            return (img[i] * cap[t]).sum(dim=1)
+    else:
+        lens = lengths.split(batch)
+
+        def pairs(i: int, t: int) -> Tensor:
+            return model.pair_scores(img[i], cap[t], lens[t])
+
+        def aligned(i: int, t: int) -> Tensor:
+            return model.aligned_scores(img[i], cap[t], lens[t])
+
+    out = {"scores": pairs(0, 0), "i2t_off": aligned(0, 1), "t2i_off": aligned(1, 0), "off_pair": aligned(1, 1)}
     if len(img) == 3:
-        out["off_pair_tilde"] = (img[2] * cap[2]).sum(dim=1)
+        out["off_pair_tilde"] = aligned(2, 2)
     return out
 
 
@@ -198,8 +212,9 @@ def round2_step(r2: Round2Config) -> StepFn:
         img, cap = full_precision(img), full_precision(cap)
         if isinstance(model, DistributedDataParallel):  # the global batch, gathered group by group
             img, cap = distributed.gather_groups(img, groups), distributed.gather_groups(cap, groups)
+            lengths = distributed.gather_groups(lengths, groups)
             b = img.shape[0] // groups
-        s = round2_scores(img, cap, b)
+        s = round2_scores(img, cap, b, model=distributed.unwrap(model), lengths=lengths)
         derived = (s["off_pair"], s["off_pair_tilde"]) if "off_pair_tilde" in s else (None, None)
         loss = round2_loss(
             s["scores"], s["i2t_off"], s["t2i_off"], *derived, loss=r2.loss, variant=r2.variant,

@@ -269,16 +269,17 @@ def _render_chunk(chunk: _Chunk) -> list[_Rendered]:
 
 
 def ensure_dataset(out: str | Path, sizes: dict[str, int], seed: int = 0, workers: int | None = None,
-                   progress: bool = True) -> bool:
-    """Generate the benchmark into ``out`` unless it already holds one of these sizes and seed
-    (default scene parameters). Returns True when it generated, False when it skipped."""
+                   progress: bool = True, params: SceneParams | None = None) -> bool:
+    """Generate the benchmark into ``out`` unless it already holds one of these sizes, seed and
+    scene parameters (default: the defaults). Returns True when it generated, False when it skipped."""
+    params = params or SceneParams()
     try:
         config = read_manifest(out, kind=MANIFEST_KIND, verify=False)["config"]
         if config.get("sizes") == dict(sizes) and config.get("seed") == seed and \
-                config.get("generator_version") == GENERATOR_VERSION and config.get("params") == asdict(SceneParams()):
+                config.get("generator_version") == GENERATOR_VERSION and config.get("params") == asdict(params):
             log.info("dataset %s: up to date, skipped", out)
             return False
     except ArtefactError:
         pass
-    write_dataset(out, sizes, seed=seed, workers=workers, progress=progress)
+    write_dataset(out, sizes, seed=seed, params=params, workers=workers, progress=progress)
     return True

@@ -1,0 +1,149 @@
+"""Score matrices of models that score pairs (SCAN, BFAN): bounded-memory blocks and shortlists.
+
+A cross-attention model has no embedding to index, so the (n_images, n_captions) matrix is built
+block by block from :class:`aoq.embed.EncodedFragments`: each block's (B, C, R, L) region-word
+tensor holds at most :data:`BLOCK_ELEMENTS` elements, whatever the split's size.
+
+Shortlist mode (the re-ranker setting): an embedding model ranks every item for each query, and
+the pair model re-scores only the top N; the items beyond the shortlist keep the embedding
+model's order below every shortlisted one (:func:`shortlist_sims`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from aoq.embed import EncodedFragments
+from aoq.metrics import FOLD_IMAGES, N_FOLDS
+from aoq.ranks import SimsFn
+
+#: elements of one block's (B, C, R, L) region-word tensor: bounds the temporaries of a block.
+BLOCK_ELEMENTS = 1 << 22
+#: captions per block (the images per block follow from BLOCK_ELEMENTS).
+CAPTION_BLOCK = 128
+#: (images, captions) of the COCO 5K test set, for the projected time.
+COCO_5K = (FOLD_IMAGES * N_FOLDS, FOLD_IMAGES * N_FOLDS * 5)
+
+#: ``score(regions (B, R, d), words (C, L, d), lengths (C,)) -> (B, C)`` on the model's device.
+PairScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class ScoringTime:
+    """How long a score matrix took: ``seconds`` for ``pairs`` pairs."""
+
+    seconds: float
+    pairs: int
+
+    def projected_seconds(self, pairs: int) -> float:
+        """The time of ``pairs`` pairs at this rate."""
+        return self.seconds * pairs / max(self.pairs, 1)
+
+
+def _to(x: np.ndarray, device: torch.device) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+
+def score_block(score: PairScoreFn, fragments: EncodedFragments, image_ids: np.ndarray | range,
+                caption_ids: np.ndarray | range, device: torch.device) -> np.ndarray:
+    """The (len(image_ids), len(caption_ids)) float32 scores of these images and captions, in
+    sub-blocks of at most :data:`BLOCK_ELEMENTS` region-word products."""
+    image_ids, caption_ids = np.asarray(image_ids), np.asarray(caption_ids)
+    out = np.empty((len(image_ids), len(caption_ids)), dtype=np.float32)
+    regions = fragments.regions.shape[1]
+    with torch.inference_mode():
+        for c0 in range(0, len(caption_ids), CAPTION_BLOCK):
+            words, lengths = fragments.captions(caption_ids[c0 : c0 + CAPTION_BLOCK])
+            words, lengths = words.to(device), lengths.to(device)
+            step = max(1, BLOCK_ELEMENTS // (words.shape[0] * words.shape[1] * regions))
+            for i0 in range(0, len(image_ids), step):
+                rows = _to(fragments.regions[image_ids[i0 : i0 + step]], device)
+                out[i0 : i0 + step, c0 : c0 + words.shape[0]] = score(rows, words, lengths).float().cpu().numpy()
+    return out
+
+
+def score_matrix(score: PairScoreFn, fragments: EncodedFragments, device: torch.device,
+                 images: range | None = None, progress: bool = False) -> tuple[np.ndarray, ScoringTime]:
+    """The scores of ``images`` (a range; default all) and their captions (``captions_per_image``
+    consecutive captions per image), with a progress bar counting pairs.
+
+    Returns:
+        The float32 (len(images), captions) matrix and the time it took.
+    """
+    images = range(fragments.n_images) if images is None else images
+    cpi = fragments.n_captions // fragments.n_images
+    captions = range(images.start * cpi, images.stop * cpi)
+    out = np.empty((len(images), len(captions)), dtype=np.float32)
+    start = time.perf_counter()
+    with tqdm(total=out.size, desc="cross-attention scores", unit="pair", unit_scale=True,
+              disable=not progress, leave=False) as bar:
+        for c0 in range(0, len(captions), CAPTION_BLOCK):
+            cols = captions[c0 : c0 + CAPTION_BLOCK]
+            out[:, c0 : c0 + len(cols)] = score_block(score, fragments, images, cols, device)
+            bar.update(len(images) * len(cols))
+    return out, ScoringTime(time.perf_counter() - start, out.size)
+
+
+def fold_scores(score: PairScoreFn, fragments: EncodedFragments, device: torch.device, fold_images: int,
+                n_folds: int, progress: bool = False) -> tuple[SimsFn, ScoringTime]:
+    """The COCO 1K protocol's score blocks only (each fold's images against its own captions, a
+    fifth of the 5K matrix's pairs), as a sims function over the first ``fold_images * n_folds``
+    images for :func:`aoq.metrics.fold_1k`."""
+    blocks, seconds = [], 0.0
+    for f in range(n_folds):
+        block, timing = score_matrix(score, fragments, device, range(f * fold_images, (f + 1) * fold_images), progress)
+        blocks.append(block)
+        seconds += timing.seconds
+    cpi = fragments.n_captions // fragments.n_images
+
+    def fn(rows: slice, cols: slice) -> np.ndarray:
+        f = rows.start // fold_images
+        r0, c0 = f * fold_images, f * fold_images * cpi
+        if rows.stop > r0 + fold_images or not c0 <= cols.start <= cols.stop <= c0 + fold_images * cpi:
+            raise ValueError(f"rows {rows} and columns {cols} are not inside one fold")
+        return blocks[f][rows.start - r0 : rows.stop - r0, cols.start - c0 : cols.stop - c0]
+
+    return fn, ScoringTime(seconds, sum(b.size for b in blocks))
+
+
+def shortlist(base: np.ndarray, n: int) -> np.ndarray:
+    """(Q, min(n, G)) indices of each row's top ``n`` items of ``base`` (Q, G), best first (ties
+    by index)."""
+    if n < 1:
+        raise ValueError(f"a shortlist needs n >= 1, got {n}")
+    return np.argsort(-base, axis=1, kind="stable")[:, :n]
+
+
+def rescore_shortlist(score: PairScoreFn, fragments: EncodedFragments, short: np.ndarray, queries: str,
+                      device: torch.device, progress: bool = False) -> np.ndarray:
+    """The pair model's scores of each query's shortlisted items: (Q, N), ``out[q, k]`` the score
+    of query q with item ``short[q, k]``.
+
+    Args:
+        queries: ``images`` (rows of ``short`` are images, items captions) or ``captions``.
+    """
+    if queries not in ("images", "captions"):
+        raise ValueError(f"queries must be 'images' or 'captions', got {queries!r}")
+    out = np.empty(short.shape, dtype=np.float32)
+    for q in tqdm(range(short.shape[0]), desc=f"re-rank ({queries} as queries)", disable=not progress, leave=False):
+        if queries == "images":
+            out[q] = score_block(score, fragments, [q], short[q], device)[0]
+        else:
+            out[q] = score_block(score, fragments, short[q], [q], device)[:, 0]
+    return out
+
+
+def shortlist_sims(base: np.ndarray, short: np.ndarray, rescored: np.ndarray) -> np.ndarray:
+    """(Q, G) scores ranking each query's shortlist by ``rescored`` and every other item below
+    it, in ``base``'s order (``base`` shifted below the lowest re-scored value)."""
+    shift = (base.max() - rescored.min() + 1.0) if base.size else 0.0
+    out = (base - shift).astype(np.float64)
+    np.put_along_axis(out, short, rescored.astype(np.float64), axis=1)
+    return out

@@ -1,0 +1,166 @@
+"""`aoq regimes`: the cells' sets, the predictor correlations, the advice line, a toy map end to end."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from aoq.io import read_manifest
+from aoq_train.regimes.advice import advice_line
+from aoq_train.regimes.grid import Cell, data_seed, ensure_cell_data, grid_cells, pilot_cells
+from aoq_train.regimes.predictors import correlations, spearman, spearman_interval
+
+TINY_SIZES = {"train": 12, "dev": 4, "test": 4}
+
+
+def test_cells_and_seeds() -> None:
+    cell = Cell.of(family_share=0.9, caption_detail=0.2)
+    assert cell.name == "caption_detail=0.2,family_share=0.9"
+    assert cell.params().family_share == 0.9 and cell.params().caption_detail == 0.2
+    assert Cell.of(train=1000).sizes()["train"] == 1000 and Cell.of(noise=0.3).value("train") == 2000
+    # the seed depends on the cell and the replicate only: the same in every process, distinct otherwise
+    assert data_seed(cell, 0) == data_seed(Cell.of(caption_detail=0.2, family_share=0.9), 0)
+    assert len({data_seed(c, r) for c in (cell, Cell.of(family_share=0.1)) for r in range(5)}) == 10
+    assert len(grid_cells("family_share", "noise")) == 9
+    assert len(pilot_cells({"noise": (0.3, 1.0), "train": (10, 20)})) == 4
+    with pytest.raises(ValueError, match="unknown knob"):
+        Cell.of(colour=3)
+    for cell in pilot_cells():  # every default level is one the generator accepts
+        cell.params()
+        assert cell.sizes()["train"] >= 1
+
+
+def test_cell_generation_is_deterministic_per_seed(tmp_path: Path) -> None:
+    cell = Cell.of(family_share=0.9, max_variants=2)
+    a = ensure_cell_data(tmp_path / "a", cell, 0, TINY_SIZES, progress=False)
+    b = ensure_cell_data(tmp_path / "b", cell, 0, TINY_SIZES, progress=False)
+    c = ensure_cell_data(tmp_path / "a", cell, 1, TINY_SIZES, progress=False)
+    digest = [read_manifest(p, kind=None, verify=False)["content_hash"] for p in (a, b, c)]
+    assert digest[0] == digest[1] and digest[0] != digest[2]
+    assert (a / "precomp" / "train_caps.txt").read_bytes() == (b / "precomp" / "train_caps.txt").read_bytes()
+    params = read_manifest(a, kind=None, verify=False)["config"]["params"]
+    assert params["family_share"] == 0.9 and params["max_variants"] == 2
+
+
+def test_correlation_recovers_a_planted_monotone_relation() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, 12)
+    gain = np.exp(3 * x)  # monotone, far from linear: Spearman sees 1
+    assert spearman(x, gain) == pytest.approx(1.0)
+    rho, low, high = spearman_interval(x, -gain)
+    assert rho == pytest.approx(-1.0) and high < 0
+    noise = rng.normal(size=12)
+    rho, low, high = spearman_interval(x, noise)
+    assert low < 0 < high  # unrelated: the interval straddles 0
+    cells = [{"gain": float(g), "predictors": {"s_on_minus_off": float(v), "family_share": 0.5,
+                                               "near_neighbours": None}} for v, g in zip(x, gain)]
+    got = correlations(cells)
+    assert got["s_on_minus_off"]["reliable"] and got["s_on_minus_off"]["cells"] == 12
+    assert not got["family_share"]["reliable"]  # constant: no correlation
+    assert "near_neighbours" not in got  # not measured
+    few = correlations(cells[:8])  # perfectly monotone, but too few cells for a bootstrap over cells
+    assert few["s_on_minus_off"]["rho"] == pytest.approx(1.0) and not few["s_on_minus_off"]["reliable"]
+
+
+def _diagnostics(gap: float) -> dict:
+    direction = {"on_minus_off": gap, "offline_rank": {"median": 10.0}, "in_batch_rank": {"median": 20.0}}
+    return {"image_anchors": direction, "caption_anchors": direction,
+            "shares": {"false_negatives": 0.1, "near_neighbours": 0.3}}
+
+
+def test_advice_line() -> None:
+    assert "no reliable predictor" in advice_line(_diagnostics(-0.05), None)
+    cells = [{"cell": f"c{k}", "gain": float(k), "predictors": {"s_on_minus_off": -0.01 * k}} for k in range(6)]
+    reliable = {"page": "docs/results-regimes.md", "cells": cells,
+                "correlations": {"s_on_minus_off": {"rho": -1.0, "low": -1.0, "high": -0.8, "reliable": True},
+                                 "round1_dev_rsum": {"rho": 0.9, "low": 0.5, "high": 1.0, "reliable": True}}}
+    line = advice_line(_diagnostics(-0.04), reliable)
+    # round-1 dev rsum is not in the mining diagnostics: the advice uses the reliable one it can measure
+    assert line.startswith("advice: S_on − S_off predicts") and "[-1.00, -0.80], 6 cells" in line
+    assert "nearest cells gained +4.0 rsum" in line  # c3, c4, c5: -0.03, -0.04, -0.05
+    reliable["correlations"]["s_on_minus_off"]["reliable"] = False
+    assert "no reliable predictor" in advice_line(_diagnostics(-0.04), reliable)
+
+
+TOY_CONFIG = {
+    "name": "toy",
+    "data": {"format": "precomp", "path": "unused", "name": "synth", "vocab_threshold": 1},
+    "model": {"image_encoder": "vse", "embed_dim": 16, "word_dim": 8},
+    "train": {"epochs": 2, "batch_size": 16, "lr": 0.002, "lr_decay_epochs": 1, "save_every_steps": 50},
+    "mining": {"top_captions": 20, "top_images": 5},
+    "round2": {"epochs": 2, "batch_size": 16, "lr": 0.002, "lr_decay_epochs": 1, "h_t": 10, "h_i": 2,
+               "save_every_steps": 50},
+}
+
+
+@pytest.mark.slow
+def test_two_cell_toy_map_end_to_end(tmp_path: Path, capsys) -> None:
+    """Two cells x two replicates on tiny sets, given knobs (no pilot): every arm runs, the page
+    and its evidence are written from the runs, and a second call only reads them."""
+    from aoq_cli.main import main as aoq
+
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump(TOY_CONFIG))
+    out = tmp_path / "results-regimes.md"
+    args = ["regimes", "--config", str(config), "--root", str(tmp_path / "map"), "--replicates", "0,1",
+            "--knobs", "family_share,noise", "--levels", "family_share=0.1,0.9", "--levels", "noise=1.0",
+            "--train", "30", "--dev", "6", "--test", "6", "--out", str(out), "--no-progress"]
+    assert aoq([*args, "--run"]) == 0
+    page = out.read_text()
+    evidence = json.loads(out.with_suffix(".json").read_text())
+    assert [c["cell"] for c in evidence["cells"]] == ["family_share=0.1,noise=1.0", "family_share=0.9,noise=1.0"]
+    assert all(c["runs"] == 2 for c in evidence["cells"]) and evidence["correlations"] == {}  # 2 cells: too few
+    assert "aoq regimes --run --config" in page and "## AOQ − GOAL cir x con (Δ rsum)" in page
+    assert "| family_share \\ noise | 1.0 |" in page and "Too few cells" in page
+    for arm in ("aoq", "aoq-fn-identity", "goal-cir-con"):
+        assert (tmp_path / "map" / "runs" / "family_share=0.9,noise=1.0" / "seed1" / "evaluation" / arm
+                / "result.json").is_file()
+    first = out.read_text()
+    assert aoq(args) == 0 and out.read_text() == first  # read only: the same page
+
+
+def test_pilot_picks_the_two_knobs_that_move_the_gain_most() -> None:
+    from aoq_train.regimes.runs import MapSetup, pick_knobs, pilot_summary
+
+    levels = {"noise": (0.3, 1.8), "family_share": (0.1, 0.9), "max_variants": (1, 6)}
+    pilot = MapSetup(Path("cfg"), tuple(pilot_cells(levels)), (0,))
+    gain = {"noise=0.3": 1.0, "noise=1.8": 1.5, "family_share=0.1": -2.0, "family_share=0.9": 4.0,
+            "max_variants=1": 0.0, "max_variants=6": 3.0}
+    jobs = {name: [{"rsum": {"baseline": 100.0, "aoq": 100.0 + g}, "minutes": 2.0}] for name, g in gain.items()}
+    summary = pilot_summary(pilot, jobs)
+    assert summary["knobs"]["family_share"] == {"levels": [(0.1, -2.0), (0.9, 4.0)], "range": 6.0}
+    assert summary["minutes"] == 12.0
+    assert pick_knobs(summary) == ("family_share", "max_variants")
+    with pytest.raises(ValueError, match="at least two knobs"):
+        pick_knobs(pilot_summary(pilot, {**{n: [] for n in gain}, "noise=0.3": jobs["noise=0.3"]}))
+
+
+def test_workers_share_the_jobs_without_overlap() -> None:
+    from aoq_train.regimes.runs import MapSetup, parse_worker
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "synthetic.yaml"
+    setup = MapSetup(config, tuple(grid_cells("noise", "train")), (0, 1, 2))
+    jobs = setup.jobs()
+    assert len(jobs) == 27 and jobs[:9] == [(c, 0) for c in setup.cells]  # replicates outermost
+    k, n = parse_worker("1/2")
+    mine = [j for i, j in enumerate(jobs) if i % n == k]
+    assert len(mine) == 13 and jobs[1] in mine and jobs[0] not in mine
+    for bad in ("2/2", "x", "1/0"):
+        with pytest.raises(ValueError):
+            parse_worker(bad)
+    # every job its own folders: its set and its run
+    folders = {setup.run_dir(c, r) for c, r in jobs}
+    assert len(folders) == 27 and setup.run_dir(*jobs[0]).name == "seed0"
+
+
+def test_predictor_values_from_the_mining_diagnostics() -> None:
+    from aoq_train.regimes.predictors import predictor_values
+
+    d = _diagnostics(-0.02)
+    d["caption_anchors"] = {"on_minus_off": -0.04, "offline_rank": {"median": 30.0}, "in_batch_rank": {"median": 10.0}}
+    got = predictor_values(d, 250.0, 0.5)
+    assert got == pytest.approx({"s_on_minus_off": -0.03, "rank_ratio": 1.75, "false_negatives": 0.1,
+                                 "near_neighbours": 0.3, "round1_dev_rsum": 250.0, "family_share": 0.5})
+    assert predictor_values({**d, "shares": None})["false_negatives"] is None

@@ -1,0 +1,1 @@
+"""The regime map ``aoq regimes`` (docs/regimes.md): in which kind of data does offline mining pay?"""
