@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from aoq_serve.deps import Service, ServiceDep, SessionDep, SnapshotDep
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.access import require_admin
+from aoq_serve.guards.paths import public_text
 from aoq_serve.schemas import (
     DatasetOut,
     ErrorOut,
@@ -23,8 +24,6 @@ from aoq_serve.store.catalogue import CatalogueError
 from aoq_serve.version import VERSION
 
 router = APIRouter(tags=["service"])
-
-
 #: how long a reload waits for the other worker processes to reload too.
 RELOAD_WAIT_S = 300.0
 
