@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aoq_serve.cluster.board import BoardWatcher
+from aoq_serve.cluster.worker import WorkerContext
 from aoq_serve.config import Settings
 from aoq_serve.deps import Service
 from aoq_serve.docs_page import add_docs_pages
@@ -23,6 +25,7 @@ from aoq_serve.guards.faults import CatalogueDamage, Faults, endpoint, first_lin
 from aoq_serve.guards.hosts import HostCheckMiddleware
 from aoq_serve.guards.limits import BodyLimitMiddleware
 from aoq_serve.index.faiss_index import set_search_threads
+from aoq_serve.index.shared import set_share_dir
 from aoq_serve.registry import Registry
 from aoq_serve.routes import analysis, items, search, service
 from aoq_serve.search.batching import set_batching
@@ -38,12 +41,13 @@ log = logging.getLogger(__name__)
 _FORM_OVERHEAD = 64 * 1024
 
 
-def start_service(settings: Settings, check: bool = True) -> Service:
+def start_service(settings: Settings, check: bool = True, cluster: WorkerContext | None = None) -> Service:
     """Check and open the catalogue, check and load every model, start the background threads.
 
     Args:
         check: run :func:`aoq_serve.store.integrity.check_catalogue` first (``aoq serve`` has run it
             already, before the server starts, to report a bad catalogue in one line).
+        cluster: this worker's place among several worker processes (None: the only process).
 
     Raises:
         CatalogueError: the catalogue is missing, damaged or not written by ``aoq index``.
@@ -51,6 +55,10 @@ def start_service(settings: Settings, check: bool = True) -> Service:
     torch.set_num_threads(settings.torch_threads)
     set_search_threads(settings.faiss_threads)
     set_batching(settings.batching)
+    set_share_dir(cluster.share_dir if cluster else None)
+    board = cluster.board() if cluster else None
+    if board is not None:
+        board.join()
     if check:
         check_catalogue(settings)
     engine = make_engine(settings.catalogue(), create=False)
@@ -60,12 +68,20 @@ def start_service(settings: Settings, check: bool = True) -> Service:
     registry.start()
     querylog = QueryLogger(sessions, enabled=settings.query_log)
     querylog.start()
-    return Service(settings=settings, engine=engine, sessions=sessions, registry=registry, querylog=querylog,
-                   negatives=NegativesService(settings.data_dir, sessions),
-                   decode_budget=MemoryBudget(settings.decode_memory_budget_mb * 1024 * 1024), faults=faults)
+    budget_bytes = settings.decode_memory_budget_mb * 1024 * 1024
+    budget = cluster.decode_budget(settings) if cluster else MemoryBudget(budget_bytes)
+    svc = Service(settings=settings, engine=engine, sessions=sessions, registry=registry, querylog=querylog,
+                  negatives=NegativesService(settings.data_dir, sessions), decode_budget=budget, faults=faults,
+                  board=board)
+    if board is not None:
+        svc.watcher = BoardWatcher(board, svc.reload, svc.state)
+        svc.watcher.start()
+    return svc
 
 
 def stop_service(svc: Service) -> None:
+    if svc.watcher is not None:
+        svc.watcher.stop()
     svc.registry.stop()
     svc.querylog.close()
     svc.engine.dispose()
@@ -116,17 +132,19 @@ def _install_error_handlers(app: FastAPI) -> None:
                             headers={"Connection": "close"})
 
 
-def create_app(settings: Settings | None = None, check_catalogue: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, check_catalogue: bool = True,
+               cluster: WorkerContext | None = None) -> FastAPI:
     """The application; models are loaded when it starts (lifespan), not when it is created.
 
     Args:
         check_catalogue: check the catalogue at start-up (see :func:`start_service`).
+        cluster: this worker's place among several worker processes (None: the only process).
     """
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.service = start_service(settings, check=check_catalogue)
+        app.state.service = start_service(settings, check=check_catalogue, cluster=cluster)
         try:
             yield
         finally:

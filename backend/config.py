@@ -7,6 +7,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -33,6 +34,9 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    #: worker processes serving the one listening socket (docs/serving.md, Workers); 0: one per
+    #: CPU core this process may run on. 1: a single process, nothing shared between processes.
+    workers: int = Field(0, ge=0)
     #: where models run queries; the CPU is the sensible default for single queries.
     device: str = "cpu"
     #: threads for torch and for FAISS: on a small machine one thread per query wins (docs/serving.md, Design notes),
@@ -78,6 +82,12 @@ class Settings(BaseSettings):
     #: record every query (time, endpoint, latency, model, k) in the catalogue; uploads never are.
     query_log: bool = True
     log_level: str = "info"
+
+    def worker_count(self) -> int:
+        """``workers``, with 0 meaning one per CPU core available to this process."""
+        if self.workers:
+            return self.workers
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def catalogue(self) -> str:
         """The catalogue URL, defaulting to a SQLite file inside the index directory."""

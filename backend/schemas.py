@@ -42,6 +42,18 @@ class ErrorOut(BaseModel):
     errors: list[dict] | None = None
 
 
+class WorkerOut(BaseModel):
+    """One worker process of the service, as it last published itself."""
+
+    worker: int = Field(description="the worker's number, 0 to AOQ_WORKERS - 1 (a replacement keeps the number)")
+    pid: int
+    status: Literal["ok", "degraded"]
+    models: list[str] = Field(description="names of the models this worker serves")
+    disabled: dict[str, str] = Field(default_factory=dict, description="disabled model -> reason, in this worker")
+    faults: dict[str, str] = Field(default_factory=dict, description="endpoints this worker disabled while serving")
+    generation: int | None = Field(None, description="index generation this worker serves")
+
+
 class HealthOut(BaseModel):
     status: Literal["ok", "degraded"] = Field(
         description='"degraded" when a model or an endpoint is disabled, or no model can be served')
@@ -51,6 +63,8 @@ class HealthOut(BaseModel):
                                                                      "serving -> reason; POST /admin/reload checks again")
     version: str
     generation: int | None = Field(None, description="index generation being served (index.json)")
+    workers: list[WorkerOut] = Field(default_factory=list, description="every worker process of the service (one "
+                                     "when it runs one process); the fields above are the answering worker's")
 
 
 class Measured(BaseModel):
@@ -360,3 +374,4 @@ class ReloadOut(BaseModel):
     generation: int | None
     models: list[str]
     disabled: dict[str, str]
+    workers: list[WorkerOut] = Field(default_factory=list, description="every worker process after the reload")

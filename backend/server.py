@@ -15,7 +15,8 @@ guards a service exposed to a network needs.
   and closed at once; so is a client's connection beyond ``max_client_connections`` open from
   its address, so one client holding many idle sockets is refused alone instead of starving
   every other client of the global cap. HTTP/1.1 answers one request at a time per connection,
-  so this caps a client's concurrent requests too.
+  so this caps a client's concurrent requests too. With several worker processes the counts are
+  those of all workers together (:class:`aoq_serve.cluster.connections.SharedConnections`).
 - **Event loop.** uvloop where it is installed (a dependency of the service on Linux and macOS,
   taken by uvicorn's default loop choice): the event-loop thread runs every request's HTTP work
   under the GIL, and uvloop's loop and transports cost less of it per request than asyncio's
@@ -28,7 +29,7 @@ import asyncio
 import socket
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 import uvicorn
@@ -61,12 +62,41 @@ def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
     return sock
 
 
+class ClientConnections:
+    """The connection caps of one process: open connections in all, and per client address
+    (event loop thread only)."""
+
+    def __init__(self, max_connections: int, max_client_connections: int) -> None:
+        self.max_connections, self.max_client_connections = max_connections, max_client_connections
+        self.per_client: Counter[str] = Counter()
+        self.open = 0
+
+    def admit(self, address: str) -> bool:
+        """Count a new connection from ``address`` unless a cap is reached (then count nothing)."""
+        if self.open + 1 > self.max_connections or self.per_client[address] >= self.max_client_connections:
+            return False
+        self.per_client[address] += 1
+        self.open += 1
+        return True
+
+    def release(self, address: str) -> None:
+        """Uncount a connection that :meth:`admit` counted."""
+        self.per_client[address] -= 1
+        self.open -= 1
+        if self.per_client[address] <= 0:
+            del self.per_client[address]
+
+
+class Connections(Protocol):
+    def admit(self, address: str) -> bool: ...
+
+    def release(self, address: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Limits:
     header_timeout_s: float
     body_timeout_s: float
-    max_connections: int
-    max_client_connections: int
 
 
 class _CoalescingTransport:
@@ -109,8 +139,8 @@ class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with read timeouts, a connection cap and coalesced writes."""
 
     limits: Limits
-    #: open connections per client address, shared by the connections of one server (event loop thread only).
-    per_client: Counter[str]
+    #: the connection caps, shared by the connections of one server (or of all its workers).
+    connections_counted: Connections
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -122,12 +152,10 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(_CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        if len(self.connections) > self.limits.max_connections \
-                or self.per_client[address] >= self.limits.max_client_connections:
+        if not self.connections_counted.admit(address):
             self.transport.write(_REFUSED)
             self.transport.close()
             return
-        self.per_client[address] += 1
         self._counted = address
         self._watch_request()
 
@@ -138,9 +166,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self._counted is not None:
-            self.per_client[self._counted] -= 1
-            if self.per_client[self._counted] <= 0:
-                del self.per_client[self._counted]
+            self.connections_counted.release(self._counted)
             self._counted = None
         super().connection_lost(exc)
 
@@ -181,17 +207,19 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def protocol_class(settings: Settings) -> type[GuardedH11Protocol]:
-    """:class:`GuardedH11Protocol` with the limits of ``settings``."""
-    limits = Limits(settings.header_timeout_s, settings.body_timeout_s, settings.max_connections,
-                    settings.max_client_connections)
-    return type("ServiceH11Protocol", (GuardedH11Protocol,), {"limits": limits, "per_client": Counter()})
+def protocol_class(settings: Settings, connections: Connections | None = None) -> type[GuardedH11Protocol]:
+    """:class:`GuardedH11Protocol` with the limits of ``settings``, counting connections in
+    ``connections`` (default: this process's own :class:`ClientConnections`)."""
+    limits = Limits(settings.header_timeout_s, settings.body_timeout_s)
+    counted = connections or ClientConnections(settings.max_connections, settings.max_client_connections)
+    return type("ServiceH11Protocol", (GuardedH11Protocol,), {"limits": limits, "connections_counted": counted})
 
 
-def make_server(app: Any, settings: Settings) -> uvicorn.Server:
-    """The uvicorn server for ``app`` with the timeouts and limits of ``settings``."""
+def make_server(app: Any, settings: Settings, connections: Connections | None = None) -> uvicorn.Server:
+    """The uvicorn server for ``app`` with the timeouts and limits of ``settings`` (connections
+    counted as :func:`protocol_class` says)."""
     config = uvicorn.Config(
-        app, http=protocol_class(settings), log_level=settings.log_level, access_log=False,
+        app, http=protocol_class(settings, connections), log_level=settings.log_level, access_log=False,
         timeout_keep_alive=settings.keep_alive_s,
     )
     return uvicorn.Server(config)

@@ -15,16 +15,19 @@ One run, on one machine:
    **bare batched**: the same queries encoded in batches of one token bucket and searched in
    batches, at most ``MAX_BATCH`` each, as the service batches them (docs/serving.md,
    Micro-batching), on one thread: the throughput floor of one core;
-3. **http**: ``aoq serve`` started as a separate process on 127.0.0.1, the same queries sent one
-   at a time over a keep-alive connection (``http.client``); latency is the client's wall time
-   per request: HTTP parsing, JSON, validation, the worker-thread hop and the answer included;
+3. **http**: ``aoq serve`` started as a separate process on 127.0.0.1 with ``--workers`` worker
+   processes (default: one per CPU core, as ``aoq serve``), the same queries sent one at a time
+   over a keep-alive connection (``http.client``); latency is the client's wall time per
+   request: HTTP parsing, JSON, validation, the worker-thread hop and the answer included;
 4. **load**: ``--clients`` (16) threads sending queries back to back for ``--duration`` (30) s;
    every non-200 answer or transport error counts as an error; then the same with the service
-   restarted with ``AOQ_BATCHING=false`` (each query searched alone), for the batching gain.
+   restarted with one worker, and with one worker and ``AOQ_BATCHING=false`` (each query
+   searched alone: the one-by-one rate).
 
-Last line: ``RESULT ratio_to_bare=<http p50 / bare p50> qps=<load throughput, batched>
-p95_ms=<http p95> errors=<load errors, both loads>``; with ``--encoders pretrained`` also
-``qps_one_by_one=`` and ``speedup=`` (batched over one-by-one, measured in the same run).
+Last line: ``RESULT ratio_to_bare=<http p50 / bare p50> qps=<load throughput, the workers,
+batched> workers=<their number> qps_1_worker=<one worker, batched> p95_ms=<http p95>
+errors=<load errors, every load>``; with ``--encoders pretrained`` also ``qps_one_by_one=`` (one
+worker, batching off) and ``speedup=`` (qps over qps_one_by_one, measured in the same run).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from aoq.data.dataset import SplitData  # noqa: E402
 from aoq.data.vocab import Vocabulary  # noqa: E402
 from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
 from aoq.net import ServerNotReady, free_port, wait_http  # noqa: E402
+from aoq_serve.config import Settings  # noqa: E402
 from aoq_serve.index.build import record_model  # noqa: E402
 from aoq_serve.store import catalogue  # noqa: E402
 from aoq_serve.store.db import create_schema, make_engine, session_factory  # noqa: E402
@@ -185,12 +189,13 @@ def bare_batched_qps(model_dir: Path, index_dir: Path, texts: list[str], k: int)
     return len(texts) / (time.perf_counter() - start)
 
 
-def start_server(env: dict[str, str], port: int) -> subprocess.Popen:
+def start_server(env: dict[str, str], port: int, workers: int) -> subprocess.Popen:
+    """``aoq serve`` with ``workers`` worker processes, once every worker serves the gallery."""
     server = subprocess.Popen([sys.executable, "-m", "aoq_cli.main", "serve", "--port", str(port)], cwd=REPO,
-                              env={**os.environ, **env})
+                              env={**os.environ, **env, "AOQ_WORKERS": str(workers)})
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc=server, what="aoq serve", timeout=300,
-                  ready=lambda health: health.get("models") == ["bench"])
+                  ready=lambda health: [w["models"] for w in health.get("workers", [])] == [["bench"]] * workers)
     except ServerNotReady:
         server.kill()
         raise
@@ -271,6 +276,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=0,
+                        help="worker processes of the measured service (default 0: one per CPU core, as aoq serve)")
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="a trained checkpoint whose text encoder to use (default: untrained synthetic model)")
     parser.add_argument("--encoders", choices=sorted(DEFAULT_GALLERY), default="small",
@@ -278,6 +285,7 @@ def main() -> int:
     args = parser.parse_args()
     print(cpu_description(), flush=True)  # the machine every figure below comes from
     gallery = args.gallery or DEFAULT_GALLERY[args.encoders]
+    workers = Settings(workers=args.workers).worker_count()
 
     texts = queries(args.queries)
     with tempfile.TemporaryDirectory(prefix="aoq-serving-bench-") as tmp:
@@ -293,28 +301,33 @@ def main() -> int:
         print(f"bare batched (encode and FAISS {MAX_BATCH} at a time, 1 thread): {bare_qps:.1f} queries/s",
               flush=True)
         loads = {}
-        for batching in ("true", "false"):
+        # (workers, batching): the service as configured by default (one worker per core), one
+        # worker, and one worker searching each query alone (the one-by-one rate).
+        runs = [(workers, "true"), (1, "true"), (1, "false")] if workers > 1 else [(1, "true"), (1, "false")]
+        for run_workers, batching in runs:
             port = free_port()
-            server = start_server({**env, "AOQ_BATCHING": batching}, port)
+            server = start_server({**env, "AOQ_BATCHING": batching}, port, run_workers)
             try:
-                if batching == "true":
+                if (run_workers, batching) == runs[0]:
                     http_ms = http_latencies(port, texts, args.k)
-                    print(f"http  (POST /search/text, 1 client): p50 {np.percentile(http_ms, 50):.2f} ms, "
-                          f"p95 {np.percentile(http_ms, 95):.2f} ms", flush=True)
+                    print(f"http  (POST /search/text, 1 client, {run_workers} workers): "
+                          f"p50 {np.percentile(http_ms, 50):.2f} ms, p95 {np.percentile(http_ms, 95):.2f} ms",
+                          flush=True)
                 answered, errors, lat = load(port, texts, args.k, args.clients, args.duration)
-                loads[batching] = (answered / args.duration, errors)
-                print(f"load  ({args.clients} clients, {args.duration:.0f} s, batching {batching}): {answered} answers, "
-                      f"{errors} errors, {answered / args.duration:.1f} q/s, p50 {np.percentile(lat, 50):.1f} ms, "
-                      f"p95 {np.percentile(lat, 95):.1f} ms", flush=True)
+                loads[run_workers, batching] = (answered / args.duration, errors)
+                print(f"load  ({args.clients} clients, {args.duration:.0f} s, {run_workers} workers, batching "
+                      f"{batching}): {answered} answers, {errors} errors, {answered / args.duration:.1f} q/s, "
+                      f"p50 {np.percentile(lat, 50):.1f} ms, p95 {np.percentile(lat, 95):.1f} ms", flush=True)
             finally:
                 server.terminate()
                 server.wait(timeout=60)
-    (qps, _), (qps_alone, _) = loads["true"], loads["false"]
+    (qps, _), (qps_one_worker, _), (qps_alone, _) = loads[runs[0]], loads[1, "true"], loads[1, "false"]
     errors = sum(e for _, e in loads.values())
     p95 = float(np.percentile(http_ms, 95))
     ratio = float(np.percentile(http_ms, 50)) / float(np.percentile(bare, 50))
     extra = f" qps_one_by_one={qps_alone:.1f} speedup={qps / qps_alone:.2f}" if args.encoders == "pretrained" else ""
-    print(f"RESULT ratio_to_bare={ratio:.2f} qps={qps:.1f} p95_ms={p95:.2f} errors={errors}{extra}")
+    print(f"RESULT ratio_to_bare={ratio:.2f} qps={qps:.1f} workers={workers} qps_1_worker={qps_one_worker:.1f} "
+          f"p95_ms={p95:.2f} errors={errors}{extra}")
     return 0
 
 

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import argparse
 import errno
+import shutil
+import socket
 import sys
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aoq_serve.config import Settings
+
+#: shared memory, where the workers' shared files live when the system has it.
+_SHM = Path("/dev/shm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,15 +28,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=None, help="env AOQ_HOST (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="env AOQ_PORT (default 8000)")
     parser.add_argument("--device", default=None, help="env AOQ_DEVICE (default cpu)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes, 0 = one per CPU core (env AOQ_WORKERS, default 0)")
     parser.add_argument("--reload-poll", dest="reload_poll_s", type=float, default=None,
                         help="seconds between checks for a rebuilt index, 0 = never (env AOQ_RELOAD_POLL_S)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from aoq_serve.app import create_app
     from aoq_serve.config import Settings
+    from aoq_serve.server import listen
     from aoq_serve.store.integrity import check_catalogue
-    from aoq_serve.server import listen, make_server
 
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     settings = Settings(**overrides)
@@ -40,9 +51,48 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Here rather than at application start-up, where a failure would end in a traceback.
         check_catalogue(settings)
-        server = make_server(create_app(settings, check_catalogue=False), settings)
-        server.run(sockets=[sock])
+        workers = settings.worker_count()
+        if workers == 1:
+            return _serve_one(settings, sock)
+        return _serve_workers(settings, sock, workers)
     finally:
         sock.close()
+
+
+def _serve_one(settings: Settings, sock: socket.socket) -> int:
+    """One process: the app and the server in this process."""
+    from aoq_serve.app import create_app
+    from aoq_serve.server import make_server
+
+    server = make_server(create_app(settings, check_catalogue=False), settings)
+    server.run(sockets=[sock])
     # uvicorn leaves the loop without an exception when start-up fails (lifespan error)
     return 0 if server.started else 1
+
+
+def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int:
+    """``workers`` forked processes sharing ``sock``, the connection caps, the decode budget and
+    the index pages (docs/serving.md, Workers); a worker that dies is replaced."""
+    # Imported before the fork: the workers share these modules' pages and start sooner. No
+    # model is loaded and no thread started here.
+    from aoq_serve.app import create_app
+    from aoq_serve.cluster.state import Shared
+    from aoq_serve.cluster.supervisor import Supervisor
+    from aoq_serve.cluster.worker import WorkerContext
+    from aoq_serve.server import make_server
+
+    share_dir = Path(tempfile.mkdtemp(prefix="aoq-serve-", dir=_SHM if _SHM.is_dir() else None))
+    try:
+        shared = Shared.create(share_dir, workers, settings.max_connections)
+
+        def run_worker(worker: int) -> int:
+            context = WorkerContext(shared.reopen(), worker, share_dir)
+            app = create_app(settings, check_catalogue=False, cluster=context)
+            server = make_server(app, settings, context.connections(settings))
+            server.run(sockets=[sock])
+            return 0 if server.started else 1
+
+        print(f"aoq serve: {workers} worker processes on {settings.host}:{settings.port}", file=sys.stderr, flush=True)
+        return Supervisor(workers, shared, run_worker).run()
+    finally:
+        shutil.rmtree(share_dir, ignore_errors=True)

@@ -241,10 +241,12 @@ def unit_vectors(n: int, d: int, seed: int = 0) -> np.ndarray:
 
 
 def serve_env(fx: ServiceFixture, **settings: object) -> dict[str, str]:
-    """The environment of an ``aoq serve`` process for this fixture; ``settings`` become ``AOQ_*``."""
+    """The environment of an ``aoq serve`` process for this fixture; ``settings`` become ``AOQ_*``.
+    One worker process unless ``workers`` is given: each worker loads every model, and the suite's
+    many servers would start once per core (tests/test_serving_workers.py runs several)."""
     env = {**os.environ, "AOQ_CATALOGUE_URL": fx.catalogue_url, "AOQ_MODELS_DIR": str(fx.models_dir),
            "AOQ_INDEX_DIR": str(fx.index_dir), "AOQ_DATA_DIR": str(fx.data_dir), "AOQ_RELOAD_POLL_S": "0",
-           "AOQ_LOG_LEVEL": "warning"}
+           "AOQ_LOG_LEVEL": "warning", "AOQ_WORKERS": "1"}
     env.update({f"AOQ_{k.upper()}": str(v) for k, v in settings.items()})
     return env
 

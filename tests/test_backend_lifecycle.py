@@ -148,7 +148,9 @@ def test_hnsw_indexes_admin_reload_and_detector_features_end_to_end(tmp_path: Pa
         truth = [h["rank"] for h in found["results"] if h["is_ground_truth"]]
         assert found["scope_rank"] == truth[0]  # computed exactly, outside the HNSW list
         reloaded = client.post("/admin/reload", json={}).json()
+        workers = reloaded.pop("workers")
         assert reloaded == {"generation": 1, "models": ["aoq", "baseline", "pixels"], "disabled": {}}
+        assert [(w["worker"], w["generation"], w["models"]) for w in workers] == [(0, 1, ["aoq", "baseline", "pixels"])]
         # The same features, now said to come from an external detector (as COCO precomp):
         engine = make_engine(fx.catalogue_url)
         with engine.begin() as conn:

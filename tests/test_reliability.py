@@ -41,7 +41,8 @@ FLUSH_EVERY_S = inspect.signature(QueryLogger).parameters["flush_every_s"].defau
 
 def _env(fx: ServiceFixture) -> dict[str, str]:
     return {**os.environ, "AOQ_CATALOGUE_URL": fx.catalogue_url, "AOQ_MODELS_DIR": str(fx.models_dir),
-            "AOQ_INDEX_DIR": str(fx.index_dir), "AOQ_DATA_DIR": str(fx.data_dir), "AOQ_RELOAD_POLL_S": "0"}
+            "AOQ_INDEX_DIR": str(fx.index_dir), "AOQ_DATA_DIR": str(fx.data_dir), "AOQ_RELOAD_POLL_S": "0",
+            "AOQ_WORKERS": "1"}  # kill -9 of the one serving process (workers: tests/test_serving_workers.py)
 
 
 def _aoq(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -231,6 +232,8 @@ def test_backend_killed_under_load_restarts_with_catalogue_indexes_and_committed
             answers_after = _top_k(client)
     finally:
         err = _stop(server)
+    for state in (health, health_before):  # the restarted process has another pid
+        state["workers"] = [{**w, "pid": None} for w in state["workers"]]
     assert health == health_before and health["status"] == "ok", health
     assert answers_after == answers_before
     assert {t: _rows(db, t) for t in CATALOGUE_TABLES} == catalogue_before

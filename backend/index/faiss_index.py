@@ -38,6 +38,7 @@ from aoq.io import (ArtefactError, atomic_dir, atomic_save_npy, atomic_write_jso
                     write_manifest)
 from aoq_serve.index.bank import load_bank
 from aoq_serve.index.scan import FlatScan
+from aoq_serve.index.shared import shared
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ def load_model_index(path: Path, use_gpu: bool | None = None) -> LoadedIndex:
         set_search_param(index, config["index_type"], _search_value(manifest["params"][modality]))
         # Read into memory, never memory-mapped: a mapped file truncated while serving kills the
         # whole process with SIGBUS on the next query that touches the lost pages.
-        embeddings[modality] = _read_embeddings(path / f"{modality}.npy")
+        embeddings[modality] = shared(_read_embeddings(path / f"{modality}.npy"))
         ids[modality] = np.load(path / f"{modality[:-1]}_ids.npy")
         n = config["counts"][modality]
         if not (index.ntotal == len(embeddings[modality]) == len(ids[modality]) == n):

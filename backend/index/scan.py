@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from aoq_serve.index.shared import shared
+
 #: gallery items per block: a block of a 128-dimensional gallery (64 KiB) stays in a core's L2
 #: cache while every query of a batch passes over it.
 WIDTH = 128
@@ -78,7 +80,7 @@ class FlatScan:
         n, dim = vectors.shape
         padded = np.zeros((-(-n // WIDTH) * WIDTH, dim), dtype=np.float32)
         padded[:n] = vectors
-        blocks = np.ascontiguousarray(padded.reshape(-1, WIDTH, dim).transpose(0, 2, 1))
+        blocks = shared(np.ascontiguousarray(padded.reshape(-1, WIDTH, dim).transpose(0, 2, 1)))
         index = cls(blocks=blocks, ids=np.ascontiguousarray(ids, dtype=np.int64))
         index.search(np.zeros((1, dim), dtype=np.float32), 1)
         return index

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter, Depends
 
-from aoq_serve.deps import ServiceDep, SessionDep, SnapshotDep
+from aoq_serve.deps import Service, ServiceDep, SessionDep, SnapshotDep
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.access import require_admin
-from aoq_serve.guards.faults import CATALOGUE, picture_part
 from aoq_serve.guards.paths import public_text
 from aoq_serve.schemas import (
     DatasetOut,
@@ -16,32 +17,28 @@ from aoq_serve.schemas import (
     ModelOut,
     ReloadOut,
     SplitCounts,
+    WorkerOut,
 )
 from aoq_serve.store import catalogue
 from aoq_serve.store.catalogue import CatalogueError
-from aoq_serve.store.integrity import check_catalogue
 from aoq_serve.version import VERSION
 
 router = APIRouter(tags=["service"])
-#: pictures named one by one in ``/health``; the rest are counted.
-MAX_LISTED_PICTURES = 20
+#: how long a reload waits for the other worker processes to reload too.
+RELOAD_WAIT_S = 300.0
+
+
+def _workers(service: Service) -> list[WorkerOut]:
+    """Every worker's published state; this process's own when it is the only one."""
+    if service.board is None:
+        return [WorkerOut(worker=0, pid=os.getpid(), **service.state())]
+    service.watcher.refresh()  # type: ignore[union-attr]
+    return [WorkerOut(**state) for state in service.board.states()]
 
 
 @router.get("/health", response_model=HealthOut)
-def health(snapshot: SnapshotDep, service: ServiceDep) -> HealthOut:
-    faults = {**{picture_part(i): reason for i, reason in sorted(snapshot.pictures.items())[:MAX_LISTED_PICTURES]},
-              **service.faults.current}
-    if len(snapshot.pictures) > MAX_LISTED_PICTURES:
-        faults["/images"] = f"{len(snapshot.pictures) - MAX_LISTED_PICTURES} more pictures differ from their files' digests"
-    healthy = snapshot.models and not snapshot.disabled and not faults
-    # Public (health checks need no token): reasons name files relative to the configured folders.
-    def public(reasons: dict[str, str]) -> dict[str, str]:
-        return {part: public_text(reason, service.settings) for part, reason in reasons.items()}
-
-    return HealthOut(
-        status="ok" if healthy else "degraded", models=sorted(snapshot.models),
-        disabled=public(snapshot.disabled), faults=public(faults), version=VERSION, generation=snapshot.generation,
-    )
+def health(service: ServiceDep) -> HealthOut:
+    return HealthOut(**service.state(), version=VERSION, workers=_workers(service))
 
 
 @router.get("/models", response_model=list[ModelOut])
@@ -80,12 +77,16 @@ def reload(service: ServiceDep) -> ReloadOut:
 
     The catalogue is checked first: a damaged one keeps the models loaded before serving and
     answers 503 with the problem; a sound one enables again what damage found while serving had
-    disabled."""
+    disabled.
+
+    With several worker processes, every worker reloads before the answer, which lists them."""
     try:
-        check_catalogue(service.settings)
+        snapshot = service.reload()
     except CatalogueError as exc:
-        service.faults.disable(CATALOGUE, str(exc))
         raise ServiceError(503, f"{exc}; still serving the models loaded before") from None
-    service.faults.clear()
-    snapshot = service.registry.reload()
-    return ReloadOut(generation=snapshot.generation, models=sorted(snapshot.models), disabled=snapshot.disabled)
+    if service.board is not None:
+        number = service.board.request_reload()
+        service.watcher.refresh()  # type: ignore[union-attr]
+        service.board.wait_all(number, RELOAD_WAIT_S)
+    return ReloadOut(generation=snapshot.generation, models=sorted(snapshot.models), disabled=snapshot.disabled,
+                     workers=_workers(service))

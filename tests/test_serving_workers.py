@@ -1,0 +1,173 @@
+"""``aoq serve`` with several worker processes (``AOQ_WORKERS``): the same answers as one
+process, the connection caps counted across workers, reloads reaching every worker, ``/health``
+listing each, and a killed worker replaced. Real servers on 127.0.0.1, random ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.backend_helpers import ServiceFixture, build_service_fixture, serve_process
+
+WORKERS = 2
+QUERIES = [{"query": q, "model": m, "k": 7} for q in ("a red circle", "a big blue square on the left", "green")
+           for m in ("aoq", "baseline")]
+
+
+CAP = 8
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory) -> ServiceFixture:
+    return build_service_fixture(tmp_path_factory.mktemp("workers"))
+
+
+@pytest.fixture(scope="module")
+def several(fx) -> Iterator[tuple[int, subprocess.Popen]]:
+    """One server of ``WORKERS`` workers for the whole module (each start loads every model per worker)."""
+    with serve_process(fx, workers=WORKERS, max_client_connections=CAP, header_timeout_s=60) as server:
+        port = server[0]
+        _until(lambda: len(_workers(port)) == WORKERS, what="every worker published its state")
+        yield server
+
+
+def _fresh_get(port: int, path: str) -> dict:
+    # A new connection each time, so that the kernel hands requests to every worker.
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        response = client.get(path)
+    response.raise_for_status()
+    return response.json()
+
+
+def _answers(port: int) -> list[dict]:
+    out = []
+    for _ in range(3):  # each query several times, on fresh connections: several workers answer
+        for query in QUERIES:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                response = client.post("/search/text", json=query)
+            assert response.status_code == 200, response.text
+            # image links carry the server's address, which differs between the two servers
+            answer = json.loads(response.text.replace(f"127.0.0.1:{port}", "SERVER"))
+            del answer["latency_ms"]
+            out.append(answer)
+    return out
+
+
+def _until(predicate, within_s: float = 60.0, what: str = "the condition"):
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not hold within {within_s} s")
+
+
+def _workers(port: int) -> list[dict]:
+    return _fresh_get(port, "/health")["workers"]
+
+
+def test_several_workers_answer_as_one_worker_does(fx, several):
+    with serve_process(fx, workers=1) as (port, proc):
+        one = _answers(port)
+        assert [(w["worker"], w["pid"]) for w in _workers(port)] == [(0, proc.pid)]  # the process itself
+    port = several[0]
+    assert len({w["pid"] for w in _workers(port)}) == WORKERS
+    assert _answers(port) == one
+
+
+def test_reload_reaches_every_worker_and_health_lists_each(fx, several):
+    port, proc = several
+    workers = _workers(port)
+    generation = workers[0]["generation"]
+    assert [w["worker"] for w in workers] == list(range(WORKERS))
+    assert {w["generation"] for w in workers} == {generation}
+    assert all(w["status"] == "ok" and w["pid"] != proc.pid for w in workers)
+
+    fx.index()  # a new generation on disk; AOQ_RELOAD_POLL_S=0: only the admin reload picks it up
+    reloaded = httpx.post(f"http://127.0.0.1:{port}/admin/reload", json={}, timeout=120).json()
+    assert reloaded["generation"] == generation + 1
+    assert [(w["worker"], w["generation"]) for w in reloaded["workers"]] == \
+        [(w, generation + 1) for w in range(WORKERS)]
+    for _ in range(6):
+        health = _fresh_get(port, "/health")
+        assert health["generation"] == generation + 1  # whichever worker answered
+        assert {w["generation"] for w in health["workers"]} == {generation + 1}
+
+
+def _held(port: int, n: int, source: str = "127.0.0.1") -> list[socket.socket]:
+    return [socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0)) for _ in range(n)]
+
+
+def _refused(socks: list[socket.socket], within_s: float = 5.0) -> int:
+    """How many of ``socks`` the server answered 503 (it does so at once on accepting)."""
+    count = 0
+    for s in socks:
+        s.settimeout(within_s)
+        try:
+            count += s.recv(64).startswith(b"HTTP/1.1 503 ")
+        except TimeoutError:
+            pass
+    return count
+
+
+def test_connection_caps_hold_across_workers_and_a_killed_worker_is_replaced(several):
+    port = several[0]
+    before = _workers(port)
+    idle = _held(port, CAP)
+    time.sleep(0.5)  # let the workers accept them all
+    extra = _held(port, 4)
+    other = _held(port, 1, source="127.0.0.2")[0]
+    try:
+        # Counted per worker, the workers would have taken up to WORKERS * CAP from one address.
+        assert _refused(extra) == 4
+        other.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert other.recv(4096).startswith(b"HTTP/1.1 200 ")
+
+        # Kill every worker in turn: each is replaced, and the connections it held stop counting
+        # (all CAP were held by the workers killed, however the kernel spread them).
+        for victim in before:
+            os.kill(victim["pid"], signal.SIGKILL)
+            after = _until(lambda: (w := _workers_safely(port, "127.0.0.3")) and len(w) == WORKERS
+                           and victim["pid"] not in {x["pid"] for x in w} and w, what="the killed worker replaced")
+            assert [w["worker"] for w in after] == list(range(WORKERS))
+        assert sum(_closed(s) for s in idle) == CAP
+        fresh = _held(port, CAP)
+        time.sleep(0.5)
+        assert _refused(fresh, within_s=1.0) == 0
+        fresh += _held(port, 1)
+        assert _refused(fresh[-1:]) == 1
+        for s in fresh:
+            s.close()
+    finally:
+        for s in idle + extra + [other]:
+            s.close()
+
+
+def _workers_safely(port: int, source: str) -> list[dict] | None:
+    """``/health``'s workers from another client address (127.0.0.1 is at its cap here)."""
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10,
+                          transport=httpx.HTTPTransport(local_address=source)) as client:
+            return client.get("/health").json()["workers"]
+    except httpx.HTTPError:
+        return None
+
+
+def _closed(s: socket.socket) -> bool:
+    """Whether the server closed this idle connection (its worker died)."""
+    s.settimeout(0.2)
+    try:
+        return s.recv(64) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
