@@ -144,6 +144,25 @@ def test_evaluate_pairwise(kind):
     assert whole["i2t"] == pytest.approx(result["i2t"]) and whole["t2i"]["r1"] == pytest.approx(result["t2i"]["r1"])
 
 
+def test_shortlist_cost_is_the_difference_to_full_scoring():
+    split, vocab, model = _split_and_model("bfan")
+    full = evaluate_pairwise(model, vocab, split, "full")
+    emb = (np.random.default_rng(3).standard_normal((N_IMAGES, 4)), np.random.default_rng(4).standard_normal((N_IMAGES * CPI, 4)))
+    short = evaluate_pairwise(model, vocab, split, "full", shortlist_by=emb, shortlist_n=3, shortlist_cost=True)
+    cost = short["shortlist_cost"]
+    assert cost["full"]["rsum"] == full["rsum"] and cost["full"]["i2t"] == full["i2t"]
+    assert cost["difference"]["rsum"] == pytest.approx(short["rsum"] - full["rsum"])
+    assert cost["difference"]["t2i"]["r1"] == pytest.approx(short["t2i"]["r1"] - full["t2i"]["r1"])
+    # a random 4-d teacher's top 3 of 30 loses recall against every pair scored
+    assert cost["difference"]["rsum"] < 0
+    assert "the shortlist's cost" in format_table({**short, "split": "test"})
+    everything = evaluate_pairwise(model, vocab, split, "full", shortlist_by=emb, shortlist_n=N_IMAGES * CPI,
+                                   shortlist_cost=True)
+    assert everything["shortlist_cost"]["difference"]["rsum"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="shortlist"):
+        evaluate_pairwise(model, vocab, split, "full", shortlist_cost=True)
+
+
 def test_pairwise_refuses_labels_and_small_5k():
     split, vocab, model = _split_and_model("scan")
     with pytest.raises(ValueError, match="label"):

@@ -49,6 +49,7 @@ def test_scan_and_bfan_configs_run_with_the_vsrn_teacher(tmp_path, capsys):
     assert aoq(["evaluate", "--checkpoint", str(run / "models" / "aoq"), "--split", "test"]) == 0
     assert "projected" in capsys.readouterr().out
     assert aoq(["evaluate", "--checkpoint", str(run / "models" / "aoq"), "--split", "test",
-                "--shortlist-by", str(teacher), "--shortlist-n", "3"]) == 0
-    assert "re-ranking the top 3 of the embedding model" in capsys.readouterr().out
+                "--shortlist-by", str(teacher), "--shortlist-n", "3", "--shortlist-cost"]) == 0
+    out = capsys.readouterr().out
+    assert "re-ranking the top 3 of the embedding model" in out and "the shortlist's cost" in out
     assert aoq(["evaluate", "--checkpoint", str(teacher), "--split", "test", "--shortlist-by", str(teacher)]) == 2

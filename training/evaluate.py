@@ -24,7 +24,7 @@ from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
 from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
-from aoq.embed import encode_fragments, encode_split
+from aoq.embed import EncodedFragments, encode_fragments, encode_split
 from aoq.hubness import HUB_ITEMS, bank_normaliser, bank_provenance, direction_fns, hub_share, top1_per_query
 from aoq.label_metrics import label_metrics, label_metrics_folds, label_metrics_of_scores
 from aoq.metrics import (
@@ -104,6 +104,7 @@ def evaluate_pairwise(
     progress: bool = False,
     shortlist_by: tuple[np.ndarray, np.ndarray] | None = None,
     shortlist_n: int = 100,
+    shortlist_cost: bool = False,
 ) -> dict:
     """Recalls of a cross-attention model (``model.pairwise``): its score matrix in bounded-memory
     blocks (:func:`aoq.pair_scores.score_matrix`), or with ``shortlist_by`` (an embedding model's
@@ -114,9 +115,13 @@ def evaluate_pairwise(
         As :func:`evaluate_model`, plus ``"scoring"``: ``seconds``, ``pairs`` scored and
         ``projected_coco5k_s`` (the time of the same work on COCO 5K at the measured rate: the
         whole matrix, the five 1K fold blocks under 1k5fold, or every query's shortlist); with a
-        shortlist, ``shortlist`` = N.
+        shortlist, ``shortlist`` = N; with ``shortlist_cost`` also the whole matrix scored and
+        ``"shortlist_cost"``: the full scoring's recalls (``full``) and, per metric, the re-ranked
+        value minus the full one (``difference``; negative: recall the cut loses).
     """
     protocol = _pairwise_protocol(protocol)
+    if shortlist_cost and shortlist_by is None:
+        raise ValueError("the shortlist's cost needs a shortlist (--shortlist-by)")
     if protocol in ("5k", "1k5fold") and split.n_images < COCO_5K[0]:
         raise ValueError(f"the {protocol} protocol needs at least {COCO_5K[0]:,} images; this set has {split.n_images:,}")
     dev = next(model.parameters()).device if device is None else torch.device(device)
@@ -135,6 +140,8 @@ def evaluate_pairwise(
         timing = ScoringTime(time.perf_counter() - start, i2t_short.size + t2i_short.size)
         result = evaluate_directions(array_fn(i2t), array_fn(t2i), split.n_images, split.captions_per_image, texts)
         result["shortlist"] = int(i2t_short.shape[1])
+        if shortlist_cost:
+            result["shortlist_cost"] = _shortlist_cost(result, model, fragments, dev, split, texts, progress)
         coco_pairs = (COCO_5K[0] + COCO_5K[1]) * result["shortlist"]  # every query's shortlist
     elif protocol == "1k5fold":
         fn, timing = fold_scores(model.pair_scores, fragments, dev, FOLD_IMAGES, N_FOLDS, progress)
@@ -147,6 +154,20 @@ def evaluate_pairwise(
         coco_pairs = COCO_5K[0] * COCO_5K[1]
     scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(coco_pairs)}
     return {**result, "positives": positives, "scoring": scoring}
+
+
+#: the metrics whose shortlist cost is reported, per direction.
+COST_METRICS = ("r1", "r5", "r10", "medr", "meanr")
+
+
+def _shortlist_cost(short: dict, model: JointModel, fragments: EncodedFragments, device: torch.device,
+                    split: SplitData, texts: list[str] | None, progress: bool) -> dict:
+    """The full scoring's recalls of the split and the re-ranked ones minus them, per metric."""
+    sims, timing = score_matrix(model.pair_scores, fragments, device, None, progress)
+    full = evaluate_scores(sims, split.captions_per_image, "full", texts=texts)
+    difference = {d: {m: short[d][m] - full[d][m] for m in COST_METRICS} for d in ("i2t", "t2i")}
+    return {"full": {d: full[d] for d in ("i2t", "t2i", "rsum")},
+            "difference": {**difference, "rsum": short["rsum"] - full["rsum"]}, "full_seconds": timing.seconds}
 
 
 def _check_labels(split: SplitData, wanted: bool) -> None:
@@ -202,12 +223,14 @@ def evaluate_checkpoint(
     hubness: Normalisation | None = None,
     shortlist_by: str | Path | None = None,
     shortlist_n: int = 100,
+    shortlist_cost: bool = False,
 ) -> dict:
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
 
     A cross-attention checkpoint (scan, bfan) is scored pair by pair (:func:`evaluate_pairwise`,
     with a progress bar; the result's ``scoring`` projects the COCO 5K time); ``shortlist_by``
-    (an embedding model's checkpoint) re-scores only the top ``shortlist_n`` of its ranking.
+    (an embedding model's checkpoint) re-scores only the top ``shortlist_n`` of its ranking, and
+    ``shortlist_cost`` also scores every pair and reports what the cut costs.
 
     Args:
         ckpt_dir: a checkpoint directory (``aoq.checkpoint``).
@@ -233,8 +256,8 @@ def evaluate_checkpoint(
     loaded = _load(ckpt_dir, split_name, data_path, device, protocol == "labels")
     if loaded[0].model.pairwise:
         return _evaluate_pairwise_checkpoint(loaded, protocol, device, batch_size, positives, hubness,
-                                             shortlist_by, shortlist_n)
-    if shortlist_by is not None:
+                                             shortlist_by, shortlist_n, shortlist_cost)
+    if shortlist_by is not None or shortlist_cost:
         raise ValueError("--shortlist-by re-ranks with a cross-attention model; this checkpoint is an embedding model")
     if hubness is not None and protocol not in HUBNESS_PROTOCOLS:
         raise ValueError(f"--hubness evaluates the whole split (protocol full or labels), not {protocol}")
@@ -324,7 +347,7 @@ def _encoded(loaded: tuple, batch_size: int, bank: bool) -> tuple:
 
 def _evaluate_pairwise_checkpoint(loaded: tuple, protocol: str, device: str | torch.device, batch_size: int,
                                   positives: PositiveRule | None, hubness: Normalisation | None,
-                                  shortlist_by: str | Path | None, shortlist_n: int) -> dict:
+                                  shortlist_by: str | Path | None, shortlist_n: int, shortlist_cost: bool) -> dict:
     if hubness is not None:
         raise ValueError("--hubness needs embeddings; a cross-attention model has none")
     ckpt, data_cfg, split, common = loaded
@@ -337,7 +360,7 @@ def _evaluate_pairwise_checkpoint(loaded: tuple, protocol: str, device: str | to
         common["shortlist_by"] = teacher.content_hash
     result = evaluate_pairwise(ckpt.model, ckpt.vocab, split, protocol, batch_size=batch_size,
                                positives=positives or ckpt.config.eval.positives, progress=True,
-                               shortlist_by=by, shortlist_n=shortlist_n)
+                               shortlist_by=by, shortlist_n=shortlist_n, shortlist_cost=shortlist_cost)
     return {"n_images": split.n_images, **result, **common}
 
 
@@ -405,6 +428,14 @@ def format_table(result: dict) -> str:
         lines.append(f"cross-attention scoring{cut}: {scoring['pairs']:,} pairs in {scoring['seconds']:.1f} s; "
                      f"the same on COCO 5K ({COCO_5K[0]:,} images, {COCO_5K[1]:,} captions) projected "
                      f"{scoring['projected_coco5k_s'] / 60:.1f} min")
+    cost = result.get("shortlist_cost")
+    if cost:
+        diff = cost["difference"]
+        lines.append(f"the shortlist's cost (re-ranked minus full scoring, full scored in {cost['full_seconds']:.1f} s)")
+        for key, label in (("i2t", "image->text (i2t)"), ("t2i", "text->image (t2i)")):
+            m = diff[key]
+            lines.append(f"{label:<22}{m['r1']:>+8.2f}{m['r5']:>+8.2f}{m['r10']:>+8.2f}{m['medr']:>+8.1f}{m['meanr']:>+9.2f}")
+        lines.append(f"rsum {diff['rsum']:+.2f} (full scoring {cost['full']['rsum']:.2f})")
     if "vocabulary" in result:
         lines.append(f"unknown words: {format_coverage(result['vocabulary'])}")
     hub = result.get("hubness")
