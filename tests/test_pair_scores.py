@@ -163,6 +163,24 @@ def test_shortlist_cost_is_the_difference_to_full_scoring():
         evaluate_pairwise(model, vocab, split, "full", shortlist_cost=True)
 
 
+def test_ensemble_averages_the_two_models_scores():
+    split, vocab, scan = _split_and_model("scan")
+    _, _, bfan = _split_and_model("bfan")
+    sims = [score_matrix(m.pair_scores, encode_fragments(m, vocab, split), CPU)[0] for m in (scan, bfan)]
+    from aoq.metrics import evaluate_scores
+
+    expected = evaluate_scores((sims[0] + sims[1]) / 2, CPI)
+    result = evaluate_pairwise(scan, vocab, split, "full", ensemble=(bfan, vocab))
+    assert result["rsum"] == expected["rsum"] and result["i2t"] == expected["i2t"] and result["t2i"] == expected["t2i"]
+    assert result["rsum"] != evaluate_pairwise(scan, vocab, split, "full")["rsum"]
+    assert result["scoring"]["pairs"] == N_IMAGES * N_IMAGES * CPI
+    # re-ranking a whole-gallery shortlist with the ensemble is the ensemble's full scoring
+    emb = (np.random.default_rng(3).standard_normal((N_IMAGES, 4)), np.random.default_rng(4).standard_normal((N_IMAGES * CPI, 4)))
+    whole = evaluate_pairwise(scan, vocab, split, "full", shortlist_by=emb, shortlist_n=N_IMAGES * CPI,
+                              ensemble=(bfan, vocab))
+    assert whole["rsum"] == pytest.approx(expected["rsum"])
+
+
 def test_pairwise_refuses_labels_and_small_5k():
     split, vocab, model = _split_and_model("scan")
     with pytest.raises(ValueError, match="label"):

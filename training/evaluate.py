@@ -41,6 +41,7 @@ from aoq.models.joint import JointModel
 from aoq.names import Normalisation, PositiveRule
 from aoq.pair_scores import (
     COCO_5K,
+    PairScoreFn,
     ScoringTime,
     fold_scores,
     rescore_shortlist,
@@ -105,6 +106,7 @@ def evaluate_pairwise(
     shortlist_by: tuple[np.ndarray, np.ndarray] | None = None,
     shortlist_n: int = 100,
     shortlist_cost: bool = False,
+    ensemble: tuple[JointModel, Vocabulary] | None = None,
 ) -> dict:
     """Recalls of a cross-attention model (``model.pairwise``): its score matrix in bounded-memory
     blocks (:func:`aoq.pair_scores.score_matrix`), or with ``shortlist_by`` (an embedding model's
@@ -117,7 +119,9 @@ def evaluate_pairwise(
         whole matrix, the five 1K fold blocks under 1k5fold, or every query's shortlist); with a
         shortlist, ``shortlist`` = N; with ``shortlist_cost`` also the whole matrix scored and
         ``"shortlist_cost"``: the full scoring's recalls (``full``) and, per metric, the re-ranked
-        value minus the full one (``difference``; negative: recall the cut loses).
+        value minus the full one (``difference``; negative: recall the cut loses). With
+        ``ensemble`` (a second cross-attention model and its vocabulary) every score is the two
+        models' average (the paper's SCAN and BFAN rows) and ``scoring`` the time of both.
     """
     protocol = _pairwise_protocol(protocol)
     if shortlist_cost and shortlist_by is None:
@@ -125,7 +129,8 @@ def evaluate_pairwise(
     if protocol in ("5k", "1k5fold") and split.n_images < COCO_5K[0]:
         raise ValueError(f"the {protocol} protocol needs at least {COCO_5K[0]:,} images; this set has {split.n_images:,}")
     dev = next(model.parameters()).device if device is None else torch.device(device)
-    fragments = encode_fragments(model, vocab, split, batch_size=batch_size, device=dev, progress=progress)
+    members = [(m.pair_scores, encode_fragments(m, v, split, batch_size=batch_size, device=dev, progress=progress))
+               for m, v in [(model, vocab), *([ensemble] if ensemble is not None else [])]]
     texts = split.captions if positives == "text" else None
     if shortlist_by is not None:
         if protocol != "full":
@@ -133,37 +138,59 @@ def evaluate_pairwise(
         start = time.perf_counter()
         base = shortlist_by[0] @ shortlist_by[1].T
         i2t_short, t2i_short = shortlist(base, shortlist_n), shortlist(base.T, shortlist_n)
-        i2t = shortlist_sims(base, i2t_short, rescore_shortlist(model.pair_scores, fragments, i2t_short, "images",
-                                                                 dev, progress))
-        t2i = shortlist_sims(base.T, t2i_short, rescore_shortlist(model.pair_scores, fragments, t2i_short,
-                                                                   "captions", dev, progress)).T
+        i2t = shortlist_sims(base, i2t_short, _mean([rescore_shortlist(fn, frag, i2t_short, "images", dev, progress)
+                                                    for fn, frag in members]))
+        t2i = shortlist_sims(base.T, t2i_short, _mean([rescore_shortlist(fn, frag, t2i_short, "captions", dev,
+                                                                         progress) for fn, frag in members])).T
         timing = ScoringTime(time.perf_counter() - start, i2t_short.size + t2i_short.size)
         result = evaluate_directions(array_fn(i2t), array_fn(t2i), split.n_images, split.captions_per_image, texts)
         result["shortlist"] = int(i2t_short.shape[1])
         if shortlist_cost:
-            result["shortlist_cost"] = _shortlist_cost(result, model, fragments, dev, split, texts, progress)
+            result["shortlist_cost"] = _shortlist_cost(result, members, dev, split, texts, progress)
         coco_pairs = (COCO_5K[0] + COCO_5K[1]) * result["shortlist"]  # every query's shortlist
     elif protocol == "1k5fold":
-        fn, timing = fold_scores(model.pair_scores, fragments, dev, FOLD_IMAGES, N_FOLDS, progress)
-        result = fold_1k(fn, split.captions_per_image, n_images=FOLD_IMAGES * N_FOLDS, texts=texts)
+        folds = [fold_scores(fn, frag, dev, FOLD_IMAGES, N_FOLDS, progress) for fn, frag in members]
+        timing = _summed([t for _, t in folds])
+        result = fold_1k(lambda rows, cols: _mean([f(rows, cols) for f, _ in folds]), split.captions_per_image,
+                         n_images=FOLD_IMAGES * N_FOLDS, texts=texts)
         coco_pairs = FOLD_IMAGES * N_FOLDS * COCO_5K[1]  # five folds of 1,000 x 5,000
     else:
         images = range(COCO_5K[0]) if protocol == "5k" else None
-        sims, timing = score_matrix(model.pair_scores, fragments, dev, images, progress)
+        sims, timing = _mean_matrix(members, dev, images, progress)
         result = evaluate_scores(sims, split.captions_per_image, protocol, texts=texts)
         coco_pairs = COCO_5K[0] * COCO_5K[1]
     scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(coco_pairs)}
     return {**result, "positives": positives, "scoring": scoring}
 
 
+#: one cross-attention model of an evaluation: its pair score function and its encoded split.
+Member = tuple[PairScoreFn, EncodedFragments]
+
+
+def _mean(scores: list[np.ndarray]) -> np.ndarray:
+    """The members' average score matrix (the paper's two-model ensembles); one member's own."""
+    return sum(scores[1:], scores[0]) / len(scores) if len(scores) > 1 else scores[0]
+
+
+def _summed(timings: list[ScoringTime]) -> ScoringTime:
+    """The members' time for their common pairs (each member scores every pair)."""
+    return ScoringTime(sum(t.seconds for t in timings), timings[0].pairs)
+
+
+def _mean_matrix(members: list[Member], device: torch.device, images: range | None,
+                 progress: bool) -> tuple[np.ndarray, ScoringTime]:
+    parts = [score_matrix(fn, frag, device, images, progress) for fn, frag in members]
+    return _mean([p for p, _ in parts]), _summed([t for _, t in parts])
+
+
 #: the metrics whose shortlist cost is reported, per direction.
 COST_METRICS = ("r1", "r5", "r10", "medr", "meanr")
 
 
-def _shortlist_cost(short: dict, model: JointModel, fragments: EncodedFragments, device: torch.device,
-                    split: SplitData, texts: list[str] | None, progress: bool) -> dict:
+def _shortlist_cost(short: dict, members: list[Member], device: torch.device, split: SplitData,
+                    texts: list[str] | None, progress: bool) -> dict:
     """The full scoring's recalls of the split and the re-ranked ones minus them, per metric."""
-    sims, timing = score_matrix(model.pair_scores, fragments, device, None, progress)
+    sims, timing = _mean_matrix(members, device, None, progress)
     full = evaluate_scores(sims, split.captions_per_image, "full", texts=texts)
     difference = {d: {m: short[d][m] - full[d][m] for m in COST_METRICS} for d in ("i2t", "t2i")}
     return {"full": {d: full[d] for d in ("i2t", "t2i", "rsum")},
@@ -224,13 +251,15 @@ def evaluate_checkpoint(
     shortlist_by: str | Path | None = None,
     shortlist_n: int = 100,
     shortlist_cost: bool = False,
+    ensemble: str | Path | None = None,
 ) -> dict:
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
 
     A cross-attention checkpoint (scan, bfan) is scored pair by pair (:func:`evaluate_pairwise`,
     with a progress bar; the result's ``scoring`` projects the COCO 5K time); ``shortlist_by``
     (an embedding model's checkpoint) re-scores only the top ``shortlist_n`` of its ranking, and
-    ``shortlist_cost`` also scores every pair and reports what the cut costs.
+    ``shortlist_cost`` also scores every pair and reports what the cut costs; ``ensemble`` (a
+    second cross-attention checkpoint) averages the two models' scores.
 
     Args:
         ckpt_dir: a checkpoint directory (``aoq.checkpoint``).
@@ -256,7 +285,9 @@ def evaluate_checkpoint(
     loaded = _load(ckpt_dir, split_name, data_path, device, protocol == "labels")
     if loaded[0].model.pairwise:
         return _evaluate_pairwise_checkpoint(loaded, protocol, device, batch_size, positives, hubness,
-                                             shortlist_by, shortlist_n, shortlist_cost)
+                                             shortlist_by, shortlist_n, shortlist_cost, ensemble)
+    if ensemble is not None:
+        raise ValueError("--ensemble averages two cross-attention models' scores; this checkpoint is an embedding model")
     if shortlist_by is not None or shortlist_cost:
         raise ValueError("--shortlist-by re-ranks with a cross-attention model; this checkpoint is an embedding model")
     if hubness is not None and protocol not in HUBNESS_PROTOCOLS:
@@ -347,7 +378,8 @@ def _encoded(loaded: tuple, batch_size: int, bank: bool) -> tuple:
 
 def _evaluate_pairwise_checkpoint(loaded: tuple, protocol: str, device: str | torch.device, batch_size: int,
                                   positives: PositiveRule | None, hubness: Normalisation | None,
-                                  shortlist_by: str | Path | None, shortlist_n: int, shortlist_cost: bool) -> dict:
+                                  shortlist_by: str | Path | None, shortlist_n: int, shortlist_cost: bool,
+                                  ensemble: str | Path | None) -> dict:
     if hubness is not None:
         raise ValueError("--hubness needs embeddings; a cross-attention model has none")
     ckpt, data_cfg, split, common = loaded
@@ -358,9 +390,17 @@ def _evaluate_pairwise_checkpoint(loaded: tuple, protocol: str, device: str | to
             raise ValueError(f"--shortlist-by {shortlist_by}: needs an embedding model, not a cross-attention one")
         by = encode_split(teacher.model, teacher.vocab, split, batch_size=batch_size, image_size=data_cfg.image_size)
         common["shortlist_by"] = teacher.content_hash
+    second = None
+    if ensemble is not None:
+        other = load_checkpoint(ensemble, resolve_device(device))
+        if not other.model.pairwise:
+            raise ValueError(f"--ensemble {ensemble}: needs a cross-attention model, not an embedding one")
+        second = (other.model, other.vocab)
+        common["ensemble"] = other.content_hash
     result = evaluate_pairwise(ckpt.model, ckpt.vocab, split, protocol, batch_size=batch_size,
                                positives=positives or ckpt.config.eval.positives, progress=True,
-                               shortlist_by=by, shortlist_n=shortlist_n, shortlist_cost=shortlist_cost)
+                               shortlist_by=by, shortlist_n=shortlist_n, shortlist_cost=shortlist_cost,
+                               ensemble=second)
     return {"n_images": split.n_images, **result, **common}
 
 
