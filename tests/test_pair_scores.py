@@ -187,3 +187,17 @@ def test_pairwise_refuses_labels_and_small_5k():
         evaluate_pairwise(model, vocab, split, "labels")
     with pytest.raises(ValueError, match="5,000"):
         evaluate_pairwise(model, vocab, split, "5k")
+
+
+def test_scoring_restores_torch_threads_and_raises_a_blocks_error():
+    fragments = _fragments()
+    threads = torch.get_num_threads()
+    score_matrix(_score, fragments, CPU)
+    assert torch.get_num_threads() == threads
+
+    def broken(regions, words, lengths):
+        raise RuntimeError("block failed")
+
+    with pytest.raises(RuntimeError, match="block failed"):
+        score_matrix(broken, fragments, CPU)
+    assert torch.get_num_threads() == threads
