@@ -2,7 +2,11 @@
 
 A cross-attention model has no embedding to index, so the (n_images, n_captions) matrix is built
 block by block from :class:`aoq.embed.EncodedFragments`: each block's (B, C, R, L) region-word
-tensor holds at most :data:`BLOCK_ELEMENTS` elements, whatever the split's size.
+tensor holds at most :data:`BLOCK_ELEMENTS` elements, whatever the split's size. The blocks are
+small enough for a core's cache, and on a CPU they are spread over ``torch.get_num_threads()``
+workers that each run one block at a time on one thread: a block's many small element-wise
+passes then never wait at a barrier for a descheduled sibling thread (the usual state of a shared
+machine), and the cache holds the block's temporaries between passes (docs/evaluation.md).
 
 Shortlist mode (the re-ranker setting): an embedding model ranks every item for each query, and
 the pair model re-scores only the top N; the items beyond the shortlist keep the embedding
@@ -12,7 +16,9 @@ model's order below every shortlisted one (:func:`shortlist_sims`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,10 +30,13 @@ from aoq.embed import EncodedFragments
 from aoq.metrics import FOLD_IMAGES, N_FOLDS
 from aoq.ranks import SimsFn
 
-#: elements of one block's (B, C, R, L) region-word tensor: bounds the temporaries of a block.
-BLOCK_ELEMENTS = 1 << 22
+#: elements of one block's (B, C, R, L) region-word tensor: bounds the temporaries of a block
+#: (float32: 512 KiB, about a core's L2 cache).
+BLOCK_ELEMENTS = 1 << 17
 #: captions per block (the images per block follow from BLOCK_ELEMENTS).
-CAPTION_BLOCK = 128
+CAPTION_BLOCK = 32
+#: captions per step of :func:`score_matrix`'s progress bar (many blocks: work for every worker).
+PROGRESS_CAPTIONS = 16 * CAPTION_BLOCK
 #: (images, captions) of the COCO 5K test set, for the projected time.
 COCO_5K = (FOLD_IMAGES * N_FOLDS, FOLD_IMAGES * N_FOLDS * 5)
 
@@ -51,21 +60,50 @@ def _to(x: np.ndarray, device: torch.device) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(x)).to(device)
 
 
+@contextmanager
+def _one_thread_per_block(device: torch.device) -> Iterator[ThreadPoolExecutor]:
+    """A pool of ``torch.get_num_threads()`` block workers (one on an accelerator), with torch's
+    intra-op threads set to one meanwhile (restored after)."""
+    threads = torch.get_num_threads()
+    workers = threads if device.type == "cpu" else 1
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            yield pool
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _images_per_block(words: Tensor, regions: int) -> int:
+    return max(1, BLOCK_ELEMENTS // (words.shape[0] * words.shape[1] * regions))
+
+
 def score_block(score: PairScoreFn, fragments: EncodedFragments, image_ids: np.ndarray | range,
                 caption_ids: np.ndarray | range, device: torch.device) -> np.ndarray:
     """The (len(image_ids), len(caption_ids)) float32 scores of these images and captions, in
-    sub-blocks of at most :data:`BLOCK_ELEMENTS` region-word products."""
+    sub-blocks of at most :data:`BLOCK_ELEMENTS` region-word products, spread over the workers
+    of :func:`_one_thread_per_block`."""
     image_ids, caption_ids = np.asarray(image_ids), np.asarray(caption_ids)
     out = np.empty((len(image_ids), len(caption_ids)), dtype=np.float32)
     regions = fragments.regions.shape[1]
+
+    blocks = []
     with torch.inference_mode():
         for c0 in range(0, len(caption_ids), CAPTION_BLOCK):
             words, lengths = fragments.captions(caption_ids[c0 : c0 + CAPTION_BLOCK])
-            words, lengths = words.to(device), lengths.to(device)
-            step = max(1, BLOCK_ELEMENTS // (words.shape[0] * words.shape[1] * regions))
-            for i0 in range(0, len(image_ids), step):
-                rows = _to(fragments.regions[image_ids[i0 : i0 + step]], device)
-                out[i0 : i0 + step, c0 : c0 + words.shape[0]] = score(rows, words, lengths).float().cpu().numpy()
+            blocks.append((c0, words.to(device), lengths.to(device)))
+    tasks = [(k, i0) for k, (_, words, _) in enumerate(blocks)
+             for i0 in range(0, len(image_ids), _images_per_block(words, regions))]
+
+    def run(task: tuple[int, int]) -> None:
+        c0, words, lengths = blocks[task[0]]
+        rows = image_ids[task[1] : task[1] + _images_per_block(words, regions)]
+        with torch.inference_mode():
+            scores = score(_to(fragments.regions[rows], device), words, lengths)
+            out[task[1] : task[1] + len(rows), c0 : c0 + words.shape[0]] = scores.float().cpu().numpy()
+
+    with _one_thread_per_block(device) as pool:
+        list(pool.map(run, tasks))  # list(): re-raises a worker's exception here
     return out
 
 
@@ -84,8 +122,8 @@ def score_matrix(score: PairScoreFn, fragments: EncodedFragments, device: torch.
     start = time.perf_counter()
     with tqdm(total=out.size, desc="cross-attention scores", unit="pair", unit_scale=True,
               disable=not progress, leave=False) as bar:
-        for c0 in range(0, len(captions), CAPTION_BLOCK):
-            cols = captions[c0 : c0 + CAPTION_BLOCK]
+        for c0 in range(0, len(captions), PROGRESS_CAPTIONS):
+            cols = captions[c0 : c0 + PROGRESS_CAPTIONS]
             out[:, c0 : c0 + len(cols)] = score_block(score, fragments, images, cols, device)
             bar.update(len(images) * len(cols))
     return out, ScoringTime(time.perf_counter() - start, out.size)

@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a cross-attention checkpoint only: re-score the top --shortlist-n items of this "
                              "embedding model's ranking instead of every pair (protocol full)")
     parser.add_argument("--shortlist-n", type=int, default=100, help="shortlist length of --shortlist-by (default 100)")
+    parser.add_argument("--shortlist-cost", action="store_true",
+                        help="with --shortlist-by: also score every pair and print, per metric, the re-ranked "
+                             "value minus the full scoring's (what the cut costs)")
+    parser.add_argument("--ensemble", default=None, metavar="CKPT2",
+                        help="a cross-attention checkpoint only: average its scores with this second "
+                             "cross-attention checkpoint's (the paper's SCAN and BFAN rows are such 2-model ensembles)")
     parser.add_argument("--data", help="read the split from this dataset path instead of the checkpoint's")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda ...")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -41,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         result = evaluate_checkpoint(args.checkpoint, args.split, args.protocol, args.data, device=args.device,
                                      ndcg_k=args.ndcg_k, positives=args.positives,
                                      hubness=args.hubness, shortlist_by=args.shortlist_by,
-                                     shortlist_n=args.shortlist_n)
+                                     shortlist_n=args.shortlist_n, shortlist_cost=args.shortlist_cost,
+                                     ensemble=args.ensemble)
     except ValueError as exc:  # e.g. 1k5fold on a split of fewer than 5,000 images
         print(f"aoq evaluate: error: {exc}", file=sys.stderr)
         return 2

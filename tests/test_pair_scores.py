@@ -144,9 +144,60 @@ def test_evaluate_pairwise(kind):
     assert whole["i2t"] == pytest.approx(result["i2t"]) and whole["t2i"]["r1"] == pytest.approx(result["t2i"]["r1"])
 
 
+def test_shortlist_cost_is_the_difference_to_full_scoring():
+    split, vocab, model = _split_and_model("bfan")
+    full = evaluate_pairwise(model, vocab, split, "full")
+    emb = (np.random.default_rng(3).standard_normal((N_IMAGES, 4)), np.random.default_rng(4).standard_normal((N_IMAGES * CPI, 4)))
+    short = evaluate_pairwise(model, vocab, split, "full", shortlist_by=emb, shortlist_n=3, shortlist_cost=True)
+    cost = short["shortlist_cost"]
+    assert cost["full"]["rsum"] == full["rsum"] and cost["full"]["i2t"] == full["i2t"]
+    assert cost["difference"]["rsum"] == pytest.approx(short["rsum"] - full["rsum"])
+    assert cost["difference"]["t2i"]["r1"] == pytest.approx(short["t2i"]["r1"] - full["t2i"]["r1"])
+    # a random 4-d teacher's top 3 of 30 loses recall against every pair scored
+    assert cost["difference"]["rsum"] < 0
+    assert "the shortlist's cost" in format_table({**short, "split": "test"})
+    everything = evaluate_pairwise(model, vocab, split, "full", shortlist_by=emb, shortlist_n=N_IMAGES * CPI,
+                                   shortlist_cost=True)
+    assert everything["shortlist_cost"]["difference"]["rsum"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="shortlist"):
+        evaluate_pairwise(model, vocab, split, "full", shortlist_cost=True)
+
+
+def test_ensemble_averages_the_two_models_scores():
+    split, vocab, scan = _split_and_model("scan")
+    _, _, bfan = _split_and_model("bfan")
+    sims = [score_matrix(m.pair_scores, encode_fragments(m, vocab, split), CPU)[0] for m in (scan, bfan)]
+    from aoq.metrics import evaluate_scores
+
+    expected = evaluate_scores((sims[0] + sims[1]) / 2, CPI)
+    result = evaluate_pairwise(scan, vocab, split, "full", ensemble=(bfan, vocab))
+    assert result["rsum"] == expected["rsum"] and result["i2t"] == expected["i2t"] and result["t2i"] == expected["t2i"]
+    assert result["rsum"] != evaluate_pairwise(scan, vocab, split, "full")["rsum"]
+    assert result["scoring"]["pairs"] == N_IMAGES * N_IMAGES * CPI
+    # re-ranking a whole-gallery shortlist with the ensemble is the ensemble's full scoring
+    emb = (np.random.default_rng(3).standard_normal((N_IMAGES, 4)), np.random.default_rng(4).standard_normal((N_IMAGES * CPI, 4)))
+    whole = evaluate_pairwise(scan, vocab, split, "full", shortlist_by=emb, shortlist_n=N_IMAGES * CPI,
+                              ensemble=(bfan, vocab))
+    assert whole["rsum"] == pytest.approx(expected["rsum"])
+
+
 def test_pairwise_refuses_labels_and_small_5k():
     split, vocab, model = _split_and_model("scan")
     with pytest.raises(ValueError, match="label"):
         evaluate_pairwise(model, vocab, split, "labels")
     with pytest.raises(ValueError, match="5,000"):
         evaluate_pairwise(model, vocab, split, "5k")
+
+
+def test_scoring_restores_torch_threads_and_raises_a_blocks_error():
+    fragments = _fragments()
+    threads = torch.get_num_threads()
+    score_matrix(_score, fragments, CPU)
+    assert torch.get_num_threads() == threads
+
+    def broken(regions, words, lengths):
+        raise RuntimeError("block failed")
+
+    with pytest.raises(RuntimeError, match="block failed"):
+        score_matrix(broken, fragments, CPU)
+    assert torch.get_num_threads() == threads

@@ -1,6 +1,7 @@
 """`aoq pipeline` with the SCAN and BFAN configs: round 1 of the cross-attention baseline, mining by
 a round-1 VSRN teacher (``aoq train`` with the embedding config), a round-2 (AOQ) epoch, evaluation."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,14 @@ def test_scan_and_bfan_configs_run_with_the_vsrn_teacher(tmp_path, capsys):
     assert aoq(["evaluate", "--checkpoint", str(run / "models" / "aoq"), "--split", "test"]) == 0
     assert "projected" in capsys.readouterr().out
     assert aoq(["evaluate", "--checkpoint", str(run / "models" / "aoq"), "--split", "test",
-                "--shortlist-by", str(teacher), "--shortlist-n", "3"]) == 0
-    assert "re-ranking the top 3 of the embedding model" in capsys.readouterr().out
+                "--shortlist-by", str(teacher), "--shortlist-n", "3", "--shortlist-cost"]) == 0
+    out = capsys.readouterr().out
+    assert "re-ranking the top 3 of the embedding model" in out and "the shortlist's cost" in out
     assert aoq(["evaluate", "--checkpoint", str(teacher), "--split", "test", "--shortlist-by", str(teacher)]) == 2
+    # the paper's rows: two cross-attention checkpoints' scores averaged
+    scan_aoq = runs / "coco_precomp_scan" / "models" / "aoq"
+    assert aoq(["evaluate", "--checkpoint", str(run / "models" / "aoq"), "--split", "test", "--json",
+                "--ensemble", str(scan_aoq)]) == 0
+    assert json.loads(capsys.readouterr().out)["ensemble"] == load_checkpoint(scan_aoq).content_hash
+    assert aoq(["evaluate", "--checkpoint", str(scan_aoq), "--split", "test", "--ensemble", str(teacher)]) == 2
+    assert aoq(["evaluate", "--checkpoint", str(teacher), "--split", "test", "--ensemble", str(scan_aoq)]) == 2

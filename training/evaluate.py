@@ -13,7 +13,6 @@ training split as the bank (docs/serving.md, Hubness correction).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,27 +27,16 @@ from aoq.embed import encode_fragments, encode_split
 from aoq.hubness import HUB_ITEMS, bank_normaliser, bank_provenance, direction_fns, hub_share, top1_per_query
 from aoq.label_metrics import label_metrics, label_metrics_folds, label_metrics_of_scores
 from aoq.metrics import (
-    FOLD_IMAGES,
-    N_FOLDS,
     PROTOCOLS,
     chance_rsum,
     evaluate_directions,
     evaluate_embeddings,
     evaluate_scores,
-    fold_1k,
 )
 from aoq.models.joint import JointModel
 from aoq.names import Normalisation, PositiveRule
-from aoq.pair_scores import (
-    COCO_5K,
-    ScoringTime,
-    fold_scores,
-    rescore_shortlist,
-    score_matrix,
-    shortlist,
-    shortlist_sims,
-)
-from aoq.ranks import array_fn
+from aoq.pair_scores import COCO_5K, score_matrix
+from aoq_train.pairwise_eval import evaluate_pairwise
 
 #: the protocols a hubness normalisation evaluates under: one gallery, the whole split
 HUBNESS_PROTOCOLS = ("full", "labels")
@@ -84,69 +72,6 @@ def evaluate_model(
                                  positives=positives)
     img, cap = encode_split(model, vocab, split, batch_size=batch_size, device=device, image_size=image_size)
     return _evaluate_encoded(img, cap, split, protocol, ndcg_k, positives)
-
-
-def _pairwise_protocol(protocol: str) -> str:
-    if protocol == "labels":
-        raise ValueError("label-wise metrics are not wired for cross-attention models yet; use full, 1k5fold or 5k")
-    return protocol
-
-
-def evaluate_pairwise(
-    model: JointModel,
-    vocab: Vocabulary,
-    split: SplitData,
-    protocol: str = "full",
-    *,
-    batch_size: int = 256,
-    device: str | torch.device | None = None,
-    positives: PositiveRule = "pair",
-    progress: bool = False,
-    shortlist_by: tuple[np.ndarray, np.ndarray] | None = None,
-    shortlist_n: int = 100,
-) -> dict:
-    """Recalls of a cross-attention model (``model.pairwise``): its score matrix in bounded-memory
-    blocks (:func:`aoq.pair_scores.score_matrix`), or with ``shortlist_by`` (an embedding model's
-    (image, caption) embeddings of the split) the top ``shortlist_n`` of that model's ranking
-    re-scored in each direction (protocol full only).
-
-    Returns:
-        As :func:`evaluate_model`, plus ``"scoring"``: ``seconds``, ``pairs`` scored and
-        ``projected_coco5k_s`` (the time of the same work on COCO 5K at the measured rate: the
-        whole matrix, the five 1K fold blocks under 1k5fold, or every query's shortlist); with a
-        shortlist, ``shortlist`` = N.
-    """
-    protocol = _pairwise_protocol(protocol)
-    if protocol in ("5k", "1k5fold") and split.n_images < COCO_5K[0]:
-        raise ValueError(f"the {protocol} protocol needs at least {COCO_5K[0]:,} images; this set has {split.n_images:,}")
-    dev = next(model.parameters()).device if device is None else torch.device(device)
-    fragments = encode_fragments(model, vocab, split, batch_size=batch_size, device=dev, progress=progress)
-    texts = split.captions if positives == "text" else None
-    if shortlist_by is not None:
-        if protocol != "full":
-            raise ValueError("shortlist re-ranking evaluates the whole split (protocol full)")
-        start = time.perf_counter()
-        base = shortlist_by[0] @ shortlist_by[1].T
-        i2t_short, t2i_short = shortlist(base, shortlist_n), shortlist(base.T, shortlist_n)
-        i2t = shortlist_sims(base, i2t_short, rescore_shortlist(model.pair_scores, fragments, i2t_short, "images",
-                                                                 dev, progress))
-        t2i = shortlist_sims(base.T, t2i_short, rescore_shortlist(model.pair_scores, fragments, t2i_short,
-                                                                   "captions", dev, progress)).T
-        timing = ScoringTime(time.perf_counter() - start, i2t_short.size + t2i_short.size)
-        result = evaluate_directions(array_fn(i2t), array_fn(t2i), split.n_images, split.captions_per_image, texts)
-        result["shortlist"] = int(i2t_short.shape[1])
-        coco_pairs = (COCO_5K[0] + COCO_5K[1]) * result["shortlist"]  # every query's shortlist
-    elif protocol == "1k5fold":
-        fn, timing = fold_scores(model.pair_scores, fragments, dev, FOLD_IMAGES, N_FOLDS, progress)
-        result = fold_1k(fn, split.captions_per_image, n_images=FOLD_IMAGES * N_FOLDS, texts=texts)
-        coco_pairs = FOLD_IMAGES * N_FOLDS * COCO_5K[1]  # five folds of 1,000 x 5,000
-    else:
-        images = range(COCO_5K[0]) if protocol == "5k" else None
-        sims, timing = score_matrix(model.pair_scores, fragments, dev, images, progress)
-        result = evaluate_scores(sims, split.captions_per_image, protocol, texts=texts)
-        coco_pairs = COCO_5K[0] * COCO_5K[1]
-    scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(coco_pairs)}
-    return {**result, "positives": positives, "scoring": scoring}
 
 
 def _check_labels(split: SplitData, wanted: bool) -> None:
@@ -202,12 +127,16 @@ def evaluate_checkpoint(
     hubness: Normalisation | None = None,
     shortlist_by: str | Path | None = None,
     shortlist_n: int = 100,
+    shortlist_cost: bool = False,
+    ensemble: str | Path | None = None,
 ) -> dict:
     """Load a checkpoint and evaluate it on one split of its dataset (or of ``data_path``).
 
     A cross-attention checkpoint (scan, bfan) is scored pair by pair (:func:`evaluate_pairwise`,
     with a progress bar; the result's ``scoring`` projects the COCO 5K time); ``shortlist_by``
-    (an embedding model's checkpoint) re-scores only the top ``shortlist_n`` of its ranking.
+    (an embedding model's checkpoint) re-scores only the top ``shortlist_n`` of its ranking, and
+    ``shortlist_cost`` also scores every pair and reports what the cut costs; ``ensemble`` (a
+    second cross-attention checkpoint) averages the two models' scores.
 
     Args:
         ckpt_dir: a checkpoint directory (``aoq.checkpoint``).
@@ -233,8 +162,10 @@ def evaluate_checkpoint(
     loaded = _load(ckpt_dir, split_name, data_path, device, protocol == "labels")
     if loaded[0].model.pairwise:
         return _evaluate_pairwise_checkpoint(loaded, protocol, device, batch_size, positives, hubness,
-                                             shortlist_by, shortlist_n)
-    if shortlist_by is not None:
+                                             shortlist_by, shortlist_n, shortlist_cost, ensemble)
+    if ensemble is not None:
+        raise ValueError("--ensemble averages two cross-attention models' scores; this checkpoint is an embedding model")
+    if shortlist_by is not None or shortlist_cost:
         raise ValueError("--shortlist-by re-ranks with a cross-attention model; this checkpoint is an embedding model")
     if hubness is not None and protocol not in HUBNESS_PROTOCOLS:
         raise ValueError(f"--hubness evaluates the whole split (protocol full or labels), not {protocol}")
@@ -324,7 +255,8 @@ def _encoded(loaded: tuple, batch_size: int, bank: bool) -> tuple:
 
 def _evaluate_pairwise_checkpoint(loaded: tuple, protocol: str, device: str | torch.device, batch_size: int,
                                   positives: PositiveRule | None, hubness: Normalisation | None,
-                                  shortlist_by: str | Path | None, shortlist_n: int) -> dict:
+                                  shortlist_by: str | Path | None, shortlist_n: int, shortlist_cost: bool,
+                                  ensemble: str | Path | None) -> dict:
     if hubness is not None:
         raise ValueError("--hubness needs embeddings; a cross-attention model has none")
     ckpt, data_cfg, split, common = loaded
@@ -335,9 +267,17 @@ def _evaluate_pairwise_checkpoint(loaded: tuple, protocol: str, device: str | to
             raise ValueError(f"--shortlist-by {shortlist_by}: needs an embedding model, not a cross-attention one")
         by = encode_split(teacher.model, teacher.vocab, split, batch_size=batch_size, image_size=data_cfg.image_size)
         common["shortlist_by"] = teacher.content_hash
+    second = None
+    if ensemble is not None:
+        other = load_checkpoint(ensemble, resolve_device(device))
+        if not other.model.pairwise:
+            raise ValueError(f"--ensemble {ensemble}: needs a cross-attention model, not an embedding one")
+        second = (other.model, other.vocab)
+        common["ensemble"] = other.content_hash
     result = evaluate_pairwise(ckpt.model, ckpt.vocab, split, protocol, batch_size=batch_size,
                                positives=positives or ckpt.config.eval.positives, progress=True,
-                               shortlist_by=by, shortlist_n=shortlist_n)
+                               shortlist_by=by, shortlist_n=shortlist_n, shortlist_cost=shortlist_cost,
+                               ensemble=second)
     return {"n_images": split.n_images, **result, **common}
 
 
@@ -405,6 +345,14 @@ def format_table(result: dict) -> str:
         lines.append(f"cross-attention scoring{cut}: {scoring['pairs']:,} pairs in {scoring['seconds']:.1f} s; "
                      f"the same on COCO 5K ({COCO_5K[0]:,} images, {COCO_5K[1]:,} captions) projected "
                      f"{scoring['projected_coco5k_s'] / 60:.1f} min")
+    cost = result.get("shortlist_cost")
+    if cost:
+        diff = cost["difference"]
+        lines.append(f"the shortlist's cost (re-ranked minus full scoring, full scored in {cost['full_seconds']:.1f} s)")
+        for key, label in (("i2t", "image->text (i2t)"), ("t2i", "text->image (t2i)")):
+            m = diff[key]
+            lines.append(f"{label:<22}{m['r1']:>+8.2f}{m['r5']:>+8.2f}{m['r10']:>+8.2f}{m['medr']:>+8.1f}{m['meanr']:>+9.2f}")
+        lines.append(f"rsum {diff['rsum']:+.2f} (full scoring {cost['full']['rsum']:.2f})")
     if "vocabulary" in result:
         lines.append(f"unknown words: {format_coverage(result['vocabulary'])}")
     hub = result.get("hubness")

@@ -87,6 +87,19 @@ def normalise_attention(s: Tensor, query_mask: Tensor, norm: str, query_dim: int
     raise ValueError(f"unknown attention norm {norm!r} (clipped_l2norm or softmax)")
 
 
+def _gram_product(weights: Tensor, gram: Tensor) -> Tensor:
+    """``weights @ gram`` for (P, C, Q, S) weights and a (P, 1, S, S) or (1, C, S, S) Gram matrix,
+    as one batched product per Gram matrix: a plain broadcast ``@`` would first copy the Gram
+    matrix to every (p, c) pair, a (P, C, S, S) temporary larger than the scores themselves."""
+    if weights.ndim != 4 or gram.shape[:2] == weights.shape[:2]:
+        return weights @ gram
+    p, c, q, s = weights.shape
+    if gram.shape[1] == 1:
+        return (weights.reshape(p, c * q, s) @ gram[:, 0]).reshape(p, c, q, s)
+    out = weights.transpose(0, 1).reshape(c, p * q, s) @ gram[0]
+    return out.reshape(c, p, q, s).transpose(0, 1)
+
+
 def attended_cosine(weights: Tensor, s: Tensor, gram: Tensor, query_sq: Tensor) -> Tensor:
     """Cosine between each query fragment and its attended context vector ``a = sum_j w_j x_j``.
 
@@ -101,7 +114,7 @@ def attended_cosine(weights: Tensor, s: Tensor, gram: Tensor, query_sq: Tensor) 
         without its final ``squeeze`` (which breaks a one-fragment axis).
     """
     dot = (weights * s).sum(-1)
-    a_sq = ((weights @ gram) * weights).sum(-1)
+    a_sq = (_gram_product(weights, gram) * weights).sum(-1)
     return dot / (safe_sqrt(query_sq) * safe_sqrt(a_sq)).clamp(min=EPS)
 
 

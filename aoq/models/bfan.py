@@ -69,8 +69,7 @@ def focal_indicator(alpha: Tensor, source_mask: Tensor, focal: str) -> Tensor:
 def focal_attention(alpha: Tensor, source_mask: Tensor, focal: str) -> Tensor:
     """Eq. 5: the re-assigned attention; a query with no fragment above the threshold keeps
     ``alpha`` (the public code's 0/0, defined in the module docstring)."""
-    kept = torch.where(focal_indicator(alpha, source_mask, focal), alpha, torch.zeros((), dtype=alpha.dtype,
-                                                                                        device=alpha.device))
+    kept = alpha * focal_indicator(alpha, source_mask, focal)  # alpha is finite: the product is a mask
     total = kept.sum(-1, keepdim=True)
     some = total > 0
     return torch.where(some, kept / torch.where(some, total, torch.ones_like(total)), alpha)
