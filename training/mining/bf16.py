@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -38,6 +39,18 @@ log = logging.getLogger(__name__)
 UNIT_ROUNDOFF = 2.0**-24  # float32
 BF16_UNIT_ROUNDOFF = 2.0**-8
 PAYS_FACTOR = 1.5  # bf16 products must be this much faster than float32 ones to be chosen by "auto"
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn``, after one untimed call (kernel selection,
+    packing buffers)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def _norms(x: torch.Tensor, x16: torch.Tensor, rows: int = 2048) -> tuple[float, float, float]:
@@ -114,15 +127,8 @@ def bf16_pays(dim: int = 512, repeats: int = 5) -> bool:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the pass runs single-threaded tiles, one per core
     try:
-        best = {}
-        for name, (a, b) in (("fp32", (q, g)), ("bf16", (q16, g16))):
-            torch.mm(a, b.T)  # first call: kernel selection, packing buffers
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                torch.mm(a, b.T)
-                times.append(time.perf_counter() - t0)
-            best[name] = min(times)
+        best = {"fp32": best_seconds(lambda: torch.mm(q, g.T), repeats),
+                "bf16": best_seconds(lambda: torch.mm(q16, g16.T), repeats)}
         within = tile_within_bound(torch.mm(q16, g16.T).float().numpy(), canonical_tile(q, g),
                                    error_bound(q, g, q16, g16))
     finally:

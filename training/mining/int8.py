@@ -27,14 +27,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
 
 import numpy as np
 import torch
 from numba import njit
 
 from aoq_train.mining import canonical
-from aoq_train.mining.bf16 import PAYS_FACTOR
+from aoq_train.mining.bf16 import PAYS_FACTOR, best_seconds
 
 log = logging.getLogger(__name__)
 
@@ -123,15 +122,8 @@ def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the pass runs single-threaded tiles, one per core
     try:
-        best = {}
-        for name, fn in (("fp32", lambda: torch.mm(q, g.T)), ("int8", lambda: products(qi, gi))):
-            fn()  # first call: kernel selection, packing buffers
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-            best[name] = min(times)
+        best = {"fp32": best_seconds(lambda: torch.mm(q, g.T), repeats),
+                "int8": best_seconds(lambda: products(qi, gi), repeats)}
         exact = bool((products(qi[:64], gi).long() == qi[:64].long() @ gi.long().T).all())
     except (RuntimeError, NotImplementedError) as err:  # a torch build without int8 products on this CPU
         log.info("no int8 products here (%s): mining filters in fp32", err)
