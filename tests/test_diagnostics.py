@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from aoq.config import ConfigError, Round2Config
-from aoq_train.mining.depth import checked_depths, round2_depths
+from aoq_train.round2.depth import checked_depths, round2_depths
 from aoq_train.mining.diagnostics import (
     diagnostics_settings,
     hardness_diagnostics,
     summary_line,
 )
-from aoq_train.mining.sampling import sampling_depths
+from aoq_train.round2.sampling import sampling_depths
 
 # One caption per image; img_emb = I, so S = img_emb @ cap_emb.T = cap_emb.T = SCORES.
 SCORES = np.array([

@@ -31,7 +31,7 @@ from aoq_train.round2.train import (
     train_round2,
     uses_derived_pairs,
 )
-from aoq_train.mining.sampling import OfflineNegatives
+from aoq_train.round2.sampling import OfflineNegatives
 
 SPLITS = {"train": 20, "dev": 6, "test": 6}  # 100 training captions: 4 batches of 25
 

@@ -11,7 +11,7 @@ from aoq.config import ConfigError, Round2Config
 from aoq.data.dataset import SplitData
 from aoq.data.facts import SplitFacts, facts_hold, index_facts, parse_fact
 from aoq_train.round2.train import false_negative_check
-from aoq_train.mining.sampling import (
+from aoq_train.round2.sampling import (
     RANK,
     TILDE,
     DrawKey,

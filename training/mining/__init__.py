@@ -3,7 +3,7 @@
 After round 1, every training image is scored against every training caption. For each image we
 keep the ids of its ``top_captions`` best captions other than its own, and for each caption the
 ids of its ``top_images`` best images other than its own. Round 2 samples its offline negatives
-from these lists (:mod:`aoq_train.mining.sampling`).
+from these lists (:mod:`aoq_train.round2.sampling`).
 
 How it is computed (torch backend)
     On the CPU, one pass for both directions (:mod:`aoq_train.mining.fused`): both lists read the

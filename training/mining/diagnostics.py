@@ -13,7 +13,7 @@ each anchor (the image of a caption, and the caption itself):
   rank = 1 + the negatives scoring strictly higher). Captions of the anchor's own image are not
   negatives and are left out of the batch's candidates here (the round-2 loss does not mask
   them; with B much smaller than N they are rare);
-* the rank and score of the offline negative drawn by :func:`aoq_train.mining.sampling.sample_offline_negatives`
+* the rank and score of the offline negative drawn by :func:`aoq_train.round2.sampling.sample_offline_negatives`
   at the configured depth;
 * ``S_on - S_off`` (negative: the offline negative is the harder one);
 * the share of rows where each hinge of Eq. 5 is active at this model (online i2t/t2i with
@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from aoq.config import Round2Config
-from aoq_train.mining.depth import round2_depths
+from aoq_train.round2.depth import round2_depths
 from aoq_train.objectives.losses import adaptive_weights
-from aoq_train.mining.sampling import DrawKey, sample_offline_negatives
+from aoq_train.round2.sampling import DrawKey, sample_offline_negatives
 
 KIND = "hardness_diagnostics"
 #: batches sampled by default: enough anchors for stable medians, a small fraction of mining's cost.

@@ -20,7 +20,7 @@ from aoq.io import (
 )
 from aoq.mined import MinedNegatives, load_mined, save_mined
 from aoq_train.mining.canonical import RULE
-from aoq_train.mining.depth import checked_depths
+from aoq_train.round2.depth import checked_depths
 from aoq_train.mining.diagnostics import diagnostics_settings, hardness_diagnostics
 from aoq_train.mining.driver import mine_offline_negatives, product_precision
 from aoq_train.mining.false_negatives import filter_inputs, filter_stats, filtered_lists
@@ -103,7 +103,7 @@ def mine_with_checkpoint(
         ArtefactError: the checkpoint is damaged (``CheckpointError``).
         DataError: the training split cannot be read.
         ValueError: H larger than the split allows.
-        ConfigError: the round-2 depth is deeper than the lists (``aoq_train.mining.depth``), the
+        ConfigError: the round-2 depth is deeper than the lists (``aoq_train.round2.depth``), the
             mining precision does not run on the mining device, or the filters leave a list too short.
     """
     from aoq.checkpoint import load_checkpoint

@@ -1,7 +1,7 @@
 """Round 2: train a model with offline hard negatives (paper Eq. 3-5 and the Table 3 ablations).
 
 Each training caption ``c`` of image ``i`` is one positive pair ``(i, t)``. Every epoch draws,
-for every caption, the four offline items of :mod:`aoq_train.mining.sampling` from the mined lists
+for every caption, the four offline items of :mod:`aoq_train.round2.sampling` from the mined lists
 (``t_off``, ``i_off``, ``t~_off``, ``i~_off``), as a pure function of (``round2.seed``, epoch), so
 a resumed epoch sees the same negatives. A batch of B pairs is collated as
 
@@ -54,10 +54,10 @@ from aoq.mined import MinedNegatives, load_mined
 from aoq.models.joint import JointModel, build_model, text_vocabulary
 from aoq_train.loop import distributed
 from aoq_train.loop.batches import epoch_loader
-from aoq_train.mining.depth import checked_depths, round2_depths
+from aoq_train.round2.depth import checked_depths, round2_depths
 from aoq_train.evaluate import dev_validator
 from aoq_train.objectives.losses import round2_loss
-from aoq_train.mining.sampling import CaptionTrueOf, DrawKey, OfflineNegatives, sample_offline_negatives
+from aoq_train.round2.sampling import CaptionTrueOf, DrawKey, OfflineNegatives, sample_offline_negatives
 from aoq_train.loop.trainer import StepFn, TrainResult, fit
 
 log = logging.getLogger(__name__)

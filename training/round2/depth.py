@@ -1,5 +1,5 @@
 """Round-2 sampling depth: ``round2.depth`` resolved for a training split and checked against the
-mined lists (docs/method.md, Sampling; the rule itself is :func:`aoq_train.mining.sampling.sampling_depths`)."""
+mined lists (docs/method.md, Sampling; the rule itself is :func:`aoq_train.round2.sampling.sampling_depths`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from aoq.config import ConfigError, Round2Config
-from aoq_train.mining.sampling import check_lists, sampling_depths
+from aoq_train.round2.sampling import check_lists, sampling_depths
 
 log = logging.getLogger(__name__)
 
