@@ -31,6 +31,7 @@ from aoq_train.round2.train import (
     train_round2,
     uses_derived_pairs,
 )
+from aoq_train.round2.depth import Depths
 from aoq_train.round2.sampling import OfflineNegatives
 
 SPLITS = {"train": 20, "dev": 6, "test": 6}  # 100 training captions: 4 batches of 25
@@ -283,11 +284,11 @@ def test_epoch_negatives_are_a_function_of_seed_and_epoch(data: Path, mined: Pat
     from aoq.mined import load_mined
 
     m = load_mined(mined)
-    r2 = Round2Config(h_t=20, h_i=4)
-    a, b = epoch_negatives(m, r2, 0), epoch_negatives(m, r2, 0)
+    r2, depths = Round2Config(h_t=20, h_i=4), Depths(20, 4)
+    a, b = epoch_negatives(m, r2, depths, 0), epoch_negatives(m, r2, depths, 0)
     assert (a.t_off == b.t_off).all() and (a.i_off == b.i_off).all() and (a.t_off_tilde == b.t_off_tilde).all()
-    assert (a.rank != epoch_negatives(m, r2, 1).rank).any()
-    assert (a.rank != epoch_negatives(m, Round2Config(h_t=20, h_i=4, seed=1), 0).rank).any()
+    assert (a.rank != epoch_negatives(m, r2, depths, 1).rank).any()
+    assert (a.rank != epoch_negatives(m, Round2Config(h_t=20, h_i=4, seed=1), depths, 0).rank).any()
 
 
 def _weights(run: Path, which: str = "last") -> dict[str, torch.Tensor]:

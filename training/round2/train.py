@@ -54,7 +54,7 @@ from aoq.mined import MinedNegatives, load_mined
 from aoq.models.joint import JointModel, build_model, text_vocabulary
 from aoq_train.loop import distributed
 from aoq_train.loop.batches import epoch_loader
-from aoq_train.round2.depth import checked_depths, round2_depths
+from aoq_train.round2.depth import Depths, checked_depths
 from aoq_train.evaluate import dev_validator
 from aoq_train.objectives.losses import round2_loss
 from aoq_train.round2.sampling import CaptionTrueOf, DrawKey, OfflineNegatives, sample_offline_negatives
@@ -69,13 +69,13 @@ def uses_derived_pairs(r2: Round2Config) -> bool:
 
 
 def epoch_negatives(
-    mined: MinedNegatives, r2: Round2Config, epoch: int, caption_true_of: CaptionTrueOf | None = None
+    mined: MinedNegatives, r2: Round2Config, depths: Depths, epoch: int,
+    caption_true_of: CaptionTrueOf | None = None,
 ) -> OfflineNegatives:
-    """The offline items of every training caption for ``epoch``: a pure function of the seed
-    (and of the facts, when ``caption_true_of`` filters false negatives)."""
-    h_t, h_i = round2_depths(r2, mined.img_top_caps.shape[0], mined.cap_top_imgs.shape[0])
+    """The offline items of every training caption for ``epoch`` at the run's ``depths``: a pure
+    function of the seed (and of the facts, when ``caption_true_of`` filters false negatives)."""
     return sample_offline_negatives(
-        np.arange(mined.cap_top_imgs.shape[0]), mined.img_top_caps, mined.cap_top_imgs, h_t, h_i,
+        np.arange(mined.cap_top_imgs.shape[0]), mined.img_top_caps, mined.cap_top_imgs, depths.h_t, depths.h_i,
         DrawKey(r2.seed, epoch), r2.sampling, center=r2.normal_center, scale=r2.normal_scale,
         caption_true_of=caption_true_of,
     )
@@ -237,7 +237,8 @@ def round2_step(r2: Round2Config) -> StepFn:
     return step
 
 
-def _check_mined(mined: MinedNegatives, train: SplitData, r2: Round2Config) -> tuple[int, int]:
+def _check_mined(mined: MinedNegatives, train: SplitData, r2: Round2Config) -> Depths:
+    """The run's depths, once the lists are known to be of this split and deep enough for them."""
     shape = (mined.img_top_caps.shape[0], mined.cap_top_imgs.shape[0])
     if shape != (train.n_images, train.n_captions):
         raise ArtefactError(
@@ -305,7 +306,7 @@ def train_round2(
     train = load_split(cfg.data, "train")
     dev = load_split(cfg.data, "dev")
     mined = load_mined(mined_dir)
-    h_t, h_i = _check_mined(mined, train, r2)
+    depths = _check_mined(mined, train, r2)
     _guard_mined_identity(run_dir, mined)
     model, vocab, init = _initial_model(cfg, train)
     model = model.to(resolve_device(distributed.device_for(r2.device, distributed.current())))
@@ -317,7 +318,7 @@ def train_round2(
     true_of = false_negative_check(train, r2)
 
     def make_loader(epoch: int, generator: torch.Generator, skip: int):
-        negatives = epoch_negatives(mined, r2, epoch, true_of)
+        negatives = epoch_negatives(mined, r2, depths, epoch, true_of)
         if true_of is not None:
             log.info("round 2 epoch %d: %d offline draws redrawn as false negatives, %d still false negatives",
                      epoch + 1, negatives.filtered, negatives.false_negatives)
@@ -329,8 +330,8 @@ def train_round2(
     extra = {
         "loss": r2.loss,
         "variant": r2.variant,
-        "h_t": h_t,
-        "h_i": h_i,
+        "h_t": depths.h_t,
+        "h_i": depths.h_i,
         **init,
         "mined": str(mined.path),
         "mined_hash": mined.manifest["content_hash"],
