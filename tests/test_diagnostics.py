@@ -6,12 +6,9 @@ import numpy as np
 import pytest
 
 from aoq.config import ConfigError, Round2Config
-from aoq_train.round2.depth import checked_depths, round2_depths
-from aoq_train.mining.diagnostics import (
-    diagnostics_settings,
-    hardness_diagnostics,
-    summary_line,
-)
+from aoq_train.mining.diagnostics import hardness_diagnostics, summary_line
+from aoq_train.mining.job import diagnostics_settings
+from aoq_train.round2.depth import Depths, checked_depths, round2_depths
 from aoq_train.round2.sampling import sampling_depths
 
 # One caption per image; img_emb = I, so S = img_emb @ cap_emb.T = cap_emb.T = SCORES.
@@ -29,7 +26,7 @@ BATCHES = np.array([[0, 2], [1, 3]])
 
 def _diagnose(**r2):
     cfg = Round2Config(batch_size=2, h_t=1, h_i=1, alpha=0.5, beta=1.5, **r2)
-    settings = diagnostics_settings(cfg, 4, 4)
+    settings = diagnostics_settings(cfg, round2_depths(cfg, 4, 4))
     return hardness_diagnostics(np.eye(4), SCORES.T.copy(), 1, IMG_TOP_CAPS, CAP_TOP_IMGS, settings, BATCHES)
 
 
@@ -70,7 +67,7 @@ def test_warns_when_offline_negatives_are_easier():
     # the warning names the depth and the remedy
     weak = hardness_diagnostics(np.eye(4), SCORES.T.copy(), 1, IMG_TOP_CAPS[:, ::-1].copy(),
                                 CAP_TOP_IMGS[:, ::-1].copy(),
-                                diagnostics_settings(Round2Config(batch_size=2, h_t=1, h_i=1), 4, 4), BATCHES)
+                                diagnostics_settings(Round2Config(batch_size=2, h_t=1, h_i=1), Depths(1, 1)), BATCHES)
     # reversed lists put the 2nd-best negative first: images i0, i2, i1, i3 get t3, t3, t3, t0,
     # S_off = (.5, .4, .3, .3) against S_on = (.1, .6, .3, .5): mean S_on - S_off = 0, not below
     assert weak["image_anchors"]["offline_score"] == pytest.approx((0.5 + 0.4 + 0.3 + 0.3) / 4)

@@ -27,13 +27,12 @@ result carries a warning.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from aoq.config import Round2Config
-from aoq_train.round2.depth import round2_depths
 from aoq_train.objectives.losses import adaptive_weights
 from aoq_train.round2.sampling import DrawKey, sample_offline_negatives
 
@@ -44,17 +43,31 @@ QUANTILES = {"min": 0.0, "p10": 0.1, "p25": 0.25, "median": 0.5, "p75": 0.75, "p
 HINGES = ("online_i2t", "online_t2i", "offline_i2t", "offline_t2i", "pair", "pair_tilde")
 
 
-def diagnostics_settings(r2: Round2Config, n_images: int, n_captions: int,
-                         max_batches: int = DEFAULT_BATCHES) -> dict[str, Any]:
-    """Everything the diagnostics depend on besides the embeddings and lists (JSON-able)."""
-    h_t, h_i = round2_depths(r2, n_images, n_captions)
-    return {
-        "batch_size": r2.batch_size, "max_batches": max_batches, "seed": r2.seed,
-        "depth": r2.depth, "h_rel": r2.h_rel, "h_t": h_t, "h_i": h_i,
-        "sampling": r2.sampling, "normal_center": r2.normal_center, "normal_scale": r2.normal_scale,
-        "margin_online": r2.margin_online, "margin_offline": r2.margin_offline,
-        "alpha": r2.alpha, "beta": r2.beta,
-    }
+@dataclass(frozen=True, kw_only=True)
+class HardnessSettings:
+    """Everything the diagnostics depend on besides the embeddings and lists: the batches, draws
+    (at depths already resolved for the split) and loss of the round 2 they look ahead to. Given
+    explicitly (:func:`aoq_train.mining.job.diagnostics_settings` reads them from ``round2``).
+    ``depth`` and ``h_rel`` only record how ``h_t``/``h_i`` were chosen."""
+
+    batch_size: int
+    max_batches: int = DEFAULT_BATCHES
+    seed: int
+    depth: str
+    h_rel: float | None
+    h_t: int
+    h_i: int
+    sampling: str
+    normal_center: float
+    normal_scale: float
+    margin_online: float
+    margin_offline: float
+    alpha: float
+    beta: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able, in field order (the artefact records it and compares it on a rerun)."""
+        return asdict(self)
 
 
 def sample_batches(n_captions: int, batch_size: int, max_batches: int, rng: np.random.Generator) -> np.ndarray:
@@ -72,7 +85,7 @@ def _global_rank(scores: np.ndarray, own: np.ndarray, picked: np.ndarray) -> tup
 
 
 def _batch_rows(img: np.ndarray, cap: np.ndarray, cpi: int, captions: np.ndarray, lists: tuple,
-                s: dict[str, Any], draws: DrawKey) -> dict[str, np.ndarray]:
+                s: HardnessSettings, draws: DrawKey) -> dict[str, np.ndarray]:
     """Per-anchor scores and ranks of one batch of caption ids."""
     images = captions // cpi
     rows = img[images] @ cap.T  # image anchors against every caption
@@ -81,8 +94,8 @@ def _batch_rows(img: np.ndarray, cap: np.ndarray, cpi: int, captions: np.ndarray
     same = images[:, None] == images[None, :]
     masked = np.where(same, -np.inf, in_batch)
     t_on, i_on = captions[masked.argmax(axis=1)], images[masked.argmax(axis=0)]
-    neg = sample_offline_negatives(captions, *lists, s["h_t"], s["h_i"], draws, s["sampling"],
-                                   center=s["normal_center"], scale=s["normal_scale"])
+    neg = sample_offline_negatives(captions, *lists, s.h_t, s.h_i, draws, s.sampling,
+                                   center=s.normal_center, scale=s.normal_scale)
     own_caps = (np.arange(cap.shape[0])[None, :] // cpi) == images[:, None]
     own_imgs = np.arange(img.shape[0])[None, :] == images[:, None]
     out = {"positive": in_batch.diagonal().copy()}
@@ -152,7 +165,7 @@ def hardness_diagnostics(
     captions_per_image: int,
     img_top_caps: np.ndarray,
     cap_top_imgs: np.ndarray,
-    settings: dict[str, Any],
+    settings: HardnessSettings,
     batches: np.ndarray | None = None,
     captions: list[str] | None = None,
 ) -> dict[str, Any]:
@@ -161,38 +174,38 @@ def hardness_diagnostics(
     Args:
         img_emb / cap_emb: round-1 embeddings of the training split (scores = dot products).
         img_top_caps / cap_top_imgs: the mined lists of those embeddings.
-        settings: :func:`diagnostics_settings`.
+        settings: the round-2 settings to look ahead to.
         batches: ``(n, B)`` caption ids to use as batches; default :func:`sample_batches` from
-            ``settings["seed"]``.
+            ``settings.seed``.
         captions: the training captions; with them, ``certain_false_negatives`` is added.
 
     Returns:
         ``{"kind", "settings", "anchors", "image_anchors", "caption_anchors", "hinges_active",
         "adaptive_weight", "premise_holds", "warnings"}``.
     """
-    rng = np.random.default_rng([settings["seed"], 3])  # 3: its own stream, apart from round 2's
+    rng = np.random.default_rng([settings.seed, 3])  # 3: its own stream, apart from round 2's
     # Kept in their own dtype (float32 from the encoder): a batch's rows are B x N scores.
     img, cap = np.asarray(img_emb), np.asarray(cap_emb)
     if batches is None:
-        batches = sample_batches(cap.shape[0], settings["batch_size"], settings["max_batches"], rng)
+        batches = sample_batches(cap.shape[0], settings.batch_size, settings.max_batches, rng)
     lists = (img_top_caps, cap_top_imgs)
     # the offline items round 2 draws for these captions in its first epoch (the same keys)
-    draws = DrawKey(settings["seed"], 0)
+    draws = DrawKey(settings.seed, 0)
     parts = [_batch_rows(img, cap, captions_per_image, np.asarray(b, dtype=np.int64), lists, settings, draws)
              for b in batches]
     rows = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
     result: dict[str, Any] = {
         "kind": KIND,
-        "settings": settings,
+        "settings": settings.as_dict(),
         "anchors": int(rows["positive"].size),
-        "image_anchors": _direction(rows, "i2t", settings["h_t"]),
-        "caption_anchors": _direction(rows, "t2i", settings["h_i"]),
-        "hinges_active": _hinges(rows, settings["margin_online"], settings["margin_offline"]),
-        "adaptive_weight": _weights(rows, settings["alpha"], settings["beta"]),
+        "image_anchors": _direction(rows, "i2t", settings.h_t),
+        "caption_anchors": _direction(rows, "t2i", settings.h_i),
+        "hinges_active": _hinges(rows, settings.margin_online, settings.margin_offline),
+        "adaptive_weight": _weights(rows, settings.alpha, settings.beta),
     }
     if captions is not None:
         result["certain_false_negatives"] = certain_false_negatives(img_top_caps, captions, captions_per_image,
-                                                                    settings["h_t"])
+                                                                    settings.h_t)
     warning = premise_warning(result)
     result["premise_holds"] = warning is None
     result["warnings"] = [warning] if warning else []

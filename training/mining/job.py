@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aoq.config import ConfigError
+from aoq.config import ConfigError, Round2Config
 from aoq.device import resolve_device
 from aoq.io import (
     ArtefactError,
@@ -20,11 +20,11 @@ from aoq.io import (
 )
 from aoq.mined import MinedNegatives, load_mined, save_mined
 from aoq_train.mining.canonical import RULE
-from aoq_train.round2.depth import checked_depths
-from aoq_train.mining.diagnostics import diagnostics_settings, hardness_diagnostics
+from aoq_train.mining.diagnostics import HardnessSettings, hardness_diagnostics
 from aoq_train.mining.driver import mine_offline_negatives, product_precision
 from aoq_train.mining.false_negatives import filter_inputs, filter_stats, filtered_lists
 from aoq_train.mining.truth import detector_scores, list_shares, split_truth
+from aoq_train.round2.depth import Depths, check_depths, round2_depths
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,16 @@ def _data_identity(data_cfg: Any, n_images: int, n_captions: int) -> dict[str, A
         "n_images": n_images,
         "n_captions": n_captions,
     }
+
+
+def diagnostics_settings(r2: Round2Config, depths: Depths) -> HardnessSettings:
+    """The settings of the hardness diagnostics: those of ``round2``, at its ``depths`` for the
+    split (resolved once, :func:`aoq_train.round2.depth.round2_depths`)."""
+    return HardnessSettings(
+        batch_size=r2.batch_size, seed=r2.seed, depth=r2.depth, h_rel=r2.h_rel, h_t=depths.h_t, h_i=depths.h_i,
+        sampling=r2.sampling, normal_center=r2.normal_center, normal_scale=r2.normal_scale,
+        margin_online=r2.margin_online, margin_offline=r2.margin_offline, alpha=r2.alpha, beta=r2.beta,
+    )
 
 
 def _up_to_date(out: Path, want: dict[str, Any]) -> MinedNegatives | None:
@@ -124,9 +134,11 @@ def mine_with_checkpoint(
             "filters": list(m.filters)}
     if m.filters:
         want.update(semantic_tau=m.semantic_tau, teacher_rho=m.teacher_rho)
-    settings = diagnostics_settings(cfg.round2, split.n_images, split.n_captions)
+    # round 2's depths on this split, resolved once: the diagnostics, their shares and the lists' check read them
+    depths = round2_depths(cfg.round2, split.n_images, split.n_captions)
+    settings = diagnostics_settings(cfg.round2, depths)
     existing = _up_to_date(out, want)
-    if existing is not None and existing.manifest.get("diagnostics_settings") == settings:
+    if existing is not None and existing.manifest.get("diagnostics_settings") == settings.as_dict():
         return existing, True
     work = out.parent / f".{out.name}.work"
     work.mkdir(parents=True, exist_ok=True)
@@ -151,14 +163,13 @@ def mine_with_checkpoint(
             raise ConfigError(f"{out}: {exc}") from None
     else:
         img_top_caps, cap_top_imgs = mine(m.top_captions, m.top_images)
-    checked_depths(img_top_caps, cap_top_imgs, cfg.round2, out)
+    check_depths(img_top_caps, cap_top_imgs, depths, cfg.round2, out)
     diagnostics = hardness_diagnostics(img, cap, cpi, img_top_caps, cap_top_imgs, settings, captions=split.captions)
     truth = split_truth(split, cfg.data.path, cfg.data.format, cfg.eval.positives)
-    diagnostics["shares"] = list_shares(img_top_caps, cap_top_imgs, truth, settings["h_t"], settings["h_i"])
+    diagnostics["shares"] = list_shares(img_top_caps, cap_top_imgs, truth, *depths)
     if filtered is not None:  # what the filters caught (the premise before them: the unfiltered lists')
         diagnostics["filters"] = filter_stats(filtered, m.filters, m.top_captions, m.top_images)
-        diagnostics["filters"]["detectors"] = detector_scores(filtered, list(m.filters), truth, settings["h_t"],
-                                                              settings["h_i"])
+        diagnostics["filters"]["detectors"] = detector_scores(filtered, list(m.filters), truth, *depths)
     for warning in diagnostics["warnings"]:
         log.warning("%s: %s", out, warning)
     save_mined(out, img_top_caps, cap_top_imgs, {
@@ -167,7 +178,7 @@ def mine_with_checkpoint(
         "teacher_model": ckpt.config.model.image_encoder,
         "backend": m.backend,
         "precision": products,  # which products found the candidates (the lists are the same)
-        "diagnostics_settings": settings,
+        "diagnostics_settings": settings.as_dict(),
     }, config=m.model_dump(mode="json"), diagnostics=diagnostics, filtered=filtered)
     shutil.rmtree(work, ignore_errors=True)
     return load_mined(out), False
