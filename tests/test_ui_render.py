@@ -295,9 +295,11 @@ def test_negatives_strike_through_what_the_filters_removed_and_name_the_filter()
         "offline": [{"id": 7, "text": "an owl", "image_url": "/media/images/4", "rank": 1, "removed_by": "semantic"},
                     {"id": 8, "text": "a cat", "image_url": "/media/images/5", "rank": 2}]})
     _, offline, _ = render_negatives(answer)
-    assert "struck through: removed as a likely false negative by the filters identity, semantic" in offline
+    assert "struck through: removed as a likely false negative (filters: identity, semantic)" in offline
     assert re.findall(r'<li( class="aoq-removed")? data-id="(\d+)"', offline) == [(' class="aoq-removed"', "7"), ("", "8")]
     assert offline.count("removed: ") == 1 and "removed: semantic</span>" in offline
+    _, one, _ = render_negatives(answer.model_copy(update={"filters": ["identity"]}))
+    assert "removed as a likely false negative (filter: identity)" in one
     cards = render_negatives(answer.model_copy(update={"kind": "caption"}))[1]  # image negatives: cards
     assert '<figure class="aoq-card aoq-removed" data-id="7">' in cards and '<figure class="aoq-card" data-id="8">' in cards
 
