@@ -41,6 +41,7 @@ from aoq_ui.export import COLUMNS, comparison_csv, download_link, file_name
 from aoq_ui.render import (
     TICK,
     measured_label,
+    model_label,
     pick_default_models,
     render_error,
     render_image_column,
@@ -437,3 +438,9 @@ def test_the_hubness_switch_offers_every_normalisation_of_the_contract_once():
     assert NORMALISE_CHOICES == [("none", "none"), ("QB-Norm (dynamic inverted softmax)", "qbnorm"),
                                  ("inverted softmax", "invsoftmax")]
     assert [value for _, value in NORMALISE_CHOICES] == list(NORMALISATIONS)
+
+
+def test_model_label_names_the_role_only_where_the_name_does_not():
+    same, other = _models(("aoq-fn-identity", "aoq-fn-identity", True), ("mine", "baseline", True))
+    assert model_label(same) == f"aoq-fn-identity ({same.loss}, {same.image_encoder})"
+    assert model_label(other) == f"mine (baseline, {other.loss}, {other.image_encoder})"
