@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--ui", default="http://127.0.0.1:7860", help="the running UI")
     parser.add_argument("--view", required=True, help="the page address's query (?tab=...&q=...)")
     parser.add_argument("--out", default="docs/screenshot.png")
-    parser.add_argument("--size", default="1400,1400", help="window width,height in pixels")
+    parser.add_argument("--size", default="1400,1480", help="window width,height in pixels")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--chromedriver", default="/usr/bin/chromedriver")
     args = parser.parse_args()

@@ -122,3 +122,12 @@ def test_every_variant_has_a_valid_config_in_its_own_folders(tmp_path):
             assert cfg.data.path.endswith("dataset_emoji.json")
             assert (cfg.model.image_encoder, cfg.model.text_encoder) == ("effnet_lite0", "minilm")
             assert (variant.limit is not None) == quick
+
+
+def test_the_full_emoji_demo_publishes_a_filtered_aoq():
+    # The Negatives tab strikes through what a filter removed: only a filtered arm's lists have any.
+    from aoq_cli.demo import EMOJI_FULL
+    from aoq_train.pipeline.arms import resolve_arms
+
+    filtered = [a.name for a in resolve_arms(EMOJI_FULL.arms) if a.mining.get("filters")]
+    assert filtered == ["aoq-fn-identity"]

@@ -22,8 +22,8 @@ def _share(html: str) -> dict[str, list[str]]:
 def test_load_page_fills_models_examples_and_the_catalogue_line():
     page = handlers.load_page(FakeBackend().client())
     assert (page.left, page.right) == ("baseline", "aoq")
-    assert page.model_choices == [("baseline (baseline, max_violation, vse)", "baseline"),
-                                  ("aoq (aoq, adaptive_offline_quintuplet, vse)", "aoq")]
+    assert page.model_choices == [("baseline (max_violation, vse)", "baseline"),
+                                  ("aoq (adaptive_offline_quintuplet, vse)", "aoq")]
     # the fake's examples: the first 12 captions, those of the twins twice, each text offered once
     assert [c.id for c in page.example_captions] == [0, 1, 2, 3, 4, 10, 11]
     assert page.train_picks[0] == (f"caption 100: {RED0}", "caption:100")

@@ -41,6 +41,7 @@ from aoq_ui.export import COLUMNS, comparison_csv, download_link, file_name
 from aoq_ui.render import (
     TICK,
     measured_label,
+    model_label,
     pick_default_models,
     render_error,
     render_image_column,
@@ -295,9 +296,11 @@ def test_negatives_strike_through_what_the_filters_removed_and_name_the_filter()
         "offline": [{"id": 7, "text": "an owl", "image_url": "/media/images/4", "rank": 1, "removed_by": "semantic"},
                     {"id": 8, "text": "a cat", "image_url": "/media/images/5", "rank": 2}]})
     _, offline, _ = render_negatives(answer)
-    assert "struck through: removed as a likely false negative by the filters identity, semantic" in offline
+    assert "struck through: removed as a likely false negative (filters: identity, semantic)" in offline
     assert re.findall(r'<li( class="aoq-removed")? data-id="(\d+)"', offline) == [(' class="aoq-removed"', "7"), ("", "8")]
     assert offline.count("removed: ") == 1 and "removed: semantic</span>" in offline
+    _, one, _ = render_negatives(answer.model_copy(update={"filters": ["identity"]}))
+    assert "removed as a likely false negative (filter: identity)" in one
     cards = render_negatives(answer.model_copy(update={"kind": "caption"}))[1]  # image negatives: cards
     assert '<figure class="aoq-card aoq-removed" data-id="7">' in cards and '<figure class="aoq-card" data-id="8">' in cards
 
@@ -435,3 +438,9 @@ def test_the_hubness_switch_offers_every_normalisation_of_the_contract_once():
     assert NORMALISE_CHOICES == [("none", "none"), ("QB-Norm (dynamic inverted softmax)", "qbnorm"),
                                  ("inverted softmax", "invsoftmax")]
     assert [value for _, value in NORMALISE_CHOICES] == list(NORMALISATIONS)
+
+
+def test_model_label_names_the_role_only_where_the_name_does_not():
+    same, other = _models(("aoq-fn-identity", "aoq-fn-identity", True), ("mine", "baseline", True))
+    assert model_label(same) == f"aoq-fn-identity ({same.loss}, {same.image_encoder})"
+    assert model_label(other) == f"mine (baseline, {other.loss}, {other.image_encoder})"

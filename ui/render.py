@@ -117,8 +117,10 @@ def pick_default_models(models: Sequence[ModelOut]) -> tuple[str | None, str | N
 
 
 def model_label(model: ModelOut) -> str:
-    """Dropdown label: name, role, loss and encoder (what differs between the two columns)."""
-    bits = [b for b in (model.role, model.loss, model.image_encoder) if b]
+    """Dropdown label: name, role (unless the name says it), loss and encoder (what differs
+    between the two columns)."""
+    role = model.role if model.role != model.name else ""
+    bits = [b for b in (role, model.loss, model.image_encoder) if b]
     return f"{model.name} ({', '.join(bits)})" if bits else model.name
 
 

@@ -115,7 +115,8 @@ def render_negatives(answer: NegativesOut) -> tuple[str, str, str]:
         anchor = f'<div class="aoq-query">Anchor: training image {answer.id}, <b>{text}</b><br>{picture}</div>'
         negative_kind = "caption"
     filtered = "; mined without false-negative filters" if not answer.filters else \
-        f"; struck through: removed as a likely false negative by the filters {', '.join(answer.filters)}"
+        f"; struck through: removed as a likely false negative (filter{'s' if len(answer.filters) > 1 else ''}: " \
+        f"{', '.join(answer.filters)})"
     if any(item.correct for item in (*answer.offline, *answer.online)):
         filtered += f"; {TICK}: a correct match (same caption text as the anchor), not a negative"
     offline = _negative_block("Offline hard negatives (mined from the whole training set; rank in the mined list"
