@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from tests import compose_prebuild
+
 
 @pytest.fixture
 def one_thread():
@@ -12,3 +14,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The compose tests run last, and their image build starts now in the background, so the
+    build's minutes overlap the rest of the suite (tests/compose_prebuild.py)."""
+    compose = [item for item in items if item.path.name == compose_prebuild.MODULE]
+    if not compose or config.option.collectonly:
+        return
+    items[:] = [item for item in items if item.path.name != compose_prebuild.MODULE] + compose
+    compose_prebuild.prebuild()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    compose_prebuild.finish()

@@ -2,8 +2,10 @@
 published ports on 127.0.0.1, and the page loaded in Chromium.
 
 Needs a Docker engine (``scripts/docker-engine.sh`` starts Debian's ``dockerd`` as root when none
-answers, and the module stops that daemon again when it is done) and docker-compose; skipped where neither can be had. ``scripts/docker-base.sh`` makes
-the base image and the build inputs. The stack runs the tiny demo (``docker/quick.yml``) under its
+answers, and the module stops that daemon again when it is done) and docker-compose; skipped where
+neither can be had. ``scripts/docker-base.sh`` makes the base image and the build inputs; both, and
+the images' build, run in the background from the start of the session while the rest of the
+suite runs, and this module runs last (``tests/compose_prebuild.py``). The stack runs the tiny demo (``docker/quick.yml``) under its
 own project name on free ports; ``down --volumes`` removes its containers, network and volumes
 afterwards, while the current images and their layers stay, so a second run of the same tree
 rebuilds little; the project's images a rebuild left untagged (every earlier generation, each
@@ -29,12 +31,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.compose_prebuild import FILES, finish, prebuild
+
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 REPO = Path(__file__).resolve().parents[1]
-FILES = ["-f", "docker-compose.yml", "-f", "docker/quick.yml"]
-BASE_TIMEOUT_S = 900
-BUILD_TIMEOUT_S = 2400
 UP_TIMEOUT_S = 900
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -93,30 +94,21 @@ def _wait_healthy(stack: Stack, service: str, timeout: float) -> None:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    if shutil.which("docker-compose") is None:
-        pytest.skip("docker-compose is not installed (make system-deps installs it)")
-    engine = subprocess.run(["bash", "scripts/docker-engine.sh"], cwd=REPO, capture_output=True, text=True,
-                            timeout=120)
-    if engine.returncode != 0:
-        pytest.skip(f"no Docker engine: {engine.stderr.strip()}")
-    # the pid of a dockerd the script had to start: the suite stops every daemon it starts
-    started = engine.stdout.strip()
+    prepared = prebuild()
+    prepared.wait()
+    if prepared.skip:
+        pytest.skip(prepared.skip)
+    assert prepared.failure is None, prepared.failure
     try:
-        yield from _stack()
+        yield from _stack(prepared.timings)
     finally:
-        if started:
-            stop = subprocess.run(["bash", "scripts/docker-engine.sh", "--stop", started], cwd=REPO,
-                                  capture_output=True, text=True, timeout=120)
-            _check(stop, "stopping the dockerd this test started")
+        # the suite stops every daemon it starts (here, not only at the session's end, so the
+        # tests after this module run without it)
+        finish()
 
 
-def _stack() -> Iterator[Stack]:
-    timings: dict[str, float] = {}
+def _stack(timings: dict[str, float]) -> Iterator[Stack]:
     start = time.monotonic()
-    _check(subprocess.run(["bash", "scripts/docker-base.sh"], cwd=REPO, capture_output=True, text=True,
-                          timeout=BASE_TIMEOUT_S), "scripts/docker-base.sh")
-    timings["base_s"] = time.monotonic() - start
-
     backend_port, ui_port = _free_port(), _free_port()
     env = {**os.environ, "AOQ_BIND": "127.0.0.1", "AOQ_BACKEND_PORT": str(backend_port),
            "AOQ_UI_PORT": str(ui_port), "AOQ_PUBLIC_BACKEND_URL": f"http://127.0.0.1:{backend_port}"}
@@ -124,9 +116,6 @@ def _stack() -> Iterator[Stack]:
     stack = Stack(["docker-compose", "--project-name", f"aoqtest{os.getpid()}", *FILES], env,
                   f"http://127.0.0.1:{backend_port}", f"http://127.0.0.1:{ui_port}/", timings)
     try:
-        mark = time.monotonic()
-        _check(stack.run("build", timeout=BUILD_TIMEOUT_S), "docker-compose build")
-        timings["build_s"] = time.monotonic() - mark
         mark = time.monotonic()
         # `up` starts each service once its dependencies' conditions hold (db healthy, init done,
         # backend healthy), so it returns after the backend's health check has passed
@@ -140,7 +129,7 @@ def _stack() -> Iterator[Stack]:
         mark = time.monotonic()
         down = stack.run("down", "--volumes", "--remove-orphans", "--timeout", "10", timeout=300)
         timings["down_s"] = time.monotonic() - mark
-        timings["total_s"] = time.monotonic() - start
+        timings["stack_s"] = time.monotonic() - start
         (_artifacts() / "timings.json").write_text(json.dumps({k: round(v, 1) for k, v in timings.items()}))
         _check(down, "docker-compose down")
         prune = subprocess.run(["docker", "image", "prune", "--force", "--filter", f"label={PROJECT_LABEL}"],
