@@ -79,7 +79,7 @@ def test_the_metrics_tab_puts_the_served_seed_beside_the_multi_seed_result(tmp_p
     assert ("The demo serves one seed (0): baseline rsum 355.0, AOQ 355.0, AOQ \u2212 baseline +0.0. Over 2 seeds "
             "(results.md): baseline rsum 178.9 \u00b1 8.1, AOQ 182.9 \u00b1 11.0; AOQ \u2212 baseline +4.0 [-1.3, "
             "+9.3] (n=2), a paired 95% interval over the seeds. One seed can be far from the mean: per seed, AOQ "
-            "\u2212 baseline ran from -9.6 to +10.7") in html
+            "\u2212 baseline ran from \u22129.6 to +10.7") in html
     assert render_seed_note(None, served, models) == ""
     repo = Path(__file__).resolve().parents[1]
     assert len(load_seed_summary(repo / "docs" / "results-emoji.md").per_seed) >= 2  # the demo's page parses

@@ -38,6 +38,9 @@ RULES = {
 CSS = """
 .aoq-col h4 { margin: 0 0 .3em 0; }
 .aoq-meta { font-size: .9em; opacity: .85; margin-bottom: .5em; }
+/* the Metrics tab's key message: one served seed beside the multi-seed result */
+.aoq-seeds { border-left: 4px solid #2a6fb0; background: rgba(42,111,176,.08); padding: .5em .8em;
+             margin: .3em 0 .8em 0; border-radius: 4px; }
 .aoq-grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(90px, 1fr)); gap: .5em; }
 .aoq-card { border: 3px solid transparent; border-radius: 6px; padding: 2px; margin: 0; text-align: center; }
 .aoq-card img { width: 100%; height: auto; border-radius: 4px; }

@@ -183,6 +183,11 @@ def render_label_table(all_metrics: Sequence[MetricsOut]) -> str:
             + "".join(rows) + "</table>")
 
 
+def _signed(value: float) -> str:
+    """A difference with its sign, the minus as the typographic one the page's text uses."""
+    return f"{value:+.1f}".replace("-", "\u2212")
+
+
 def render_seed_note(summary: SeedSummary | None, all_metrics: Sequence[MetricsOut], models: Sequence[ModelOut]
                      ) -> str:
     """The served baseline and AOQ (one seed each) beside the pair's multi-seed result: AOQ -
@@ -200,9 +205,9 @@ def render_seed_note(summary: SeedSummary | None, all_metrics: Sequence[MetricsO
         gap = aoq.tables["full"].rsum - baseline.tables["full"].rsum
         lines.insert(0, f"The demo serves one seed ({', '.join(map(str, seeds)) or 'not recorded'}): baseline rsum "
                         f"{baseline.tables['full'].rsum:.1f}, AOQ {aoq.tables['full'].rsum:.1f}, AOQ \u2212 baseline "
-                        f"{gap:+.1f}.")
+                        f"{_signed(gap)}.")
     gaps = [a - b for b, a in summary.per_seed.values()]
     if gaps:
-        lines.append(f"One seed can be far from the mean: per seed, AOQ \u2212 baseline ran from {min(gaps):+.1f} to "
-                     f"{max(gaps):+.1f}, and a model trained from the same seed on another CPU can differ too.")
-    return '<div class="aoq-meta aoq-seeds">' + " ".join(lines) + "</div>"
+        lines.append(f"One seed can be far from the mean: per seed, AOQ \u2212 baseline ran from {_signed(min(gaps))} to "
+                     f"{_signed(max(gaps))}, and a model trained from the same seed on another CPU can differ too.")
+    return '<div class="aoq-seeds">' + " ".join(lines) + "</div>"
