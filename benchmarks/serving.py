@@ -58,6 +58,7 @@ from aoq.models.joint import build_model, text_vocabulary  # noqa: E402
 from aoq.net import ServerNotReady, free_port, wait_http  # noqa: E402
 from aoq_serve.config import Settings  # noqa: E402
 from aoq_serve.index.build import record_model  # noqa: E402
+from aoq_serve.store.pictures import digests_file, split_digests  # noqa: E402
 from aoq_serve.store import catalogue  # noqa: E402
 from aoq_serve.store.db import create_schema, make_engine, session_factory  # noqa: E402
 from aoq.models.invariant import bucket_length, encode_bucket, query_text_encoder  # noqa: E402
@@ -139,7 +140,9 @@ def build_service(root: Path, n: int, source: Path | None, encoders: str) -> tup
     manifest = write_model_index(index_dir / "bench", embeddings, {"images": ids.image_ids, "captions": ids.caption_ids},
                                  IndexSpec("flat"), {"model": "bench", "checkpoint_hash": ckpt.content_hash,
                                                      "gallery_hash": catalogue.gallery_digest(ids, split.captions),
-                                                     "paths_hash": paths_hash, "ranks_hash": {}})
+                                                     "paths_hash": paths_hash, "ranks_hash": {},
+                                                     "picture_digests": sorted(paths_hash)},
+                                 {digests_file("test"): split_digests(None, n)})
     with sessions() as session, session.begin():
         record_model(session, "bench", "aoq", "benchmark", ckpt, ids, manifest, {}, {}, None)
     bump_generation(index_dir, ["bench"])
