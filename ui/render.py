@@ -209,7 +209,10 @@ def _truth_line(answer: SearchTextOut | SearchImageOut, what: str) -> str:
     bits = []
     if answer.scope_rank is not None:
         shown = len(answer.results)
-        seen = "among" if answer.scope_rank <= shown else "not among"
+        # a caption row stands for all its copies, so the rows shown cover ranks up to the last
+        # row's rank plus its copies, not only up to the number of rows
+        last = max((r.rank + getattr(r, "copies", 1) - 1 for r in answer.results), default=0)
+        seen = "among" if answer.scope_rank <= last else "not among"
         bits.append(f"first correct {what} at <b>#{format_rank(answer.scope_rank)}</b> of {context.searched:,} "
                     f"searched, {seen} the {shown} shown")
     else:
