@@ -119,15 +119,6 @@ def test_image_column_lists_each_text_once_with_its_copies_and_picture():
     assert "first correct caption at <b>#2</b> of " in html
 
 
-def test_a_rank_inside_a_shown_row_of_copies_is_among_the_shown():
-    # five rows, ranks 1, 2, 4, 6, 7 with copies 1, 2, 2, 1, 2: the list covers ranks 1 to 8
-    answer = _image("baseline")
-    inside = render_image_column(answer.model_copy(update={"scope_rank": 8}), "Left: baseline")
-    beyond = render_image_column(answer.model_copy(update={"scope_rank": 9}), "Left: baseline")
-    assert "at <b>#8</b> of 30 searched, among the 5 shown" in inside
-    assert "at <b>#9</b> of 30 searched, not among the 5 shown" in beyond
-
-
 def test_image_column_escapes_text():
     raw = image_answer("baseline", 0, [0], 1)
     raw["results"][0]["text"] = "a <i>blue</i> square"

@@ -29,6 +29,15 @@ def _image(model: str, image_id: int | None = 0, k: int = 5) -> SearchImageOut:
     return SearchImageOut.model_validate(image_answer(model, image_id, ORDERS_I2T[model], k))
 
 
+def test_a_rank_inside_a_shown_row_of_copies_is_among_the_shown():
+    # five rows, ranks 1, 2, 4, 6, 7 with copies 1, 2, 2, 1, 2: the list covers ranks 1 to 8
+    answer = _image("baseline")
+    inside = render_image_column(answer.model_copy(update={"scope_rank": 8}), "Left: baseline")
+    beyond = render_image_column(answer.model_copy(update={"scope_rank": 9}), "Left: baseline")
+    assert "at <b>#8</b> of 30 searched, among the 5 shown" in inside
+    assert "at <b>#9</b> of 30 searched, not among the 5 shown" in beyond
+
+
 def test_the_verdict_line_reads_the_comparison_and_names_the_intended_answer():
     html = render_text_query(_text("baseline"), _text("aoq"))
     assert ("<b>Verdict:</b> first correct answer baseline #3, aoq #1, of 2 correct in the whole catalogue (all "
