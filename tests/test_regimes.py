@@ -122,7 +122,7 @@ def test_two_cell_toy_map_end_to_end(tmp_path: Path, capsys) -> None:
 
 
 def test_pilot_picks_the_two_knobs_that_move_the_gain_most() -> None:
-    from aoq_train.regimes.runs import MapSetup, pick_knobs, pilot_summary
+    from aoq_train.regimes.runs import MapSetup, pick_knobs, pilot_setup, pilot_summary
 
     levels = {"noise": (0.3, 1.8), "family_share": (0.1, 0.9), "max_variants": (1, 6)}
     pilot = MapSetup(Path("cfg"), tuple(pilot_cells(levels)), (0,))
@@ -133,6 +133,8 @@ def test_pilot_picks_the_two_knobs_that_move_the_gain_most() -> None:
     assert summary["knobs"]["family_share"] == {"levels": [(0.1, -2.0), (0.9, 4.0)], "range": 6.0}
     assert summary["minutes"] == 12.0
     assert pick_knobs(summary) == ("family_share", "max_variants")
+    full = MapSetup(Path("cfg"), (), (3, 4))
+    assert (pilot_setup(full, pilot.cells).arms, pilot_setup(full, pilot.cells).replicates) == (("aoq",), (3,))
     with pytest.raises(ValueError, match="at least two knobs"):
         pick_knobs(pilot_summary(pilot, {**{n: [] for n in gain}, "noise=0.3": jobs["noise=0.3"]}))
 

@@ -137,8 +137,8 @@ def predictor_section(corr: dict[str, dict[str, Any]], n_cells: int) -> list[str
 def pilot_section(pilot: dict[str, Any] | None, knobs: tuple[str, str]) -> list[str]:
     if pilot is None:
         return [f"Knobs given on the command line: {knobs[0]} and {knobs[1]} (no pilot).", ""]
-    lines = ["Pilot: **one seed per level of each knob** (the other knobs at their defaults), AOQ minus the "
-             "baseline rsum; the two knobs with the widest range over their levels make the grid.", "",
+    lines = ["Pilot: **one seed per level of each knob** (the other knobs at their defaults), the baseline "
+             "and AOQ only, AOQ minus the baseline rsum; the two knobs with the widest range over their levels make the grid.", "",
              "| knob | AOQ − baseline per level | range |", "|---|---|---:|"]
     for knob, row in pilot["knobs"].items():
         levels = ", ".join(f"{level}: {d:+.1f}" for level, d in row["levels"])

@@ -155,5 +155,6 @@ def pick_knobs(summary: dict[str, Any]) -> tuple[str, str]:
 
 
 def pilot_setup(setup: MapSetup, cells: tuple[Cell, ...]) -> MapSetup:
-    """The pilot of a map: the given one-knob cells, one replicate (the first)."""
-    return replace(setup, cells=cells, replicates=setup.replicates[:1])
+    """The pilot of a map: the given one-knob cells, one replicate (the first), and only the arm
+    whose gain picks the knobs (the other arms would double its cost and inform nothing)."""
+    return replace(setup, cells=cells, replicates=setup.replicates[:1], arms=(GAIN_ARM,))
