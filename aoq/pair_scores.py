@@ -35,6 +35,9 @@ from aoq.ranks import SimsFn
 BLOCK_ELEMENTS = 1 << 17
 #: captions per block (the images per block follow from BLOCK_ELEMENTS).
 CAPTION_BLOCK = 32
+#: the same two bounds on an accelerator: it is fed by few large kernels rather than many small
+#: ones, and its memory holds a large block's temporaries (float32: 128 MiB each).
+ACCELERATOR_BLOCK = (1 << 25, 512)
 #: captions per step of :func:`score_matrix`'s progress bar (many blocks: work for every worker).
 PROGRESS_CAPTIONS = 16 * CAPTION_BLOCK
 #: (images, captions) of the COCO 5K test set, for the projected time.
@@ -74,8 +77,13 @@ def _one_thread_per_block(device: torch.device) -> Iterator[ThreadPoolExecutor]:
         torch.set_num_threads(threads)
 
 
-def _images_per_block(words: Tensor, regions: int) -> int:
-    return max(1, BLOCK_ELEMENTS // (words.shape[0] * words.shape[1] * regions))
+def block_bounds(device: torch.device) -> tuple[int, int]:
+    """(elements, captions) of one block on ``device``: cache-sized on a CPU, large elsewhere."""
+    return (BLOCK_ELEMENTS, CAPTION_BLOCK) if device.type == "cpu" else ACCELERATOR_BLOCK
+
+
+def _images_per_block(words: Tensor, regions: int, elements: int) -> int:
+    return max(1, elements // (words.shape[0] * words.shape[1] * regions))
 
 
 def score_block(score: PairScoreFn, fragments: EncodedFragments, image_ids: np.ndarray | range,
@@ -86,18 +94,19 @@ def score_block(score: PairScoreFn, fragments: EncodedFragments, image_ids: np.n
     image_ids, caption_ids = np.asarray(image_ids), np.asarray(caption_ids)
     out = np.empty((len(image_ids), len(caption_ids)), dtype=np.float32)
     regions = fragments.regions.shape[1]
+    elements, caption_block = block_bounds(device)
 
     blocks = []
     with torch.inference_mode():
-        for c0 in range(0, len(caption_ids), CAPTION_BLOCK):
-            words, lengths = fragments.captions(caption_ids[c0 : c0 + CAPTION_BLOCK])
+        for c0 in range(0, len(caption_ids), caption_block):
+            words, lengths = fragments.captions(caption_ids[c0 : c0 + caption_block])
             blocks.append((c0, words.to(device), lengths.to(device)))
     tasks = [(k, i0) for k, (_, words, _) in enumerate(blocks)
-             for i0 in range(0, len(image_ids), _images_per_block(words, regions))]
+             for i0 in range(0, len(image_ids), _images_per_block(words, regions, elements))]
 
     def run(task: tuple[int, int]) -> None:
         c0, words, lengths = blocks[task[0]]
-        rows = image_ids[task[1] : task[1] + _images_per_block(words, regions)]
+        rows = image_ids[task[1] : task[1] + _images_per_block(words, regions, elements)]
         with torch.inference_mode():
             scores = score(_to(fragments.regions[rows], device), words, lengths)
             out[task[1] : task[1] + len(rows), c0 : c0 + words.shape[0]] = scores.float().cpu().numpy()

@@ -9,6 +9,9 @@ to ``--out`` (default ``$GPU_CHECK_OUT`` or ``artifacts/gpu-check``). Parts, in 
 2. ``training_speed``: per-batch time of round 1 (max violation) and round 2 (AdapOffQuin),
    batch 128, COCO shapes (36 regions x 2048 features), vse and vsrn, fp32 and bf16 AMP; the
    AOQ / baseline ratio beside the paper's 1.46x.
+   ``cross_attention``: the same for SCAN (t2i LSE) and BFAN (equal), and their chunked score
+   matrix (``aoq.pair_scores.score_matrix``) on one COCO 1K fold of random fragments, with the
+   accelerator's block bounds and with the CPU's, projected to COCO 1K (5 folds) and 5K.
 3. ``mining``: synthetic unit embeddings at COCO scale (113,287 images x 5 captions, d = 1024,
    top 2,000 / 400) mined on the GPU; seconds beside the paper's 3,400 s.
 4. ``serving``: the flat inner-product search behind ``/search/text`` (one query, top 10) on a
@@ -53,7 +56,13 @@ sys.path.insert(0, str(REPO))
 from aoq.device import cpu_description, seed_everything  # noqa: E402
 from aoq.config import ModelConfig, Round2Config, TrainConfig  # noqa: E402
 from aoq.io import atomic_write_json  # noqa: E402
+import aoq.pair_scores as pair_scores  # noqa: E402
+from aoq.embed import EncodedFragments  # noqa: E402
+from aoq.metrics import FOLD_IMAGES  # noqa: E402
+from aoq.models.bfan import bfan_scores  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
+from aoq.models.scan import SCAN_PRESETS, scan_scores  # noqa: E402
+from aoq.pair_scores import COCO_5K, PairScoreFn  # noqa: E402
 from aoq_train.round1 import round1_step  # noqa: E402
 from aoq_train.round2.train import round2_step  # noqa: E402
 from aoq_train.loop.trainer import optimise_step  # noqa: E402
@@ -61,7 +70,7 @@ from aoq_train.loop.trainer import optimise_step  # noqa: E402
 log = logging.getLogger("gpu_check")
 PAPER_AOQ_OVER_BASELINE = 1.46  # AOQ paper: round-2 time per batch / round-1 time per batch
 PAPER_MINING_S = 3400.0  # AOQ paper: offline mining of MS-COCO on one GPU
-PARTS = ("tests", "training_speed", "mining", "serving", "torchrun", "two_rounds")
+PARTS = ("tests", "training_speed", "cross_attention", "mining", "serving", "torchrun", "two_rounds")
 TORCHRUN_RTOL = 1e-4  # one process under torchrun computes what a plain process computes (tests/test_distributed.py)
 
 
@@ -75,6 +84,8 @@ class Sizes:
         self.steps, self.warmup = (2, 1) if tiny else (20, 3)
         self.mine_images, self.mine_dim, self.top = (400, 32, (50, 10)) if tiny else (113_287, 1024, (2000, 400))
         self.synth_images = 120 if tiny else 50_000
+        # cross-attention scoring: one COCO 1K fold's images (x 5 captions); the CPU-sized blocks on fewer
+        self.score_images, self.score_images_small_blocks = (12, 6) if tiny else (1000, 100)
         self.gallery, self.gallery_dim = (20_000, 32) if tiny else (1_000_000, 1024)
         # a CPU search of one query reads the whole 4 GB gallery (73 ms p50 on the H100's 16-core host): fewer
         # timed queries there
@@ -151,6 +162,63 @@ def part_training_speed(sizes: Sizes, device: torch.device, out: Path, tiny: boo
                                                 "aoq_over_baseline": r2 / r1}
             log.info("%s %s: round 1 %.1f ms/batch, round 2 %.1f ms/batch, ratio %.2f (paper %.2f)",
                      encoder, precision, 1000 * r1, 1000 * r2, r2 / r1, PAPER_AOQ_OVER_BASELINE)
+    return result
+
+
+def _fragments(n_images: int, sizes: Sizes) -> EncodedFragments:
+    """Random unit fragments: ``n_images`` x regions x embed, 5 captions each of 8-18 words."""
+    rng = np.random.default_rng(0)
+    offsets = np.concatenate([[0], np.cumsum(rng.integers(8, 19, n_images * 5))]).astype(np.int64)
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    return EncodedFragments(unit(rng.standard_normal((n_images, sizes.regions, sizes.embed))),
+                            unit(rng.standard_normal((int(offsets[-1]), sizes.embed))), offsets)
+
+
+def _pairs_per_second(score: PairScoreFn, n_images: int, sizes: Sizes, device: torch.device,
+                      block: tuple[int, int] | None = None) -> float:
+    """Pairs per second of ``score_matrix`` over ``n_images`` images' fragments (after a warm-up
+    block), with the device's block bounds or ``block``."""
+    frags = _fragments(n_images, sizes)
+    saved = pair_scores.ACCELERATOR_BLOCK
+    if block is not None:
+        pair_scores.ACCELERATOR_BLOCK = block
+    try:
+        pair_scores.score_matrix(score, frags, device, images=range(min(2, n_images)))
+        _sync(device)
+        _, timing = pair_scores.score_matrix(score, frags, device)
+    finally:
+        pair_scores.ACCELERATOR_BLOCK = saved
+    return timing.pairs / timing.seconds
+
+
+def part_cross_attention(sizes: Sizes, device: torch.device, out: Path, tiny: bool) -> dict[str, Any]:
+    """SCAN (t2i LSE) and BFAN (equal): ms per training step of both rounds at COCO shapes, and
+    the chunked test scoring's rate with the accelerator's block bounds and with the CPU's, each
+    projected to COCO's 1K protocol (five fold blocks) and the 5K matrix."""
+    result: dict[str, Any] = {"batch": sizes.batch, "regions": sizes.regions, "features": sizes.features,
+                              "embed_dim": sizes.embed, "paper_aoq_over_baseline": PAPER_AOQ_OVER_BASELINE}
+    coco_1k, coco_5k = 5 * FOLD_IMAGES * FOLD_IMAGES * 5, COCO_5K[0] * COCO_5K[1]
+    scores = {"scan": lambda r, w, n: scan_scores(r, None, w, n, SCAN_PRESETS["t2i_lse"]),
+              "bfan": lambda r, w, n: bfan_scores(r, None, w, n, "equal")}
+    for kind, score in scores.items():
+        row: dict[str, Any] = {}
+        for precision in ("fp32", "bf16"):
+            r1 = time_step(kind, 1, precision, sizes, device)
+            r2 = time_step(kind, 2, precision, sizes, device)
+            row[precision] = {"round1_ms": 1000 * r1, "round2_ms": 1000 * r2, "aoq_over_baseline": r2 / r1}
+            log.info("%s %s: round 1 %.1f ms/batch, round 2 %.1f ms/batch, ratio %.2f (paper %.2f)",
+                     kind, precision, 1000 * r1, 1000 * r2, r2 / r1, PAPER_AOQ_OVER_BASELINE)
+        rate = _pairs_per_second(score, sizes.score_images, sizes, device)
+        small = _pairs_per_second(score, sizes.score_images_small_blocks, sizes, device,
+                                  (pair_scores.BLOCK_ELEMENTS, pair_scores.CAPTION_BLOCK))
+        row["scoring"] = {"images": sizes.score_images, "pairs_per_s": rate, "cpu_blocks_pairs_per_s": small,
+                          "projected_coco1k_s": coco_1k / rate, "projected_coco5k_s": coco_5k / rate}
+        log.info("%s scoring on %s: %.3g pairs/s (CPU-sized blocks: %.3g); projected COCO 1K (5 folds) %.1f s, "
+                 "5K %.1f s", kind, device, rate, small, coco_1k / rate, coco_5k / rate)
+        result[kind] = row
     return result
 
 
@@ -346,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     parts: dict[str, Callable[[], dict[str, Any]]] = {
         "tests": lambda: part_tests(sizes, device, out, args.tiny),
         "training_speed": lambda: part_training_speed(sizes, device, out, args.tiny),
+        "cross_attention": lambda: part_cross_attention(sizes, device, out, args.tiny),
         "mining": lambda: part_mining(sizes, device, out, args.tiny),
         "serving": lambda: part_serving(sizes, device, out, args.tiny),
         "torchrun": lambda: part_torchrun(sizes, device, out, args.tiny),

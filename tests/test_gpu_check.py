@@ -46,6 +46,10 @@ def test_tiny_mode_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     for key in ("vse_fp32", "vse_bf16", "vsrn_fp32", "vsrn_bf16"):
         speed = parts["training_speed"][key]
         assert speed["round1_ms"] > 0 and speed["round2_ms"] > 0
+    for kind in ("scan", "bfan"):
+        cross = parts["cross_attention"][kind]
+        assert cross["fp32"]["round1_ms"] > 0 and cross["bf16"]["round2_ms"] > 0
+        assert cross["scoring"]["images"] == 12 and cross["scoring"]["projected_coco5k_s"] > 0
     assert parts["mining"]["fp32"]["shapes"] == [[400, 50], [2000, 10]]
     assert parts["mining"]["fp32"]["fp32_agreement"]["cap_top_imgs"]["rows_identical"] == 1.0
     assert set(parts["two_rounds"]["stages"]) == {"synth", "round1", "mine", "round2"}

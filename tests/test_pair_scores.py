@@ -57,6 +57,17 @@ def test_blocks_equal_one_caption_at_a_time(monkeypatch):
     np.testing.assert_allclose(sims, _full_by_pairs(fragments), atol=1e-6, rtol=0)
 
 
+def test_accelerator_blocks_are_large_and_score_the_same(monkeypatch):
+    """An accelerator gets the large bounds; one large block (the whole tiny split) gives every
+    pair's own score too."""
+    assert pair_scores.block_bounds(torch.device("cuda")) == pair_scores.ACCELERATOR_BLOCK
+    assert pair_scores.block_bounds(CPU) == (pair_scores.BLOCK_ELEMENTS, pair_scores.CAPTION_BLOCK)
+    monkeypatch.setattr(pair_scores, "BLOCK_ELEMENTS", pair_scores.ACCELERATOR_BLOCK[0])
+    monkeypatch.setattr(pair_scores, "CAPTION_BLOCK", pair_scores.ACCELERATOR_BLOCK[1])
+    fragments = _fragments()
+    np.testing.assert_allclose(score_matrix(_score, fragments, CPU)[0], _full_by_pairs(fragments), atol=1e-6, rtol=0)
+
+
 def test_first_images_only():
     fragments = _fragments()
     sims, _ = score_matrix(_score, fragments, CPU, range(2))
