@@ -5,10 +5,11 @@ con on paired seeds, and docs/results-regimes.md is written from the finished ru
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from pathlib import Path
 
-from aoq_cli import int_at_least
+from aoq_cli import int_at_least, set_threads
 from aoq.config import ConfigError
 from aoq_train.loop.guards import TrainingCollapsed
 
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run or resume the pilot and the grid first (default: only read finished runs)")
     parser.add_argument("--worker", default="0/1", metavar="K/N",
                         help="with --run: take jobs K, K+N, ... so N processes share the map (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads of this process (default: torch's choice, or with --worker K/N "
+                             "the cores shared out over the N processes, since oversubscribed workers crawl)")
     parser.add_argument("--out", type=Path, default=Path("docs/results-regimes.md"))
     parser.add_argument("--evidence", type=Path, default=None,
                         help="the advice's evidence file (default: --out with .json)")
@@ -63,6 +67,14 @@ def _levels(items: list[str]) -> dict[str, tuple[float | int, ...]]:
             except ValueError as exc:
                 raise ConfigError(f"--levels {item!r}: {exc}") from None
     return out
+
+
+def worker_threads(threads: int | None, worker: tuple[int, int], cores: int) -> int | None:
+    """Torch threads of one map process: ``--threads`` if given, else the cores shared out over
+    the N workers (None with one worker: torch's own choice)."""
+    if threads is not None or worker[1] == 1:
+        return threads
+    return max(1, cores // worker[1])
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -96,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         replicates, worker = parse_seeds(args.replicates), parse_worker(args.worker)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    set_threads(worker_threads(args.threads, worker, os.cpu_count() or 1))
     levels = _levels(args.levels)
     sizes = {split: getattr(args, split) for split in grid.SIZES}
     base = MapSetup(args.config, (), replicates, args.root, tuple(args.overrides), args.patience, sizes,

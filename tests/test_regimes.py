@@ -166,3 +166,12 @@ def test_predictor_values_from_the_mining_diagnostics() -> None:
     assert got == pytest.approx({"s_on_minus_off": -0.03, "rank_ratio": 1.75, "false_negatives": 0.1,
                                  "near_neighbours": 0.3, "round1_dev_rsum": 250.0, "family_share": 0.5})
     assert predictor_values({**d, "shares": None})["false_negatives"] is None
+
+
+def test_workers_share_the_cores_out_unless_threads_are_given() -> None:
+    from aoq_cli.regimes import worker_threads
+
+    assert worker_threads(None, (0, 2), 2) == 1 and worker_threads(None, (1, 2), 16) == 8
+    assert worker_threads(None, (0, 4), 2) == 1  # never zero threads
+    assert worker_threads(None, (0, 1), 2) is None  # one process: torch's own choice
+    assert worker_threads(3, (0, 2), 2) == 3
