@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aoq.data.dataset import SplitData, split_targets
 from aoq.ranks import (  # one memory bound and one layout check
     BLOCK_ELEMENTS,
     check_layout,
@@ -159,6 +160,18 @@ def label_metrics_of_scores(i2t_scores: np.ndarray, t2i_scores: np.ndarray, imag
         "k": k,
         "relevance": "shared_labels",
     }
+
+
+def split_label_metrics(i2t_scores: np.ndarray, t2i_scores: np.ndarray, split: SplitData, k: int = 10) -> dict:
+    """:func:`label_metrics_of_scores` of a labelled split (its own label vocabulary), with
+    ``n_labels``.
+
+    Raises:
+        DataError: the split has no labels.
+    """
+    targets = split_targets(split)
+    return {**label_metrics_of_scores(i2t_scores, t2i_scores, targets, split.captions_per_image, k),
+            "n_labels": int(targets.shape[1])}
 
 
 def label_metrics_folds(

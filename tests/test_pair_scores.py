@@ -192,12 +192,35 @@ def test_ensemble_averages_the_two_models_scores():
     assert whole["rsum"] == pytest.approx(expected["rsum"])
 
 
-def test_pairwise_refuses_labels_and_small_5k():
-    split, vocab, model = _split_and_model("scan")
-    with pytest.raises(ValueError, match="label"):
-        evaluate_pairwise(model, vocab, split, "labels")
+def test_pairwise_labels_equal_the_embedding_path(monkeypatch):
+    """A pair model whose score is a dot product gets the label-wise metrics (and recalls) that the
+    embedding models' path computes from the same vectors, with and without a whole shortlist."""
+    import aoq_train.pairwise_eval as pairwise_eval
+    from aoq.data.dataset import DataError, split_targets
+    from aoq.label_metrics import label_metrics
+    from aoq.metrics import evaluate_embeddings
+
+    split, vocab, _ = _split_and_model("scan")
+    split.labels = [["red", "cat"], ["cat"], ["dog"], ["dog", "mat"], ["red"], ["mat", "cat"]]
+    rng = np.random.default_rng(5)
+    img, cap = rng.standard_normal((N_IMAGES, 3)), rng.standard_normal((N_IMAGES * CPI, 3))
+    one_each = EncodedFragments(img[:, None, :], cap, np.arange(N_IMAGES * CPI + 1))
+    monkeypatch.setattr(pairwise_eval, "encode_fragments", lambda *a, **k: one_each)
+    model = torch.nn.Linear(1, 1)
+    model.pair_scores = lambda regions, words, lengths: regions[:, 0] @ words[:, 0].T
+    expected = label_metrics(img, cap, split_targets(split), CPI, 4)
+    recalls = evaluate_embeddings(img, cap, CPI)
+    for short in ({}, {"shortlist_by": (img, cap), "shortlist_n": N_IMAGES * CPI}):
+        result = evaluate_pairwise(model, vocab, split, "labels", device="cpu", ndcg_k=4, **short)
+        assert result["protocol"] == "labels" and result["labels"]["n_labels"] == 4
+        for d in ("i2t", "t2i"):
+            assert result["labels"][d] == pytest.approx(expected[d], abs=1e-12)
+            assert result[d]["r1"] == pytest.approx(recalls[d]["r1"])
+    split.labels = None
+    with pytest.raises(DataError, match="no labels"):
+        evaluate_pairwise(model, vocab, split, "labels", device="cpu")
     with pytest.raises(ValueError, match="5,000"):
-        evaluate_pairwise(model, vocab, split, "5k")
+        evaluate_pairwise(model, vocab, split, "5k", device="cpu")
 
 
 def test_scoring_restores_torch_threads_and_raises_a_blocks_error():

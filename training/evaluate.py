@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from aoq.checkpoint import load_checkpoint
-from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
+from aoq.data.dataset import SplitData, split_targets
 from aoq.data.load import load_split
 from aoq.data.vocab import Vocabulary, coverage, format_coverage
 from aoq.device import resolve_device
 from aoq.embed import encode_fragments, encode_split
 from aoq.hubness import HUB_ITEMS, bank_normaliser, bank_provenance, direction_fns, hub_share, top1_per_query
-from aoq.label_metrics import label_metrics, label_metrics_folds, label_metrics_of_scores
+from aoq.label_metrics import label_metrics, label_metrics_folds, split_label_metrics
 from aoq.metrics import (
     PROTOCOLS,
     chance_rsum,
@@ -69,19 +69,19 @@ def evaluate_model(
     _check_labels(split, protocol == "labels")
     if model.pairwise:
         return evaluate_pairwise(model, vocab, split, protocol, batch_size=batch_size, device=device,
-                                 positives=positives)
+                                 positives=positives, ndcg_k=ndcg_k)
     img, cap = encode_split(model, vocab, split, batch_size=batch_size, device=device, image_size=image_size)
     return _evaluate_encoded(img, cap, split, protocol, ndcg_k, positives)
 
 
 def _check_labels(split: SplitData, wanted: bool) -> None:
-    if wanted and split.labels is None:
-        raise DataError(f"{split.source}: has no labels, so label-wise metrics do not apply")
+    if wanted:
+        split_targets(split)
 
 
 def _label_scores(img: np.ndarray, cap: np.ndarray, split: SplitData, ndcg_k: int, folds: bool) -> dict:
     """The label-wise metrics of a labelled split's embeddings, whole or over the 1K folds."""
-    targets = multi_hot(split.labels, label_vocabulary(split.labels))
+    targets = split_targets(split)
     scores = (label_metrics_folds if folds else label_metrics)(img, cap, targets, split.captions_per_image, ndcg_k)
     return {**scores, "n_labels": int(targets.shape[1])}
 
@@ -207,10 +207,7 @@ def evaluate_hubness(img: np.ndarray, cap: np.ndarray, split: SplitData, method:
                          "hub_share": {d: hub_share(top1[d]) for d in ("i2t", "t2i")}}
     if ndcg_k is not None:
         whole_i, whole_c = slice(0, n_images), slice(0, n_captions)
-        targets = multi_hot(split.labels, label_vocabulary(split.labels))
-        scores = label_metrics_of_scores(i2t_fn(whole_i, whole_c), t2i_fn(whole_i, whole_c).T, targets,
-                                         split.captions_per_image, ndcg_k)
-        result["labels"] = {**scores, "n_labels": int(targets.shape[1])}
+        result["labels"] = split_label_metrics(i2t_fn(whole_i, whole_c), t2i_fn(whole_i, whole_c).T, split, ndcg_k)
     return result
 
 
@@ -321,9 +318,7 @@ def _compare_pairwise(loaded: tuple, labels: bool, batch_size: int, ndcg_k: int)
     results = {p: {**evaluate_scores(sims, split.captions_per_image, p, texts=texts), "positives": positives,
                    "scoring": scoring, **common} for p in protocols}
     if labels:
-        targets = multi_hot(split.labels, label_vocabulary(split.labels))
-        results["full"]["labels"] = {**label_metrics_of_scores(sims, sims.T, targets, split.captions_per_image, ndcg_k),
-                                     "n_labels": int(targets.shape[1])}
+        results["full"]["labels"] = split_label_metrics(sims, sims.T, split, ndcg_k)
     return results
 
 

@@ -12,6 +12,7 @@ import torch
 from aoq.data.dataset import SplitData
 from aoq.data.vocab import Vocabulary
 from aoq.embed import EncodedFragments, encode_fragments
+from aoq.label_metrics import split_label_metrics
 from aoq.metrics import FOLD_IMAGES, N_FOLDS, evaluate_directions, evaluate_scores, fold_1k
 from aoq.models.joint import JointModel
 from aoq.names import PositiveRule
@@ -28,12 +29,6 @@ from aoq.pair_scores import (
 from aoq.ranks import array_fn
 
 
-def _pairwise_protocol(protocol: str) -> str:
-    if protocol == "labels":
-        raise ValueError("label-wise metrics are not wired for cross-attention models yet; use full, 1k5fold or 5k")
-    return protocol
-
-
 def evaluate_pairwise(
     model: JointModel,
     vocab: Vocabulary,
@@ -48,6 +43,7 @@ def evaluate_pairwise(
     shortlist_n: int = 100,
     shortlist_cost: bool = False,
     ensemble: tuple[JointModel, Vocabulary] | None = None,
+    ndcg_k: int = 10,
 ) -> dict:
     """Recalls of a cross-attention model (``model.pairwise``): its score matrix in bounded-memory
     blocks (:func:`aoq.pair_scores.score_matrix`), or with ``shortlist_by`` (an embedding model's
@@ -63,8 +59,9 @@ def evaluate_pairwise(
         value minus the full one (``difference``; negative: recall the cut loses). With
         ``ensemble`` (a second cross-attention model and its vocabulary) every score is the two
         models' average (the paper's SCAN and BFAN rows) and ``scoring`` the time of both.
+        Protocol ``labels`` (a labelled split) is ``full`` plus ``"labels"``, the label-wise
+        metrics of the same score matrices (re-ranked ones with a shortlist), NDCG cut at ``ndcg_k``.
     """
-    protocol = _pairwise_protocol(protocol)
     if shortlist_cost and shortlist_by is None:
         raise ValueError("the shortlist's cost needs a shortlist (--shortlist-by)")
     if protocol in ("5k", "1k5fold") and split.n_images < COCO_5K[0]:
@@ -74,8 +71,8 @@ def evaluate_pairwise(
                for m, v in [(model, vocab), *([ensemble] if ensemble is not None else [])]]
     texts = split.captions if positives == "text" else None
     if shortlist_by is not None:
-        if protocol != "full":
-            raise ValueError("shortlist re-ranking evaluates the whole split (protocol full)")
+        if protocol not in ("full", "labels"):
+            raise ValueError("shortlist re-ranking evaluates the whole split (protocol full or labels)")
         start = time.perf_counter()
         base = shortlist_by[0] @ shortlist_by[1].T
         i2t_short, t2i_short = shortlist(base, shortlist_n), shortlist(base.T, shortlist_n)
@@ -85,6 +82,7 @@ def evaluate_pairwise(
                                                                          progress) for fn, frag in members])).T
         timing = ScoringTime(time.perf_counter() - start, i2t_short.size + t2i_short.size)
         result = evaluate_directions(array_fn(i2t), array_fn(t2i), split.n_images, split.captions_per_image, texts)
+        result.update(_labels(protocol, i2t, t2i.T, split, ndcg_k))
         result["shortlist"] = int(i2t_short.shape[1])
         if shortlist_cost:
             result["shortlist_cost"] = _shortlist_cost(result, members, dev, split, texts, progress)
@@ -98,10 +96,19 @@ def evaluate_pairwise(
     else:
         images = range(COCO_5K[0]) if protocol == "5k" else None
         sims, timing = _mean_matrix(members, dev, images, progress)
-        result = evaluate_scores(sims, split.captions_per_image, protocol, texts=texts)
+        result = evaluate_scores(sims, split.captions_per_image, "full" if protocol == "labels" else protocol,
+                                 texts=texts)
+        result.update(_labels(protocol, sims, sims.T, split, ndcg_k))
         coco_pairs = COCO_5K[0] * COCO_5K[1]
     scoring = {"seconds": timing.seconds, "pairs": timing.pairs, "projected_coco5k_s": timing.projected_seconds(coco_pairs)}
     return {**result, "positives": positives, "scoring": scoring}
+
+
+def _labels(protocol: str, i2t: np.ndarray, t2i: np.ndarray, split: SplitData, ndcg_k: int) -> dict:
+    """Protocol ``labels``: the label-wise metrics of each direction's own scores (queries in rows)."""
+    if protocol != "labels":
+        return {}
+    return {"protocol": "labels", "labels": split_label_metrics(i2t, t2i, split, ndcg_k)}
 
 
 #: one cross-attention model of an evaluation: its pair score function and its encoded split.

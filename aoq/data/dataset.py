@@ -132,6 +132,17 @@ class DatasetDescription:
         return self.splits[name]
 
 
+def split_targets(split: SplitData) -> np.ndarray:
+    """The multi-hot labels of a labelled split's images, over the split's own label vocabulary.
+
+    Raises:
+        DataError: the split has no labels.
+    """
+    if split.labels is None:
+        raise DataError(f"{split.source}: has no labels, so label-wise metrics do not apply")
+    return multi_hot(split.labels, label_vocabulary(split.labels))
+
+
 def label_vocabulary(*label_lists: Sequence[Sequence[str]]) -> list[str]:
     """The sorted set of every label in the given per-item label lists."""
     return sorted({label for labels in label_lists for item in labels for label in item})
