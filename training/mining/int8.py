@@ -132,6 +132,6 @@ def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
         torch.set_num_threads(threads)
     speedup = best["fp32"] / best["int8"]
     pays = exact and speedup >= PAYS_FACTOR
-    log.info("int8 products %.1fx float32 on one core%s: mining filters in %s", speedup,
+    log.info("int8 products %.2fx float32 on one core%s: mining filters in %s", speedup,
              "" if exact else " but not exact", "int8" if pays else "fp32")
     return pays
