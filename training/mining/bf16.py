@@ -135,7 +135,7 @@ def bf16_pays(dim: int = 512, repeats: int = 5) -> bool:
         torch.set_num_threads(threads)
     speedup = best["fp32"] / best["bf16"]
     pays = within and speedup >= PAYS_FACTOR
-    log.info("bf16 products %.1fx float32 on one core%s: mining filters in %s", speedup,
+    log.info("bf16 products %.2fx float32 on one core%s: mining filters in %s", speedup,
              "" if within else " but outside the proven error bound", "bf16" if pays else "fp32")
     return pays
 

@@ -1,8 +1,9 @@
 """The int8 filter of the fused CPU pass: exact integer products of rounded embeddings find the
 candidates, the canonical score (:mod:`aoq_train.mining.canonical`) decides.
 
-Where a CPU has no fast bfloat16 products (no AVX512-BF16 nor AMX), its int8 products (VNNI, or
-the AVX2 / AVX-512BW multiply-adds) are still several times faster than float32 ones. Each row
+Where a CPU has no fast bfloat16 products (no AVX512-BF16 nor AMX), its int8 products may still
+be several times faster than float32 ones (VNNI); where torch has no fast int8 kernel for the CPU
+(AVX2 only) they are much slower, and ``auto`` does not pick them (:func:`int8_pays`). Each row
 ``x`` of either matrix is rounded to ``x~ = s X``: ``s = max_j |x_j| / 127`` (float32) and ``X =
 round(x / s)`` (int8, in [-127, 127]); ``torch._int_mm`` gives ``P = Q G^T`` in int32, exactly
 (``|P| <= 127^2 d < 2^31``). For a query ``q``, a gallery row ``g``, ``e_q = q - q~``, ``e_g = g -
@@ -132,6 +133,6 @@ def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
         torch.set_num_threads(threads)
     speedup = best["fp32"] / best["int8"]
     pays = exact and speedup >= PAYS_FACTOR
-    log.info("int8 products %.1fx float32 on one core%s: mining filters in %s", speedup,
+    log.info("int8 products %.2fx float32 on one core%s: mining filters in %s", speedup,
              "" if exact else " but not exact", "int8" if pays else "fp32")
     return pays
