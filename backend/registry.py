@@ -39,7 +39,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
+from aoq.embed import EncodedFragments
 from aoq.io import ArtefactError, read_manifest, sha256_file
+from aoq.models.cross import CROSS_ATTENTION_ENCODERS
 from aoq_serve.config import Settings
 from aoq_serve.errors import ServiceError
 from aoq_serve.guards.faults import CATALOGUE, Faults, first_line
@@ -51,6 +53,7 @@ from aoq_serve.index.faiss_index import (
     load_model_index,
     read_generation,
 )
+from aoq_serve.index.rerank import load_rerank_index, shortlist_card
 from aoq_serve.search.gallery import GalleryView, Span
 from aoq_serve.store import catalogue, pictures
 from aoq_serve.store.catalogue import SplitIds
@@ -101,10 +104,22 @@ class ServingModel:
     mined_dir: str | None
     #: the files of the images this model shows, verified when it was loaded.
     images: pictures.ImagePaths
+    #: set for a cross-attention model, served as a re-ranker of another model's shortlist.
+    rerank: Reranking | None = None
 
     @property
     def name(self) -> str:
         return self.info.name
+
+
+@dataclass(frozen=True)
+class Reranking:
+    """How a cross-attention model is served: it re-scores the top ``n`` items of ``base``'s FAISS
+    search with its encoded gallery ``fragments`` (gallery positions as ``base``'s)."""
+
+    base: ServingModel
+    n: int
+    fragments: EncodedFragments
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,10 @@ class Snapshot:
 
     def without(self, reasons: dict[str, str]) -> Snapshot:
         """This snapshot with the models named in ``reasons`` disabled for those reasons."""
+        # a re-ranker serves its shortlisting model's in-memory index: it goes with it
+        reasons = {**{name: f"its shortlisting model {m.rerank.base.name!r} is disabled: {reasons[m.rerank.base.name]}"
+                      for name, m in self.models.items() if m.rerank is not None and m.rerank.base.name in reasons},
+                   **reasons}
         infos = [dataclasses.replace(i, enabled=False, disabled_reason=reasons[i.name]) if i.name in reasons else i
                  for i in self.infos]
         models = {name: m for name, m in self.models.items() if name not in reasons}
@@ -298,6 +317,38 @@ class _Loader:
         return pictures.ImagePaths.of(np.concatenate(ids) if ids else np.zeros(0, np.int64), paths,
                              np.concatenate(digests) if digests else np.zeros((0, pictures.DIGEST_BYTES), np.uint8))
 
+    def load_reranker(self, row: Model, served: dict[str, ServingModel]) -> ServingModel:
+        """A cross-attention model over its shortlisting model (``served`` holds the embedding
+        models of this snapshot, already loaded)."""
+        path = self.settings.index_dir / row.name
+        try:
+            loaded = load_rerank_index(path)
+        except ArtefactError as exc:
+            raise Disabled(f"index cannot be loaded: {exc}") from None
+        config = loaded.config
+        if config.get("checkpoint_hash") != row.checkpoint_hash:
+            raise Disabled(f"index {path} was built from checkpoint {str(config.get('checkpoint_hash'))[:12]} but the "
+                           f"catalogue records {row.checkpoint_hash[:12]}; re-run aoq index")
+        name, n = config["shortlist_by"], int(config["shortlist_n"])
+        base = served.get(name)
+        if base is None or base.rerank is not None:
+            raise Disabled(f"it re-ranks the top {n} of model {name!r}, which is not served (disabled or missing)")
+        if base.checkpoint.content_hash != config["shortlist_by_hash"]:
+            raise Disabled(f"its shortlisting model {name!r} is another checkpoint than the one it was indexed with; "
+                           f"re-run aoq index")
+        if config.get("gallery_hash") != base.gallery.digest or not all(
+                np.array_equal(loaded.ids[m], base.index.ids[m]) for m in MODALITIES):
+            raise Disabled(f"index {path} holds another gallery than its shortlisting model {name!r}; re-run aoq index")
+        ckpt = self.checkpoint(row)
+        if not ckpt.model.pairwise:
+            raise Disabled(f"checkpoint {row.name} is not a cross-attention model; re-run aoq index")
+        index = LoadedIndex(path=path, manifest=loaded.manifest, faiss=base.index.faiss,
+                            embeddings=base.index.embeddings, ids=base.index.ids, stamps=loaded.stamps)
+        info = dataclasses.replace(model_info(row, base.gallery.dataset, True, None), shortlist_by=name, shortlist_n=n)
+        return ServingModel(info=info, model_id=row.id, checkpoint=ckpt, index=index, gallery=base.gallery,
+                            report=dict(row.report or {}), mined_dir=None, images=base.images,
+                            rerank=Reranking(base, n, loaded.fragments))
+
     def load(self, row: Model) -> ServingModel:
         dataset = catalogue.get_dataset(self.session, row.dataset_id)
         try:
@@ -327,13 +378,17 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
     with sessions() as session:
         loader = _Loader(settings, session, previous, checker or pictures.PictureChecker())
         rows = catalogue.models(session)
-        for row in rows:
+        # the embedding models first: a re-ranker is served over one of them
+        for row in sorted(rows, key=lambda r: r.image_encoder in CROSS_ATTENTION_ENCODERS):
+            reranker = row.image_encoder in CROSS_ATTENTION_ENCODERS
             try:
-                model = loader.load(row)
+                model = loader.load_reranker(row, served) if reranker else loader.load(row)
             except Disabled as exc:
                 log.error("model %r disabled: %s", row.name, exc)
                 dataset = catalogue.get_dataset(session, row.dataset_id)
-                infos.append(model_info(row, dataset.name if dataset else "", False, str(exc)))
+                info = model_info(row, dataset.name if dataset else "", False, str(exc))
+                infos.append(dataclasses.replace(info, **shortlist_card(settings.index_dir / row.name))
+                             if reranker else info)
                 continue
             served[row.name] = model
             infos.append(model.info)

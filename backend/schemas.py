@@ -93,6 +93,10 @@ class ModelOut(BaseModel):
     metrics_measured: Measured | None = Field(None, description="where ``metrics`` come from")
     evaluated: Measured | None = Field(None, description="the evaluation split of /metrics, the failure cases "
                                                          "and the ground-truth ranks of searches")
+    shortlist_by: str | None = Field(None, description="a re-ranker (a cross-attention model): the embedding model "
+                                                       "whose FAISS shortlist it re-scores; null for other models")
+    shortlist_n: int | None = Field(None, description="a re-ranker: how many of that model's items each query's "
+                                                      "shortlist holds (searches ask for k <= shortlist_n)")
 
 
 class SplitCounts(BaseModel):
