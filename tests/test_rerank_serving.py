@@ -79,6 +79,7 @@ def test_a_sentence_is_answered_by_the_shortlist_resorted_by_full_scores(served)
     assert np.allclose([r["score"] for r in out["results"]], [full[i] for i in expected], atol=1e-5)
     assert [r["rank"] for r in out["results"]] == list(range(1, N + 1))
     assert out["model"] == "bfan" and out["context"]["normalised"] is False
+    assert out["context"]["rerank"] == {"kind": "bfan", "shortlist_by": "baseline", "shortlist_n": N}
 
 
 def test_an_image_is_answered_by_the_shortlist_resorted_by_full_scores(served) -> None:

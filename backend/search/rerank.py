@@ -29,7 +29,7 @@ from aoq.pair_scores import score_block
 from aoq_serve.errors import ServiceError
 from aoq_serve.index.faiss_index import tied_rank
 from aoq_serve.registry import ServingModel
-from aoq_serve.schemas import ImageHit, Scope, SearchContext, SearchImageOut, SearchTextOut
+from aoq_serve.schemas import ImageHit, RerankContext, Scope, SearchContext, SearchImageOut, SearchTextOut
 from aoq_serve.search.engine import (
     MAX_NAMED_TRUTH,
     Urls,
@@ -119,8 +119,10 @@ def _ranks(ask: _Query, top: _Top, n: int, score: Scorer, in_scope: np.ndarray, 
 
 def _context(ask: _Query, served: ServingModel) -> SearchContext:
     view = served.gallery.view
+    rerank = RerankContext(kind=served.info.image_encoder, shortlist_by=served.rerank.base.name,
+                           shortlist_n=served.rerank.n)
     return SearchContext(scope=ask.scope, searched=len(ask.span()), eval_split=view.eval.split,
-                         positives=_rule(served), normalise="none", normalised=False)
+                         positives=_rule(served), normalise="none", normalised=False, rerank=rerank)
 
 
 def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Scope = "all",
