@@ -185,3 +185,19 @@ def shortlist_sims(base: np.ndarray, short: np.ndarray, rescored: np.ndarray) ->
     out = (base - shift).astype(np.float64)
     np.put_along_axis(out, short, rescored.astype(np.float64), axis=1)
     return out
+
+
+def score_sentence(score: PairScoreFn, words: np.ndarray, regions: np.ndarray, images: np.ndarray,
+                   device: torch.device) -> np.ndarray:
+    """(len(images),) scores of one sentence's (L, d) word states against the gallery images
+    ``images`` (rows of ``regions`` (G, R, d)): a re-ranker's text query."""
+    query = EncodedFragments(regions, words, np.array([0, len(words)], dtype=np.int64))
+    return score_block(score, query, images, [0], device)[:, 0]
+
+
+def score_image(score: PairScoreFn, regions: np.ndarray, gallery: EncodedFragments, captions: np.ndarray,
+                device: torch.device) -> np.ndarray:
+    """(len(captions),) scores of one image's (R, d) regions against the gallery captions
+    ``captions`` of ``gallery``: a re-ranker's image query."""
+    query = EncodedFragments(regions[None], gallery.words, gallery.offsets)
+    return score_block(score, query, [0], captions, device)[0]

@@ -4,7 +4,7 @@ shortlist of an embedding model (docs/serving.md, Re-rankers).
 The shortlisting model searches the scope as it does alone (:mod:`aoq_serve.search.engine`) for
 its top ``n``; the cross-attention model encodes the query into fragments (a sentence's word
 states, an image's regions) and scores it against those ``n`` items' stored fragments with the
-core's blocked pair scoring (:func:`aoq.pair_scores.score_block`); the list is the shortlist
+core's blocked pair scoring (:func:`aoq.pair_scores.score_sentence`, ``score_image``); the list is the shortlist
 re-sorted by those scores (ties in the shortlist's order). ``k`` above ``n`` is refused, and so
 is a hubness correction (the scores are no embedding's).
 
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from aoq.embed import EncodedFragments, encode_caption_inputs
+from aoq.embed import sentence_words
 from aoq.names import Normalisation
-from aoq.pair_scores import score_block
+from aoq.pair_scores import PairScoreFn, score_image, score_sentence
 from aoq_serve.errors import ServiceError
 from aoq_serve.index.faiss_index import tied_rank
 from aoq_serve.registry import ServingModel
@@ -64,28 +64,9 @@ def check_request(served: ServingModel, k: int, normalise: Normalisation) -> Non
                                 f"no hubness correction; use normalise 'none'")
 
 
-def _device(served: ServingModel) -> torch.device:
-    return next(served.checkpoint.model.parameters()).device
-
-
-def query_words(served: ServingModel, text: str) -> np.ndarray:
-    """(L, d) word states of a sentence by the cross-attention model's text encoder."""
-    tokens = torch.tensor(served.checkpoint.vocab.encode(text), dtype=torch.long)
-    return encode_caption_inputs(served.checkpoint.model, tokens[None], torch.tensor([len(tokens)]))[0]
-
-
-def score_images(served: ServingModel, words: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """(len(positions),) scores of a sentence's words against the gallery images at ``positions``."""
-    gallery = served.rerank.fragments
-    query = EncodedFragments(gallery.regions, words, np.array([0, len(words)], dtype=np.int64))
-    return score_block(served.checkpoint.model.pair_scores, query, positions, [0], _device(served))[:, 0]
-
-
-def score_captions(served: ServingModel, regions: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """(len(positions),) scores of an image's (R, d) regions against the gallery captions at ``positions``."""
-    gallery = served.rerank.fragments
-    query = EncodedFragments(regions[None], gallery.words, gallery.offsets)
-    return score_block(served.checkpoint.model.pair_scores, query, [0], positions, _device(served))[0]
+def _score(served: ServingModel) -> tuple[PairScoreFn, torch.device]:
+    model = served.checkpoint.model
+    return model.pair_scores, next(model.parameters()).device
 
 
 def _reranked(ask: _Query, n: int, score: Scorer) -> _Top:
@@ -132,10 +113,11 @@ def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Sco
     check_request(served, k, normalise)
     rerank, view, ids = served.rerank, served.gallery.view, served.gallery.ids
     ask = _Query(rerank.base, "images", encode_text(rerank.base.checkpoint, query), scope, "none")
-    words = query_words(served, query)
+    words = sentence_words(served.checkpoint.model, served.checkpoint.vocab, query)
+    pair_scores, device = _score(served)
 
     def score(positions: np.ndarray) -> np.ndarray:
-        return score_images(served, words, positions)
+        return score_sentence(pair_scores, words, rerank.fragments.regions, positions, device)
 
     top = _reranked(ask, rerank.n, score)
     truth = text_truth(view, _rule(served), intended or query, scope)
@@ -183,8 +165,10 @@ def search_image(
         regions = encode_upload(served.checkpoint, upload, gallery.synthetic, gallery.dataset)
     ask = _Query(rerank.base, "captions", vector, scope, "none")
 
+    pair_scores, device = _score(served)
+
     def score(positions: np.ndarray) -> np.ndarray:
-        return score_captions(served, regions, positions)
+        return score_image(pair_scores, regions, rerank.fragments, positions, device)
 
     top = _reranked(ask, rerank.n, score)
     rows = _caption_rows(view, _rule(served), top.scores, top.positions, k, ask.span(), own)
