@@ -16,6 +16,7 @@ import torch
 from aoq.checkpoint import load_checkpoint
 from aoq.embed import encode_fragments
 from aoq.data.load import load_split
+from aoq.io import ArtefactError
 from aoq_serve.index.rerank import load_rerank_index
 from tests.backend_helpers import ServiceFixture, _config, build_service_fixture, run_server, write_checkpoint
 
@@ -25,12 +26,17 @@ pytestmark = pytest.mark.slow
 N = 6
 
 
-def add_reranker(fx: ServiceFixture, name: str = "bfan", kind: str = "bfan") -> None:
-    """An untrained cross-attention checkpoint on the baseline's data, indexed over its shortlist."""
+def write_reranker(fx: ServiceFixture, name: str = "bfan", kind: str = "bfan") -> None:
+    """An untrained cross-attention checkpoint on the baseline's data."""
     base = load_checkpoint(fx.models_dir / "baseline")
     train = load_split(base.config.data, "train")
     write_checkpoint(fx.models_dir / name, _config(name, base.config.data, kind), base.vocab, train.feature_dim, 4,
                      {"role": "rerank"})
+
+
+def add_reranker(fx: ServiceFixture) -> None:
+    """The BFAN re-ranker, indexed over the baseline's shortlist."""
+    write_reranker(fx)
     fx.index(shortlist_by="baseline", shortlist_n=N)
 
 
@@ -114,6 +120,15 @@ def test_compare_takes_the_reranker_like_any_model(served) -> None:
     assert answer.json()["left"]["model"] == "bfan" and answer.json()["right"]["model"] == "aoq"
 
 
+def test_a_reload_serves_the_reranker_again(served) -> None:
+    _, client = served
+    before = client.post("/search/text", json={"query": "a red circle", "model": "bfan", "k": 3}).json()["results"]
+    assert client.post("/admin/reload", json={}).status_code == 200
+    assert {m["name"]: m for m in client.get("/models").json()}["bfan"]["enabled"] is True
+    after = client.post("/search/text", json={"query": "a red circle", "model": "bfan", "k": 3}).json()["results"]
+    assert after == before
+
+
 def test_failure_cases_refuse_a_reranker(served) -> None:
     _, client = served
     answer = client.get("/failures", params={"models": "baseline,bfan"})
@@ -122,7 +137,13 @@ def test_failure_cases_refuse_a_reranker(served) -> None:
 
 def test_a_reranker_without_its_shortlisting_model_is_disabled_with_the_reason(tmp_path: Path) -> None:
     fx = build_service_fixture(tmp_path, index=False)
-    add_reranker(fx)
+    write_reranker(fx)
+    with pytest.raises(ArtefactError, match="bfan is a cross-attention model, served as a re-ranker: name the "
+                                            "embedding model whose FAISS shortlist it re-ranks with --shortlist-by"):
+        fx.index()
+    with pytest.raises(ArtefactError, match="--shortlist-by nothing: not an indexed embedding model"):
+        fx.index(shortlist_by="nothing")
+    fx.index(shortlist_by="baseline", shortlist_n=N)
     (fx.index_dir / "baseline" / "images.npy").write_bytes(b"damaged")
     with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=60) as client:
         card = {m["name"]: m for m in client.get("/models").json()}["bfan"]

@@ -30,6 +30,7 @@ import numpy as np
 from aoq.embed import EncodedFragments
 from aoq.io import ArtefactError, atomic_dir, atomic_save_npy, read_manifest, write_manifest
 from aoq_serve.index.faiss_index import FileStamp
+from aoq_serve.index.shared import shared
 
 KIND = "aoq-rerank-index"
 #: how the fragments are stored and served.
@@ -94,8 +95,9 @@ def load_rerank_index(path: Path) -> LoadedRerank:
     stamps = {name: FileStamp.of(path / name) for name in _FILES if (path / name).is_file()}
     manifest = read_manifest(path, kind=KIND)
     arrays = {name: _read(path / name) for name in _FILES}
-    fragments = EncodedFragments(arrays["regions.npy"].astype(STORED_DTYPE, copy=False),
-                                 arrays["words.npy"].astype(STORED_DTYPE, copy=False), arrays["word_offsets.npy"])
+    # one copy of the fragments for all the server's workers, as the embeddings (aoq_serve.index.shared)
+    fragments = EncodedFragments(shared(arrays["regions.npy"].astype(STORED_DTYPE, copy=False)),
+                                 shared(arrays["words.npy"].astype(STORED_DTYPE, copy=False)), arrays["word_offsets.npy"])
     ids = {"images": arrays["image_ids.npy"], "captions": arrays["caption_ids.npy"]}
     counts = manifest["config"]["counts"]
     if not (fragments.n_images == len(ids["images"]) == counts["images"]
