@@ -141,8 +141,9 @@ def test_a_reranker_without_its_shortlisting_model_is_disabled_with_the_reason(t
     with pytest.raises(ArtefactError, match="bfan is a cross-attention model, served as a re-ranker: name the "
                                             "embedding model whose FAISS shortlist it re-ranks with --shortlist-by"):
         fx.index()
-    with pytest.raises(ArtefactError, match="--shortlist-by nothing: not an indexed embedding model"):
-        fx.index(shortlist_by="nothing")
+    with pytest.raises(ArtefactError, match="--shortlist-by bfan: not an embedding model of "):
+        fx.index(shortlist_by="bfan")
+    assert not (fx.index_dir / "baseline").exists()  # refused before any work
     fx.index(shortlist_by="baseline", shortlist_n=N)
     (fx.index_dir / "baseline" / "images.npy").write_bytes(b"damaged")
     with run_server(fx.settings()) as url, httpx.Client(base_url=url, timeout=60) as client:

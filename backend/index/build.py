@@ -228,17 +228,30 @@ def is_cross_attention(path: Path) -> bool:
     return model.get("image_encoder") in CROSS_ATTENTION_ENCODERS
 
 
-def _shortlister(job: IndexJob, name: str) -> dict[str, Any]:
-    """The index manifest of the model that shortlists for the re-ranker ``name``.
+def check_shortlist(job: IndexJob, rerankers: list[Path], embedding: list[Path]) -> None:
+    """Refuse a job whose re-rankers name no usable shortlisting model, before any work.
 
     Raises:
-        ArtefactError: no ``shortlist_by``, or it names no embedding model's index in the job's folder.
+        ArtefactError: no ``shortlist_by`` for a re-ranker, or a ``shortlist_n`` below 1.
     """
+    if not rerankers:
+        return
     if job.shortlist_by is None:
-        raise ArtefactError(f"{name} is a cross-attention model, served as a re-ranker: name the embedding model "
-                            f"whose FAISS shortlist it re-ranks with --shortlist-by")
+        raise ArtefactError(f"{rerankers[0].name} is a cross-attention model, served as a re-ranker: name the "
+                            f"embedding model whose FAISS shortlist it re-ranks with --shortlist-by")
     if job.shortlist_n < 1:
         raise ArtefactError(f"--shortlist-n must be >= 1, got {job.shortlist_n}")
+    if job.shortlist_by not in {p.name for p in embedding}:
+        raise ArtefactError(f"--shortlist-by {job.shortlist_by}: not an embedding model of {job.models_dir} "
+                            f"(those: {', '.join(p.name for p in embedding) or 'none'})")
+
+
+def _shortlister(job: IndexJob) -> dict[str, Any]:
+    """The index manifest of the model that shortlists for the re-rankers (indexed by this job).
+
+    Raises:
+        ArtefactError: it holds no embedding model's index.
+    """
     try:
         return read_manifest(job.out / job.shortlist_by, kind=FAISS_KIND)
     except ArtefactError as exc:
@@ -248,7 +261,7 @@ def _shortlister(job: IndexJob, name: str) -> dict[str, Any]:
 
 def _index_reranker(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path: Path) -> dict[str, Any]:
     name = path.name
-    base = _shortlister(job, name)["config"]
+    base = _shortlister(job)["config"]
     ckpt = load_checkpoint(path, device=resolve_device(job.device))
     cfg = load_config(job.config, job.overrides) if job.config else ckpt.config
     role = _role(ckpt)
@@ -392,8 +405,10 @@ def index_models(job: IndexJob) -> list[dict[str, Any]]:
         registry = _Catalogue(sessions, job.data_dir)
         found = discover_checkpoints(job.models_dir)
         rerankers = [path for path in found if is_cross_attention(path)]
+        embedding = [path for path in found if path not in rerankers]
+        check_shortlist(job, rerankers, embedding)
         # the embedding models first: a re-ranker's index is checked against its shortlister's
-        summaries = [_index_one(job, sessions, registry, path) for path in found if path not in rerankers]
+        summaries = [_index_one(job, sessions, registry, path) for path in embedding]
         summaries += [_index_reranker(job, sessions, registry, path) for path in rerankers]
         bump_generation(job.out, [s["model"] for s in summaries])
         return summaries
