@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from aoq.embed import EncodedFragments
 from aoq.metrics import FOLD_IMAGES, N_FOLDS
+from aoq.models.attention import RegionStats
 from aoq.ranks import SimsFn
 
 #: elements of one block's (B, C, R, L) region-word tensor: bounds the temporaries of a block
@@ -42,6 +43,8 @@ COCO_5K = (FOLD_IMAGES * N_FOLDS, FOLD_IMAGES * N_FOLDS * 5)
 
 #: ``score(regions (B, R, d), words (C, L, d), lengths (C,)) -> (B, C)`` on the model's device.
 PairScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+#: :data:`PairScoreFn` with the images' precomputed region terms (or None) as a fourth argument.
+StatsScoreFn = Callable[[Tensor, Tensor, Tensor, RegionStats | None], Tensor]
 
 
 @dataclass(frozen=True)
@@ -187,12 +190,22 @@ def shortlist_sims(base: np.ndarray, short: np.ndarray, rescored: np.ndarray) ->
     return out
 
 
-def score_sentence(score: PairScoreFn, words: np.ndarray, regions: np.ndarray, images: np.ndarray,
-                   device: torch.device) -> np.ndarray:
+def score_sentence(score: StatsScoreFn, words: np.ndarray, regions: np.ndarray, images: np.ndarray,
+                   device: torch.device, stats: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """(len(images),) scores of one sentence's (L, d) word states against the gallery images
-    ``images`` (rows of ``regions`` (G, R, d)): a re-ranker's text query."""
-    query = EncodedFragments(regions, words, np.array([0, len(words)], dtype=np.int64))
-    return score_block(score, query, images, [0], device)[:, 0]
+    ``images`` (rows of ``regions`` (G, R, d)), in one block (a shortlist's (N, 1, R, L) products
+    are small): a re-ranker's text query.
+
+    Args:
+        stats: the gallery's precomputed region terms (:func:`aoq.models.attention.region_stats`:
+            (G, R, R) and (G, R), rows as ``regions``): the largest passes of a query's scoring.
+    """
+    rows = np.asarray(images)
+    with torch.inference_mode():
+        terms = None if stats is None else (_to(stats[0][rows], device), _to(stats[1][rows], device))
+        out = score(_to(regions[rows], device), _to(words, device)[None],
+                    torch.tensor([len(words)], device=device), terms)
+        return out[:, 0].float().cpu().numpy()
 
 
 def score_image(score: PairScoreFn, regions: np.ndarray, gallery: EncodedFragments, captions: np.ndarray,

@@ -230,7 +230,7 @@ class _Loader:
         info = dataclasses.replace(model_info(row, base.gallery.dataset, True, None), shortlist_by=name, shortlist_n=n)
         return ServingModel(info=info, model_id=row.id, checkpoint=ckpt, index=index, gallery=base.gallery,
                             report=dict(row.report or {}), mined_dir=None, images=base.images,
-                            rerank=Reranking(base, n, loaded.fragments))
+                            rerank=Reranking(base, n, loaded.fragments, loaded.stats))
 
     def load(self, row: Model) -> ServingModel:
         dataset = catalogue.get_dataset(self.session, row.dataset_id)

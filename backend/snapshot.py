@@ -8,6 +8,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from aoq.checkpoint import Checkpoint
 from aoq.embed import EncodedFragments
 from aoq_serve.errors import ServiceError
@@ -74,6 +76,8 @@ class Reranking:
     base: ServingModel
     n: int
     fragments: EncodedFragments
+    #: the gallery images' region terms (:func:`aoq_serve.index.rerank.gallery_region_stats`).
+    stats: tuple[np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ One run, on one machine:
    (docs/serving.md, Re-rankers), in this process on one thread: the query's word states by an
    untrained BFAN of ``configs/coco_precomp_bfan.yaml``'s architecture (``embed_dim`` 1024, bi-GRU),
    its scores against the 36 x 1024 random unit regions of ``--rerank-n`` (100) shortlisted images
-   (COCO precomp's shape) and the re-sort, for ``--rerank-queries`` (200) queries after a warm-up
+   (COCO precomp's shape; their region terms precomputed, as ``aoq index`` stores them) and the
+   re-sort, for ``--rerank-queries`` (200) queries after a warm-up
    (the shortlist's FAISS search is the **bare** figure, not counted here). Its own line, before
    the last: ``RESULT rerank_p50_ms=<p50> rerank_p95_ms=<p95> shortlist_n=<N> regions=36 dim=1024
    model=bfan``; ``--rerank-only`` measures this alone.
@@ -84,6 +85,7 @@ from aoq_serve.search.batching import MAX_BATCH, search_limit, set_batching  # n
 from aoq_serve.search.featurize import encode_text  # noqa: E402
 from aoq.embed import sentence_words  # noqa: E402
 from aoq.pair_scores import score_sentence  # noqa: E402
+from aoq_serve.index.rerank import gallery_region_stats  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "pink", "grey", "turquoise", "golden"]
 SHAPES = ["circle", "square", "triangle", "star", "cross", "disc", "box", "rhombus", "block", "ring"]
@@ -225,11 +227,12 @@ def rerank_latencies(texts: list[str], n: int) -> tuple[np.ndarray, int]:
     regions = np.random.default_rng(3).standard_normal((RERANK_GALLERY, RERANK_REGIONS, d), dtype=np.float32)
     regions /= np.linalg.norm(regions, axis=2, keepdims=True)
     shortlists = np.random.default_rng(4).random((len(texts), RERANK_GALLERY)).argsort(axis=1)[:, :n]
+    stats = gallery_region_stats(regions)  # stored by aoq index with a re-ranker's fragments
     cpu, out = torch.device("cpu"), []
     for i in range(-RERANK_WARMUP, len(texts)):
         start = time.perf_counter()
         scores = score_sentence(model.pair_scores, sentence_words(model, vocab, texts[i % len(texts)]), regions,
-                                shortlists[i % len(texts)], cpu)
+                                shortlists[i % len(texts)], cpu, stats)
         np.lexsort((np.arange(n), -scores))
         out.append(time.perf_counter() - start)
     return np.asarray(out[RERANK_WARMUP:]) * 1000, d

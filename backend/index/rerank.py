@@ -7,6 +7,9 @@ model's FAISS shortlist (docs/serving.md, Re-rankers). Layout of ``<index_dir>/<
     regions.npy       (n_images, R, d) float32 region vectors, row p = gallery image p
     words.npy         (total words, d) float32 word vectors, the captions' words one after another
     word_offsets.npy  (n_captions + 1,) int64: caption c's words are words[offsets[c]:offsets[c + 1]]
+    region_gram.npy   (n_images, R, R) and region_sq.npy (n_images, R): each image's region terms
+                      (:func:`aoq.models.attention.region_stats`), which no query changes: a
+                      query's scoring skips its largest passes
     image_ids.npy     catalogue ids by position
     caption_ids.npy
     manifest.json     kind "aoq-rerank-index": model, checkpoint hash, the shortlisting model
@@ -26,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from aoq.embed import EncodedFragments
+from aoq.models.attention import region_stats
 from aoq.io import ArtefactError, atomic_dir, atomic_save_npy, read_manifest, write_manifest
 from aoq_serve.index.faiss_index import FileStamp
 from aoq_serve.index.shared import shared
@@ -37,7 +42,10 @@ KIND = "aoq-rerank-index"
 STORED_DTYPE = np.float32
 #: the default length of a re-ranker's shortlist (``aoq index --shortlist-n``).
 DEFAULT_SHORTLIST_N = 100
-_FILES = ("regions.npy", "words.npy", "word_offsets.npy", "image_ids.npy", "caption_ids.npy")
+_FILES = ("regions.npy", "words.npy", "word_offsets.npy", "region_gram.npy", "region_sq.npy", "image_ids.npy",
+          "caption_ids.npy")
+#: images per block when the region terms are computed.
+STATS_BLOCK = 256
 
 
 def is_rerank_index(path: Path) -> bool:
@@ -48,6 +56,19 @@ def is_rerank_index(path: Path) -> bool:
         return False
 
 
+def gallery_region_stats(regions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The region terms of every gallery image, (G, R, R) and (G, R) float32, in blocks."""
+    grams, sqs = [], []
+    with torch.inference_mode():
+        for first in range(0, len(regions), STATS_BLOCK):
+            gram, sq = region_stats(torch.from_numpy(np.ascontiguousarray(regions[first:first + STATS_BLOCK])))
+            grams.append(gram.numpy())
+            sqs.append(sq.numpy())
+    r = regions.shape[1]
+    return (np.concatenate(grams) if grams else np.zeros((0, r, r), np.float32),
+            np.concatenate(sqs) if sqs else np.zeros((0, r), np.float32))
+
+
 def write_rerank_index(out: Path, fragments: EncodedFragments, ids: dict[str, np.ndarray],
                        meta: dict[str, Any]) -> dict[str, Any]:
     """Write a re-ranker's fragments, ids and manifest (``meta`` plus counts) into ``out`` atomically."""
@@ -55,6 +76,9 @@ def write_rerank_index(out: Path, fragments: EncodedFragments, ids: dict[str, np
         atomic_save_npy(tmp / "regions.npy", fragments.regions.astype(STORED_DTYPE))
         atomic_save_npy(tmp / "words.npy", fragments.words.astype(STORED_DTYPE))
         atomic_save_npy(tmp / "word_offsets.npy", fragments.offsets.astype(np.int64))
+        gram, sq = gallery_region_stats(fragments.regions)
+        atomic_save_npy(tmp / "region_gram.npy", gram)
+        atomic_save_npy(tmp / "region_sq.npy", sq)
         atomic_save_npy(tmp / "image_ids.npy", np.asarray(ids["images"], dtype=np.int64))
         atomic_save_npy(tmp / "caption_ids.npy", np.asarray(ids["captions"], dtype=np.int64))
         config = {**meta, "counts": {"images": int(fragments.n_images), "captions": int(fragments.n_captions)},
@@ -69,6 +93,8 @@ class LoadedRerank:
     path: Path
     manifest: dict[str, Any]
     fragments: EncodedFragments
+    #: each image's region terms, (G, R, R) and (G, R) (:func:`gallery_region_stats`).
+    stats: tuple[np.ndarray, np.ndarray]
     ids: dict[str, np.ndarray]
     stamps: dict[str, FileStamp]
 
@@ -99,14 +125,15 @@ def load_rerank_index(path: Path) -> LoadedRerank:
     fragments = EncodedFragments(shared(arrays["regions.npy"].astype(STORED_DTYPE, copy=False)),
                                  shared(arrays["words.npy"].astype(STORED_DTYPE, copy=False)), arrays["word_offsets.npy"])
     ids = {"images": arrays["image_ids.npy"], "captions": arrays["caption_ids.npy"]}
+    stats = (shared(arrays["region_gram.npy"]), shared(arrays["region_sq.npy"]))
     counts = manifest["config"]["counts"]
-    if not (fragments.n_images == len(ids["images"]) == counts["images"]
+    if not (fragments.n_images == len(ids["images"]) == counts["images"] == len(stats[0]) == len(stats[1])
             and fragments.n_captions == len(ids["captions"]) == counts["captions"]
             and int(fragments.offsets[-1]) == len(fragments.words)):
         raise ArtefactError(f"{path}: fragment counts differ from the ids and the manifest")
     if {name: FileStamp.of(path / name) for name in _FILES} != stamps:
         raise ArtefactError(f"{path}: files changed while the index was being loaded; load it again")
-    return LoadedRerank(path=path, manifest=manifest, fragments=fragments, ids=ids, stamps=stamps)
+    return LoadedRerank(path=path, manifest=manifest, fragments=fragments, stats=stats, ids=ids, stamps=stamps)
 
 
 def joined_fragments(parts: list[EncodedFragments]) -> EncodedFragments:

@@ -25,7 +25,7 @@ from PIL import Image
 
 from aoq.embed import sentence_words
 from aoq.names import Normalisation
-from aoq.pair_scores import PairScoreFn, score_image, score_sentence
+from aoq.pair_scores import StatsScoreFn, score_image, score_sentence
 from aoq_serve.errors import ServiceError
 from aoq_serve.index.faiss_index import tied_rank
 from aoq_serve.registry import ServingModel
@@ -64,7 +64,7 @@ def check_request(served: ServingModel, k: int, normalise: Normalisation) -> Non
                                 f"no hubness correction; use normalise 'none'")
 
 
-def _score(served: ServingModel) -> tuple[PairScoreFn, torch.device]:
+def _score(served: ServingModel) -> tuple[StatsScoreFn, torch.device]:
     model = served.checkpoint.model
     return model.pair_scores, next(model.parameters()).device
 
@@ -117,7 +117,7 @@ def search_text(served: ServingModel, query: str, k: int, urls: Urls, scope: Sco
     pair_scores, device = _score(served)
 
     def score(positions: np.ndarray) -> np.ndarray:
-        return score_sentence(pair_scores, words, rerank.fragments.regions, positions, device)
+        return score_sentence(pair_scores, words, rerank.fragments.regions, positions, device, rerank.stats)
 
     top = _reranked(ask, rerank.n, score)
     truth = text_truth(view, _rule(served), intended or query, scope)
