@@ -74,6 +74,12 @@ def encode_caption_inputs(model: JointModel, inputs: Tensor, lengths: Tensor,
         return _numpy(model.encode_texts(inputs.to(_device(model, device)), lengths))
 
 
+def sentence_words(model: JointModel, vocab: Vocabulary, text: str) -> np.ndarray:
+    """(L, d) float32 word states of one sentence by a cross-attention model's text encoder."""
+    tokens = torch.tensor(vocab.encode(text), dtype=torch.long)
+    return encode_caption_inputs(model, tokens[None], torch.tensor([len(tokens)]))[0]
+
+
 def encode_texts(
     model: JointModel, vocab: Vocabulary, texts: list[str], device: str | torch.device | None = None,
     batch_size: int = 256,

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from aoq.embed import EncodedFragments
 from aoq.metrics import FOLD_IMAGES, N_FOLDS
+from aoq.models.attention import RegionStats
 from aoq.ranks import SimsFn
 
 #: elements of one block's (B, C, R, L) region-word tensor: bounds the temporaries of a block
@@ -45,6 +46,8 @@ COCO_5K = (FOLD_IMAGES * N_FOLDS, FOLD_IMAGES * N_FOLDS * 5)
 
 #: ``score(regions (B, R, d), words (C, L, d), lengths (C,)) -> (B, C)`` on the model's device.
 PairScoreFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+#: :data:`PairScoreFn` with the images' precomputed region terms (or None) as a fourth argument.
+StatsScoreFn = Callable[[Tensor, Tensor, Tensor, RegionStats | None], Tensor]
 
 
 @dataclass(frozen=True)
@@ -194,3 +197,29 @@ def shortlist_sims(base: np.ndarray, short: np.ndarray, rescored: np.ndarray) ->
     out = (base - shift).astype(np.float64)
     np.put_along_axis(out, short, rescored.astype(np.float64), axis=1)
     return out
+
+
+def score_sentence(score: StatsScoreFn, words: np.ndarray, regions: np.ndarray, images: np.ndarray,
+                   device: torch.device, stats: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """(len(images),) scores of one sentence's (L, d) word states against the gallery images
+    ``images`` (rows of ``regions`` (G, R, d)), in one block (a shortlist's (N, 1, R, L) products
+    are small): a re-ranker's text query.
+
+    Args:
+        stats: the gallery's precomputed region terms (:func:`aoq.models.attention.region_stats`:
+            (G, R, R) and (G, R), rows as ``regions``): the largest passes of a query's scoring.
+    """
+    rows = np.asarray(images)
+    with torch.inference_mode():
+        terms = None if stats is None else (_to(stats[0][rows], device), _to(stats[1][rows], device))
+        out = score(_to(regions[rows], device), _to(words, device)[None],
+                    torch.tensor([len(words)], device=device), terms)
+        return out[:, 0].float().cpu().numpy()
+
+
+def score_image(score: PairScoreFn, regions: np.ndarray, gallery: EncodedFragments, captions: np.ndarray,
+                device: torch.device) -> np.ndarray:
+    """(len(captions),) scores of one image's (R, d) regions against the gallery captions
+    ``captions`` of ``gallery``: a re-ranker's image query."""
+    query = EncodedFragments(regions[None], gallery.words, gallery.offsets)
+    return score_block(score, query, [0], captions, device)[0]

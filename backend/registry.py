@@ -12,6 +12,7 @@ so a caption or path edited in the catalogue (or a damaged row) disables the mod
 gallery, on SQLite and PostgreSQL. The digests of the stored ranks are checked on every
 ``/failures`` read (:mod:`aoq_serve.search.failures`).
 
+The snapshot's types (served models, galleries, re-rankers) are in :mod:`aoq_serve.snapshot`.
 A request takes ``registry.current`` once and uses only that snapshot, so a reload never mixes
 an old index with a new catalogue inside one answer: requests in flight finish on the old
 snapshot while new ones see the new one.
@@ -31,7 +32,6 @@ import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,8 +40,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
 from aoq.io import ArtefactError, read_manifest, sha256_file
+from aoq.models.cross import CROSS_ATTENTION_ENCODERS
 from aoq_serve.config import Settings
-from aoq_serve.errors import ServiceError
 from aoq_serve.guards.faults import CATALOGUE, Faults, first_line
 from aoq_serve.index.faiss_index import (
     MODALITIES,
@@ -51,113 +51,15 @@ from aoq_serve.index.faiss_index import (
     load_model_index,
     read_generation,
 )
+from aoq_serve.index.rerank import load_rerank_index, shortlist_card
 from aoq_serve.search.gallery import GalleryView, Span
 from aoq_serve.store import catalogue, pictures
-from aoq_serve.store.catalogue import SplitIds
 from aoq_serve.store.db import Model
 from aoq_serve.store.model_info import ModelInfo, model_info
+from aoq_serve.snapshot import Disabled, Gallery, Reranking, ServingModel, Snapshot
 from aoq_serve.store.integrity import row_count_problem
 
 log = logging.getLogger(__name__)
-
-
-class Disabled(Exception):
-    """A model cannot be served; the message is the reason shown to users."""
-
-
-@dataclass(frozen=True)
-class Gallery:
-    """The gallery of a dataset as the service keeps it in memory: the ids and caption texts of
-    its splits in id order, and what :class:`GalleryView` derives from them."""
-
-    dataset_id: int
-    dataset: str
-    #: the evaluation split (ground-truth ranks, failure cases, metrics).
-    split: str
-    synthetic: bool
-    ids: SplitIds
-    captions: list[str]
-    view: GalleryView
-    #: :func:`aoq_serve.store.catalogue.gallery_digest` of the ids and captions read from the catalogue.
-    digest: str
-
-    def image_position(self, image_id: int) -> int | None:
-        return catalogue.position(self.ids.image_ids, image_id)
-
-    def caption_position(self, caption_id: int) -> int | None:
-        return catalogue.position(self.ids.caption_ids, caption_id)
-
-
-@dataclass(frozen=True)
-class ServingModel:
-    """A model that passed every check: its checkpoint, indexes and gallery."""
-
-    info: ModelInfo
-    model_id: int
-    checkpoint: Checkpoint
-    index: LoadedIndex
-    gallery: Gallery
-    report: dict[str, Any]
-    mined_dir: str | None
-    #: the files of the images this model shows, verified when it was loaded.
-    images: pictures.ImagePaths
-
-    @property
-    def name(self) -> str:
-        return self.info.name
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    generation: int | None
-    models: dict[str, ServingModel]
-    infos: list[ModelInfo]
-    loaded_at: float
-    #: ``{image id: reason}``: picture files whose bytes differ from their recorded digest when
-    #: the snapshot was loaded; ``/images`` answers 503 for them and ``/health`` names them.
-    pictures: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def disabled(self) -> dict[str, str]:
-        return {i.name: i.disabled_reason or "disabled" for i in self.infos if not i.enabled}
-
-    def get(self, name: str) -> ServingModel:
-        """The served model called ``name``.
-
-        Raises:
-            ServiceError: 404 unknown model, 409 a known but disabled model (with the reason).
-        """
-        served = self.models.get(name)
-        if served is not None:
-            return served
-        reason = self.disabled.get(name)
-        if reason is not None:
-            raise ServiceError(409, f"model {name!r} is disabled: {reason}")
-        known = ", ".join(sorted(self.models)) or "none"
-        raise ServiceError(404, f"unknown model {name!r}; served models: {known}")
-
-    def without(self, reasons: dict[str, str]) -> Snapshot:
-        """This snapshot with the models named in ``reasons`` disabled for those reasons."""
-        infos = [dataclasses.replace(i, enabled=False, disabled_reason=reasons[i.name]) if i.name in reasons else i
-                 for i in self.infos]
-        models = {name: m for name, m in self.models.items() if name not in reasons}
-        return Snapshot(generation=self.generation, models=models, infos=infos, loaded_at=self.loaded_at,
-                        pictures=self.pictures)
-
-    def by_role(self, role: str) -> ServingModel | None:
-        return next((m for m in self.models.values() if m.info.role == role), None)
-
-    def default_pair(self) -> tuple[str, str]:
-        """The baseline-role and aoq-role models, the default of the comparison endpoints.
-
-        Raises:
-            ServiceError: 404 when either role has no served model.
-        """
-        left, right = self.by_role("baseline"), self.by_role("aoq")
-        if left is None or right is None:
-            missing = " and ".join(r for r, m in (("baseline", left), ("aoq", right)) if m is None)
-            raise ServiceError(404, f"no served model with role {missing}; name the two models explicitly")
-        return left.name, right.name
 
 
 class _Loader:
@@ -298,6 +200,38 @@ class _Loader:
         return pictures.ImagePaths.of(np.concatenate(ids) if ids else np.zeros(0, np.int64), paths,
                              np.concatenate(digests) if digests else np.zeros((0, pictures.DIGEST_BYTES), np.uint8))
 
+    def load_reranker(self, row: Model, served: dict[str, ServingModel]) -> ServingModel:
+        """A cross-attention model over its shortlisting model (``served`` holds the embedding
+        models of this snapshot, already loaded)."""
+        path = self.settings.index_dir / row.name
+        try:
+            loaded = load_rerank_index(path)
+        except ArtefactError as exc:
+            raise Disabled(f"index cannot be loaded: {exc}") from None
+        config = loaded.config
+        if config.get("checkpoint_hash") != row.checkpoint_hash:
+            raise Disabled(f"index {path} was built from checkpoint {str(config.get('checkpoint_hash'))[:12]} but the "
+                           f"catalogue records {row.checkpoint_hash[:12]}; re-run aoq index")
+        name, n = config["shortlist_by"], int(config["shortlist_n"])
+        base = served.get(name)
+        if base is None or base.rerank is not None:
+            raise Disabled(f"it re-ranks the top {n} of model {name!r}, which is not served (disabled or missing)")
+        if base.checkpoint.content_hash != config["shortlist_by_hash"]:
+            raise Disabled(f"its shortlisting model {name!r} is another checkpoint than the one it was indexed with; "
+                           f"re-run aoq index")
+        if config.get("gallery_hash") != base.gallery.digest or not all(
+                np.array_equal(loaded.ids[m], base.index.ids[m]) for m in MODALITIES):
+            raise Disabled(f"index {path} holds another gallery than its shortlisting model {name!r}; re-run aoq index")
+        ckpt = self.checkpoint(row)
+        if not ckpt.model.pairwise:
+            raise Disabled(f"checkpoint {row.name} is not a cross-attention model; re-run aoq index")
+        index = LoadedIndex(path=path, manifest=loaded.manifest, faiss=base.index.faiss,
+                            embeddings=base.index.embeddings, ids=base.index.ids, stamps=loaded.stamps)
+        info = dataclasses.replace(model_info(row, base.gallery.dataset, True, None), shortlist_by=name, shortlist_n=n)
+        return ServingModel(info=info, model_id=row.id, checkpoint=ckpt, index=index, gallery=base.gallery,
+                            report=dict(row.report or {}), mined_dir=None, images=base.images,
+                            rerank=Reranking(base, n, loaded.fragments, loaded.stats))
+
     def load(self, row: Model) -> ServingModel:
         dataset = catalogue.get_dataset(self.session, row.dataset_id)
         try:
@@ -327,13 +261,17 @@ def load_snapshot(settings: Settings, sessions: sessionmaker, previous: Snapshot
     with sessions() as session:
         loader = _Loader(settings, session, previous, checker or pictures.PictureChecker())
         rows = catalogue.models(session)
-        for row in rows:
+        # the embedding models first: a re-ranker is served over one of them
+        for row in sorted(rows, key=lambda r: r.image_encoder in CROSS_ATTENTION_ENCODERS):
+            reranker = row.image_encoder in CROSS_ATTENTION_ENCODERS
             try:
-                model = loader.load(row)
+                model = loader.load_reranker(row, served) if reranker else loader.load(row)
             except Disabled as exc:
                 log.error("model %r disabled: %s", row.name, exc)
                 dataset = catalogue.get_dataset(session, row.dataset_id)
-                infos.append(model_info(row, dataset.name if dataset else "", False, str(exc)))
+                info = model_info(row, dataset.name if dataset else "", False, str(exc))
+                infos.append(dataclasses.replace(info, **shortlist_card(settings.index_dir / row.name))
+                             if reranker else info)
                 continue
             served[row.name] = model
             infos.append(model.info)

@@ -93,6 +93,10 @@ class ModelOut(BaseModel):
     metrics_measured: Measured | None = Field(None, description="where ``metrics`` come from")
     evaluated: Measured | None = Field(None, description="the evaluation split of /metrics, the failure cases "
                                                          "and the ground-truth ranks of searches")
+    shortlist_by: str | None = Field(None, description="a re-ranker (a cross-attention model): the embedding model "
+                                                       "whose FAISS shortlist it re-scores; null for other models")
+    shortlist_n: int | None = Field(None, description="a re-ranker: how many of that model's items each query's "
+                                                      "shortlist holds (searches ask for k <= shortlist_n)")
 
 
 class SplitCounts(BaseModel):
@@ -156,6 +160,14 @@ class ImageHit(GalleryImage):
     is_ground_truth: bool
 
 
+class RerankContext(BaseModel):
+    """How a re-ranker answered: a cross-attention model re-scored another model's shortlist."""
+
+    kind: str = Field(description="the cross-attention model's kind: scan or bfan")
+    shortlist_by: str = Field(description="the embedding model whose FAISS top shortlist_n it re-scored")
+    shortlist_n: int
+
+
 class SearchContext(BaseModel):
     """What a search covered and how its ground truth is judged."""
 
@@ -166,6 +178,7 @@ class SearchContext(BaseModel):
     normalise: Normalisation = Field("none", description="the hubness correction the list was ranked by")
     normalised: bool = Field(False, description="whether this query's scores were normalised (qbnorm keeps the raw "
                                                 "order of a query whose top-1 is no bank query's top-1)")
+    rerank: RerankContext | None = Field(None, description="set when the model is a re-ranker")
 
 
 class SearchTextOut(BaseModel):

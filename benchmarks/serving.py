@@ -24,6 +24,16 @@ One run, on one machine:
    restarted with one worker, and with one worker and ``AOQ_BATCHING=false`` (each query
    searched alone: the one-by-one rate).
 
+5. **rerank**: a cross-attention re-ranker's work for one text query as the service does it
+   (docs/serving.md, Re-rankers), in this process on one thread: the query's word states by an
+   untrained BFAN of ``configs/coco_precomp_bfan.yaml``'s architecture (``embed_dim`` 1024, bi-GRU),
+   its scores against the 36 x 1024 random unit regions of ``--rerank-n`` (100) shortlisted images
+   (COCO precomp's shape; their region terms precomputed, as ``aoq index`` stores them) and the
+   re-sort, for ``--rerank-queries`` (200) queries after a warm-up
+   (the shortlist's FAISS search is the **bare** figure, not counted here). Its own line, before
+   the last: ``RESULT rerank_p50_ms=<p50> rerank_p95_ms=<p95> shortlist_n=<N> regions=36 dim=1024
+   model=bfan``; ``--rerank-only`` measures this alone.
+
 Last line: ``RESULT ratio_to_bare=<http p50 / bare p50> qps=<load throughput, the workers,
 batched> workers=<their number> qps_1_worker=<one worker, batched> p95_ms=<http p95>
 errors=<load errors, every load>``; with ``--encoders pretrained`` also ``qps_one_by_one=`` (one
@@ -73,6 +83,9 @@ from aoq_serve.index.faiss_index import (  # noqa: E402
 )
 from aoq_serve.search.batching import MAX_BATCH, search_limit, set_batching  # noqa: E402
 from aoq_serve.search.featurize import encode_text  # noqa: E402
+from aoq.embed import sentence_words  # noqa: E402
+from aoq.pair_scores import score_sentence  # noqa: E402
+from aoq_serve.index.rerank import gallery_region_stats  # noqa: E402
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange", "pink", "grey", "turquoise", "golden"]
 SHAPES = ["circle", "square", "triangle", "star", "cross", "disc", "box", "rhombus", "block", "ring"]
@@ -192,6 +205,49 @@ def bare_batched_qps(model_dir: Path, index_dir: Path, texts: list[str], k: int)
     return len(texts) / (time.perf_counter() - start)
 
 
+#: COCO precomp's regions per image (the re-rank benchmark's fragment shape).
+RERANK_REGIONS = 36
+#: images whose regions the re-rank benchmark holds (each query's shortlist is drawn from them).
+RERANK_GALLERY = 1_000
+#: re-rank queries run before the measured ones.
+RERANK_WARMUP = 10
+
+
+def rerank_latencies(texts: list[str], n: int) -> tuple[np.ndarray, int]:
+    """Per-query ms of a BFAN re-ranker's work on one thread: the query's word states, its scores
+    against ``n`` shortlisted images' regions, the re-sort; and the embedding size."""
+    import torch
+
+    torch.set_num_threads(1)
+    cfg = load_config(REPO / "configs" / "coco_precomp_bfan.yaml")
+    vocab = Vocabulary.build([" ".join(COLOURS + SHAPES + PLACES + ["a", "small", "big", "medium", "and"])] * 4)
+    seed_everything(0)
+    model = build_model(cfg.model, len(vocab), 2048).eval()
+    d = cfg.model.embed_dim
+    regions = np.random.default_rng(3).standard_normal((RERANK_GALLERY, RERANK_REGIONS, d), dtype=np.float32)
+    regions /= np.linalg.norm(regions, axis=2, keepdims=True)
+    shortlists = np.random.default_rng(4).random((len(texts), RERANK_GALLERY)).argsort(axis=1)[:, :n]
+    stats = gallery_region_stats(regions)  # stored by aoq index with a re-ranker's fragments
+    cpu, out = torch.device("cpu"), []
+    for i in range(-RERANK_WARMUP, len(texts)):
+        start = time.perf_counter()
+        scores = score_sentence(model.pair_scores, sentence_words(model, vocab, texts[i % len(texts)]), regions,
+                                shortlists[i % len(texts)], cpu, stats)
+        np.lexsort((np.arange(n), -scores))
+        out.append(time.perf_counter() - start)
+    return np.asarray(out[RERANK_WARMUP:]) * 1000, d
+
+
+def rerank_result(args: argparse.Namespace) -> str:
+    """Measure the re-ranker (step 5) and return its ``RESULT`` line."""
+    latencies, d = rerank_latencies(queries(args.rerank_queries, seed=1), args.rerank_n)
+    p50, p95 = np.percentile(latencies, 50), np.percentile(latencies, 95)
+    print(f"rerank (BFAN, top {args.rerank_n} of a shortlist, {RERANK_REGIONS} x {d} regions, 1 thread): "
+          f"p50 {p50:.2f} ms, p95 {p95:.2f} ms; load average {os.getloadavg()[0]:.1f}", flush=True)
+    return (f"RESULT rerank_p50_ms={p50:.2f} rerank_p95_ms={p95:.2f} shortlist_n={args.rerank_n} "
+            f"regions={RERANK_REGIONS} dim={d} model=bfan")
+
+
 def start_server(env: dict[str, str], port: int, workers: int) -> subprocess.Popen:
     """``aoq serve`` with ``workers`` worker processes, once every worker serves the gallery."""
     server = subprocess.Popen([sys.executable, "-m", "aoq_cli.main", "serve", "--port", str(port)], cwd=REPO,
@@ -285,8 +341,15 @@ def main() -> int:
                         help="a trained checkpoint whose text encoder to use (default: untrained synthetic model)")
     parser.add_argument("--encoders", choices=sorted(DEFAULT_GALLERY), default="small",
                         help="small: the synthetic config's GRU; pretrained: the emoji demo's MiniLM / EfficientNet-Lite0")
+    parser.add_argument("--rerank-n", type=int, default=100, help="the re-ranker's shortlist (default: %(default)s)")
+    parser.add_argument("--rerank-queries", type=int, default=200)
+    parser.add_argument("--rerank-only", action="store_true", help="measure the re-ranker (step 5) alone")
     args = parser.parse_args()
     print(cpu_description(), flush=True)  # the machine every figure below comes from
+    rerank = rerank_result(args)
+    if args.rerank_only:
+        print(rerank)
+        return 0
     gallery = args.gallery or DEFAULT_GALLERY[args.encoders]
     workers = Settings(workers=args.workers).worker_count()
 
@@ -329,6 +392,7 @@ def main() -> int:
     p95 = float(np.percentile(http_ms, 95))
     ratio = float(np.percentile(http_ms, 50)) / float(np.percentile(bare, 50))
     extra = f" qps_one_by_one={qps_alone:.1f} speedup={qps / qps_alone:.2f}" if args.encoders == "pretrained" else ""
+    print(rerank)
     print(f"RESULT ratio_to_bare={ratio:.2f} qps={qps:.1f} workers={workers} qps_1_worker={qps_one_worker:.1f} "
           f"p95_ms={p95:.2f} errors={errors}{extra}")
     return 0

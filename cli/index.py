@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import get_args
 
 from aoq_serve.index.faiss_index import IndexType
+from aoq_serve.index.rerank import DEFAULT_SHORTLIST_N
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="recall@10 against exact search an approximate index must reach (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="where to embed the gallery (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--shortlist-by", default=None, metavar="MODEL",
+                        help="cross-attention checkpoints (SCAN, BFAN) are served as re-rankers of this embedding "
+                             "model's FAISS shortlist (a checkpoint folder of --models-dir)")
+    parser.add_argument("--shortlist-n", type=int, default=DEFAULT_SHORTLIST_N,
+                        help="items in each query's shortlist of --shortlist-by (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,8 +52,13 @@ def run(args: argparse.Namespace) -> int:
         split=args.split, gallery=args.gallery,
         spec=IndexSpec(type=args.index_type, target_recall=args.target_recall),
         config=args.config, overrides=args.overrides, device=args.device, batch_size=args.batch_size,
+        shortlist_by=args.shortlist_by, shortlist_n=args.shortlist_n,
     )
     for summary in index_models(job):
+        if summary["rsum"] is None:
+            print(f"{summary['model']} ({summary['role']}): re-ranks the top {summary['shortlist_n']} of "
+                  f"{summary['shortlist_by']}")
+            continue
         recall = {m: p.get("recall_at_10") for m, p in summary["params"].items()}
         print(f"{summary['model']} ({summary['role']}): rsum {summary['rsum']:.2f} on the {args.split} split "
               f"(full protocol), {args.index_type} index recall@10 vs exact {recall}")

@@ -104,7 +104,7 @@ def test_search_text_marks_ground_truth_and_ranks_it_over_the_full_gallery(servi
     out = r.json()
     assert out["model"] == "aoq" and out["query"] == caption["text"] and out["caption_id"] == caption["id"]
     assert out["query_split"] == "test"
-    assert out["context"] == dict(scope="all", searched=40, eval_split="test", positives="pair", normalise="none", normalised=False)
+    assert out["context"] == dict(scope="all", searched=40, eval_split="test", positives="pair", normalise="none", normalised=False, rerank=None)
     assert out["ground_truth_ids"] == [caption["image_id"]]
     assert [g["image_id"] for g in out["ground_truth"]] == [caption["image_id"]]
     assert [h["rank"] for h in out["results"]] == [1, 2, 3]

@@ -24,6 +24,7 @@ from aoq_ui.client import UPLOAD_TYPES, BackendClient, BackendError
 from aoq_ui.export import download_link
 from aoq_ui.render import (
     SCOPE_LABELS,
+    column_title,
     format_rank,
     model_label,
     pick_default_models,
@@ -135,8 +136,8 @@ def search_text(client: BackendClient, query: str, left: str | None, right: str 
         return render_error(exc), "", ""
     view = View(tab="t2i", query=query, left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_text_query(answer.left, answer.right, _links(view, answer)),
-            render_text_column(answer.left, f"Left: {answer.left.model}", answer.right, view),
-            render_text_column(answer.right, f"Right: {answer.right.model}", answer.left, view))
+            render_text_column(answer.left, column_title("Left", answer.left), answer.right, view),
+            render_text_column(answer.right, column_title("Right", answer.right), answer.left, view))
 
 
 def _preview(path: Path) -> str:
@@ -186,8 +187,8 @@ def search_image(
         return render_error(exc), "", ""
     settings = View(tab="i2t", left=left, right=right, k=int(k), scope=scope, normalise=normalise)
     return (render_image_query(answer.left, answer.right, label, url, links),
-            render_image_column(answer.left, f"Left: {answer.left.model}", answer.right, settings),
-            render_image_column(answer.right, f"Right: {answer.right.model}", answer.left, settings))
+            render_image_column(answer.left, column_title("Left", answer.left), answer.right, settings),
+            render_image_column(answer.right, column_title("Right", answer.right), answer.left, settings))
 
 
 def run_last(client: BackendClient, last: LastQuery | None, left: str | None, right: str | None, k: int,

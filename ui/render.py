@@ -121,7 +121,9 @@ def pick_default_models(models: Sequence[ModelOut]) -> tuple[str | None, str | N
 
 def model_label(model: ModelOut) -> str:
     """Dropdown label: name, role (unless the name says it), loss and encoder (what differs
-    between the two columns)."""
+    between the two columns); a re-ranker's, what it re-ranks."""
+    if model.shortlist_by is not None:
+        return f"{model.name} ({model.image_encoder.upper()}, re-ranking the top {model.shortlist_n} of {model.shortlist_by})"
     role = model.role if model.role != model.name else ""
     bits = [b for b in (role, model.loss, model.image_encoder) if b]
     return f"{model.name} ({', '.join(bits)})" if bits else model.name
@@ -239,6 +241,16 @@ def _normalise_line(answer: SearchTextOut | SearchImageOut) -> str:
     if context.normalised:
         return f"ranked by {label}: log-normalised scores"
     return f"ranked by {label}: this query's top-1 is no bank query's top-1, raw order kept"
+
+
+def column_title(side: str, answer: SearchTextOut | SearchImageOut) -> str:
+    """A column's heading: the side and the model; a re-ranker names what it re-ranks."""
+    rerank = answer.context.rerank
+    if rerank is None:
+        return f"{side}: {answer.model}"
+    kind = rerank.kind.upper()
+    named = "" if answer.model.upper() == kind else f" ({answer.model})"
+    return f"{side}: {kind}, re-ranking the top {rerank.shortlist_n} of {rerank.shortlist_by}{named}"
 
 
 def _header(title: str, answer: SearchTextOut | SearchImageOut, what: str) -> str:

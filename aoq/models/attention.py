@@ -134,6 +134,17 @@ def aggregate(r: Tensor, mask: Tensor, agg: str, lambda_lse: float) -> Tensor:
     raise ValueError(f"unknown aggregation {agg!r} (LogSumExp or Mean)")
 
 
+#: an image's terms that no caption changes: its regions' Gram matrix (B, R, R) and squared norms
+#: (B, R). A re-ranker's gallery stores them (:func:`region_stats`), so a query skips the
+#: largest passes of its scoring.
+RegionStats = tuple[Tensor, Tensor]
+
+
+def region_stats(regions: Tensor) -> RegionStats:
+    """The :data:`RegionStats` of (B, R, D) regions (all valid), as :class:`Fragments` computes them."""
+    return regions @ regions.transpose(1, 2), regions.pow(2).sum(-1)
+
+
 class Fragments:
     """The masked, zero-padded inputs of a batch of pairs and their pairwise products.
 
@@ -148,10 +159,12 @@ class Fragments:
         region_sq: (B, 1, R); word_sq: like word_valid, squared norms.
         pair_region_mask: (B, 1, R, 1); pair_word_mask: (1, C, 1, L) (aligned (B, 1, 1, L)), for
             broadcasting over s.
+
+    ``stats``: the images' precomputed :data:`RegionStats` (no ``region_counts`` then).
     """
 
     def __init__(self, images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor,
-                 aligned: bool = False) -> None:
+                 aligned: bool = False, stats: RegionStats | None = None) -> None:
         if images.ndim != 3 or captions.ndim != 3 or images.shape[-1] != captions.shape[-1]:
             raise ValueError(f"expected images (B, R, D) and captions (C, L, D), got {tuple(images.shape)} "
                              f"and {tuple(captions.shape)}")
@@ -161,16 +174,20 @@ class Fragments:
         device = images.device
         region_mask = valid_mask(region_counts, images.shape[0], images.shape[1], device)
         word_mask = valid_mask(lengths, captions.shape[0], captions.shape[1], device)
-        v = zero_padding(images, region_mask)
+        if stats is not None and region_counts is not None:
+            raise ValueError("precomputed region stats are for images whose every region is valid (no counts)")
+        # every region is valid when stats are given: nothing to zero, and no copy of the (B, R, D) input
+        v = images if stats is not None else zero_padding(images, region_mask)
         e = zero_padding(captions, word_mask)
         caption_axis = 1 if aligned else 0
         self.s = (torch.einsum("brd,bld->brl", v, e).unsqueeze(1) if aligned
                   else torch.einsum("brd,cld->bcrl", v, e))
         self.region_valid = region_mask.unsqueeze(1)
         self.word_valid = word_mask.unsqueeze(caption_axis)
-        self.region_gram = (v @ v.transpose(1, 2)).unsqueeze(1)
+        gram, sq = stats if stats is not None else region_stats(v)
+        self.region_gram = gram.unsqueeze(1)
         self.word_gram = (e @ e.transpose(1, 2)).unsqueeze(caption_axis)
-        self.region_sq = v.pow(2).sum(-1).unsqueeze(1)
+        self.region_sq = sq.unsqueeze(1)
         self.word_sq = e.pow(2).sum(-1).unsqueeze(caption_axis)
         self.pair_region_mask = self.region_valid.unsqueeze(-1)
         self.pair_word_mask = self.word_valid.unsqueeze(-2)

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from aoq.models.attention import (
     Fragments,
+    RegionStats,
     aggregate,
     region_attention,
     region_cosines,
@@ -76,7 +77,8 @@ def focal_attention(alpha: Tensor, source_mask: Tensor, focal: str) -> Tensor:
 
 
 def bfan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor,
-                focal: str = "equal", lambda_softmax: float = BFAN_LAMBDA_SOFTMAX, aligned: bool = False) -> Tensor:
+                focal: str = "equal", lambda_softmax: float = BFAN_LAMBDA_SOFTMAX, aligned: bool = False,
+                stats: RegionStats | None = None) -> Tensor:
     """The BFAN score (both directions summed) of every (image, caption) pair.
 
     Args:
@@ -87,6 +89,7 @@ def bfan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, 
         focal: ``equal`` or ``prob`` (eq. 3).
         lambda_softmax: temperature of the pre-assigned attention.
         aligned: score only the pairs (image b, caption b) (B = C).
+        stats: the images' precomputed region terms (:func:`aoq.models.attention.region_stats`).
 
     Returns:
         (B, C) scores, rows images and columns captions (the layout of :mod:`aoq.metrics`);
@@ -94,7 +97,7 @@ def bfan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, 
     """
     if focal not in FOCAL_TYPES:
         raise ValueError(f"unknown focal type {focal!r} ({' or '.join(FOCAL_TYPES)})")
-    f = Fragments(images, region_counts, captions, lengths, aligned)
+    f = Fragments(images, region_counts, captions, lengths, aligned, stats)
     words = focal_attention(word_attention(f, "clipped_l2norm", lambda_softmax),
                             f.region_valid.unsqueeze(-2), focal)
     regions = focal_attention(region_attention(f, "clipped_l2norm", lambda_softmax),

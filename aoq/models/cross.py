@@ -11,11 +11,15 @@ from __future__ import annotations
 from torch import Tensor
 
 from aoq.config import ModelConfig
+from aoq.models.attention import RegionStats
 from aoq.models.bfan import bfan_scores
 from aoq.models.image import RegionEncoder
 from aoq.models.joint import JointModel
 from aoq.models.scan import SCAN_PRESETS, scan_scores
 from aoq.models.text import WordEncoder
+
+#: the ``model.image_encoder`` values of cross-attention models.
+CROSS_ATTENTION_ENCODERS = ("scan", "bfan")
 
 
 class CrossAttentionModel(JointModel):
@@ -40,13 +44,13 @@ class CrossAttentionModel(JointModel):
         self.scan_settings = SCAN_PRESETS[model_cfg.scan_preset]
         self.bfan_focal = model_cfg.bfan_focal
 
-    def pair_scores(self, img: Tensor, cap: Tensor, lengths: Tensor) -> Tensor:
+    def pair_scores(self, img: Tensor, cap: Tensor, lengths: Tensor, stats: RegionStats | None = None) -> Tensor:
         """(B, C) scores of B encoded images (B, R, d) and C encoded captions (C, T, d) of
-        ``lengths`` words."""
+        ``lengths`` words; ``stats``: the images' precomputed region terms (a re-ranker's gallery)."""
         lengths = lengths.to(cap.device)
         if self.kind == "scan":
-            return scan_scores(img, None, cap, lengths, self.scan_settings)
-        return bfan_scores(img, None, cap, lengths, self.bfan_focal)
+            return scan_scores(img, None, cap, lengths, self.scan_settings, stats=stats)
+        return bfan_scores(img, None, cap, lengths, self.bfan_focal, stats=stats)
 
     def aligned_scores(self, img: Tensor, cap: Tensor, lengths: Tensor) -> Tensor:
         """(B,) scores of the pairs (image b, caption b) of (B, R, d) images and (B, T, d) captions."""

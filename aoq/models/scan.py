@@ -29,6 +29,7 @@ from torch import Tensor
 
 from aoq.models.attention import (
     Fragments,
+    RegionStats,
     aggregate,
     region_attention,
     region_cosines,
@@ -80,7 +81,7 @@ def scan_i2t(f: Fragments, settings: ScanSettings) -> Tensor:
 
 
 def scan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, lengths: Tensor,
-                settings: ScanSettings, aligned: bool = False) -> Tensor:
+                settings: ScanSettings, aligned: bool = False, stats: RegionStats | None = None) -> Tensor:
     """The SCAN score of every (image, caption) pair.
 
     Args:
@@ -90,11 +91,12 @@ def scan_scores(images: Tensor, region_counts: Tensor | None, captions: Tensor, 
         lengths: (C,) words per caption, 1..L.
         settings: direction, norms and temperatures (:data:`SCAN_PRESETS`).
         aligned: score only the pairs (image b, caption b) (B = C).
+        stats: the images' precomputed region terms (:func:`aoq.models.attention.region_stats`).
 
     Returns:
         (B, C) scores, rows images and columns captions (the layout of :mod:`aoq.metrics`);
         aligned: the (B,) diagonal.
     """
-    f = Fragments(images, region_counts, captions, lengths, aligned)
+    f = Fragments(images, region_counts, captions, lengths, aligned, stats)
     scores = scan_t2i(f, settings) if settings.direction == "t2i" else scan_i2t(f, settings)
     return scores[:, 0] if aligned else scores

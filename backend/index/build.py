@@ -15,6 +15,12 @@ For each checkpoint (one subfolder of the models directory), in this order:
    :mod:`aoq_serve.index.reports`, computed on the evaluation split with the checkpoint's
    positives rule), its index records and the evaluation split's ground-truth ranks (failure cases).
 
+A cross-attention checkpoint (SCAN, BFAN) is a re-ranker: it is indexed after the embedding
+models, its gallery's fragments are written instead of FAISS indexes
+(:mod:`aoq_serve.index.rerank`), naming the embedding model whose FAISS top ``shortlist_n`` it
+re-scores (``shortlist_by``, indexed into the same folder), and its row has no index records nor
+ranks.
+
 ``<out>/index.json`` is rewritten last, after every commit: a running server sees the new
 generation and swaps to the new indexes; until then it keeps answering from the old ones.
 """
@@ -37,12 +43,15 @@ from aoq.data.dataset import DataError, SplitData, label_vocabulary, multi_hot
 from aoq.data.karpathy import read_karpathy
 from aoq.data.load import load_split
 from aoq.device import resolve_device
-from aoq.embed import encode_split
+from aoq.embed import encode_fragments, encode_split
 from aoq.hubness import bank_provenance
-from aoq.io import ArtefactError, read_manifest
+from aoq.io import ArtefactError, parse_json, read_manifest
+from aoq.models.cross import CROSS_ATTENTION_ENCODERS
 from aoq_serve.guards.paths import relative_to_data, stored_data_config
 from aoq_serve.index.bank import MANIFEST_KEY, bank_arrays
+from aoq_serve.index.faiss_index import KIND as FAISS_KIND
 from aoq_serve.index.faiss_index import IndexSpec, bump_generation, write_model_index
+from aoq_serve.index.rerank import DEFAULT_SHORTLIST_N, joined_fragments, write_rerank_index
 from aoq_serve.index.reports import gallery_ranks, model_report
 from aoq_serve.search.negatives import TRAIN_SPLIT
 from aoq_serve.store import catalogue
@@ -76,6 +85,10 @@ class IndexJob:
     overrides: list[str] = field(default_factory=list)
     device: str = "auto"
     batch_size: int = 256
+    #: the served embedding model whose FAISS shortlist the cross-attention checkpoints re-rank.
+    shortlist_by: str | None = None
+    #: how many of its items each query's shortlist holds.
+    shortlist_n: int = DEFAULT_SHORTLIST_N
 
 
 def discover_checkpoints(models_dir: Path) -> list[Path]:
@@ -209,6 +222,80 @@ def _role(ckpt: Checkpoint) -> str:
     return ROLE_ALIASES.get(role, role)
 
 
+def is_cross_attention(path: Path) -> bool:
+    """Whether a checkpoint folder holds a cross-attention model (from its config, before loading)."""
+    model = parse_json(path / "config.json", what="checkpoint config").get("model") or {}
+    return model.get("image_encoder") in CROSS_ATTENTION_ENCODERS
+
+
+def check_shortlist(job: IndexJob, rerankers: list[Path], embedding: list[Path]) -> None:
+    """Refuse a job whose re-rankers name no usable shortlisting model, before any work.
+
+    Raises:
+        ArtefactError: no ``shortlist_by`` for a re-ranker, or a ``shortlist_n`` below 1.
+    """
+    if not rerankers:
+        return
+    if job.shortlist_by is None:
+        raise ArtefactError(f"{rerankers[0].name} is a cross-attention model, served as a re-ranker: name the "
+                            f"embedding model whose FAISS shortlist it re-ranks with --shortlist-by")
+    if job.shortlist_n < 1:
+        raise ArtefactError(f"--shortlist-n must be >= 1, got {job.shortlist_n}")
+    if job.shortlist_by not in {p.name for p in embedding}:
+        raise ArtefactError(f"--shortlist-by {job.shortlist_by}: not an embedding model of {job.models_dir} "
+                            f"(those: {', '.join(p.name for p in embedding) or 'none'})")
+
+
+def _shortlister(job: IndexJob) -> dict[str, Any]:
+    """The index manifest of the model that shortlists for the re-rankers (indexed by this job).
+
+    Raises:
+        ArtefactError: it holds no embedding model's index.
+    """
+    try:
+        return read_manifest(job.out / job.shortlist_by, kind=FAISS_KIND)
+    except ArtefactError as exc:
+        raise ArtefactError(f"--shortlist-by {job.shortlist_by}: not an indexed embedding model of {job.out} "
+                            f"({exc})") from None
+
+
+def _index_reranker(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path: Path) -> dict[str, Any]:
+    name = path.name
+    base = _shortlister(job)["config"]
+    ckpt = load_checkpoint(path, device=resolve_device(job.device))
+    cfg = load_config(job.config, job.overrides) if job.config else ckpt.config
+    role = _role(ckpt)
+    ids, split = registry.split(cfg.data, job.split)
+    parts = sorted((registry.split(cfg.data, s) for s in gallery_splits(job, cfg.data)),
+                   key=lambda part: int(part[0].image_ids[0]) if part[0].n_images else 0)
+    fragments = joined_fragments([encode_fragments(ckpt.model, ckpt.vocab, part, batch_size=job.batch_size,
+                                                   progress=True) for _, part in parts])
+    gallery = catalogue.joined_ids([p for p, _ in parts])
+    digest = catalogue.gallery_digest(gallery, [c for _, part in parts for c in part.captions])
+    if base.get("gallery_hash") != digest:
+        raise ArtefactError(f"--shortlist-by {job.shortlist_by}: its index holds another gallery than {name}'s; "
+                            f"index both over the same data")
+    meta = {"model": name, "checkpoint_hash": ckpt.content_hash, "dataset": cfg.data.name, "split": job.split,
+            "splits": [p.split for p, _ in parts], "gallery_hash": digest, "shortlist_by": job.shortlist_by,
+            "shortlist_by_hash": base["checkpoint_hash"], "shortlist_n": job.shortlist_n}
+    write_rerank_index(job.out / name, fragments, {"images": gallery.image_ids, "captions": gallery.caption_ids},
+                       meta)
+    seed = cfg.round2.seed if ckpt.extra.get("mined_dir") else cfg.train.seed
+    report = {"measured": measured(job.split, split.n_images, cfg, seed)}
+    loss = ckpt.extra.get("loss") or (cfg.round2.loss if role == "aoq" else cfg.train.loss)
+    with sessions() as session, session.begin():
+        catalogue.upsert_model(
+            session, name, role=role, loss=str(loss), image_encoder=ckpt.config.model.image_encoder,
+            image_input=ckpt.model.image_input, dataset_id=ids.dataset_id, gallery_split=ids.split,
+            checkpoint_path=str(ckpt.path.resolve()), checkpoint_hash=ckpt.content_hash, metrics=ckpt.metrics,
+            report=report, mined_dir=None,
+        )
+    log.info("%s (%s): re-ranks the top %d of %s over %d images, %d captions", name, role, job.shortlist_n,
+             job.shortlist_by, fragments.n_images, fragments.n_captions)
+    return {"model": name, "role": role, "rsum": None, "params": {}, "shortlist_by": job.shortlist_by,
+            "shortlist_n": job.shortlist_n}
+
+
 def _index_one(job: IndexJob, sessions: sessionmaker, registry: _Catalogue, path: Path) -> dict[str, Any]:
     name = path.name
     ckpt = load_checkpoint(path, device=resolve_device(job.device))
@@ -316,7 +403,13 @@ def index_models(job: IndexJob) -> list[dict[str, Any]]:
         create_schema(engine)
         sessions = session_factory(engine)
         registry = _Catalogue(sessions, job.data_dir)
-        summaries = [_index_one(job, sessions, registry, path) for path in discover_checkpoints(job.models_dir)]
+        found = discover_checkpoints(job.models_dir)
+        rerankers = [path for path in found if is_cross_attention(path)]
+        embedding = [path for path in found if path not in rerankers]
+        check_shortlist(job, rerankers, embedding)
+        # the embedding models first: a re-ranker's index is checked against its shortlister's
+        summaries = [_index_one(job, sessions, registry, path) for path in embedding]
+        summaries += [_index_reranker(job, sessions, registry, path) for path in rerankers]
         bump_generation(job.out, [s["model"] for s in summaries])
         return summaries
     finally:

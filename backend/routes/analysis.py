@@ -57,6 +57,10 @@ def get_failures(
             raise ServiceError(422, f'models must be two names separated by a comma ("left,right"), got {models!r}')
         names = (parts[0], parts[1])
     left, right = (snapshot.get(n) for n in names)
+    reranker = next((m for m in (left, right) if m.rerank is not None), None)
+    if reranker is not None:
+        raise ServiceError(422, f"model {reranker.name!r} is a re-ranker: aoq index stores no ranks of the whole "
+                                f"gallery for it, so it has no failure cases")
     if left.gallery is not right.gallery:
         raise ServiceError(422, f"models {left.name!r} and {right.name!r} are indexed over different galleries")
     try:

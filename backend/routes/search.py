@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Response, UploadFile
@@ -28,8 +29,9 @@ from aoq_serve.schemas import (
     SearchTextIn,
     SearchTextOut,
 )
+from aoq_serve.registry import ServingModel
+from aoq_serve.search import engine, rerank
 from aoq_serve.search.decode import decode_upload
-from aoq_serve.search.engine import search_image, search_text
 
 router = APIRouter(tags=["search"])
 ERRORS = {code: {"model": ErrorOut} for code in (404, 409, 413, 415, 422)}
@@ -65,6 +67,16 @@ def _read_query_image(service: ServiceDep, image_id: int | None, file: UploadFil
     return decode_upload(data, settings.max_upload_pixels, settings.upload_max_side, service.decode_budget)
 
 
+def _text_search(served: ServingModel) -> Callable[..., SearchTextOut]:
+    """The sentence search of a served model: a re-ranker's own, or the embedding search."""
+    return rerank.search_text if served.rerank is not None else engine.search_text
+
+
+def _image_search(served: ServingModel) -> Callable[..., SearchImageOut]:
+    """The image search of a served model: a re-ranker's own, or the embedding search."""
+    return rerank.search_image if served.rerank is not None else engine.search_image
+
+
 def _pair(snapshot: Snapshot, models: list[str] | None) -> tuple[str, str]:
     if models is None:
         return snapshot.default_pair()
@@ -75,7 +87,8 @@ def _pair(snapshot: Snapshot, models: list[str] | None) -> tuple[str, str]:
 @router.post("/search/text", response_model=SearchTextOut, responses=ERRORS)
 def post_search_text(body: SearchTextIn, service: ServiceDep, snapshot: SnapshotDep, urls: UrlsDep) -> Response:
     """Rank the gallery images of ``model`` for a sentence."""
-    out = search_text(snapshot.get(body.model), body.query, body.k, urls, body.scope, body.normalise,
+    served = snapshot.get(body.model)
+    out = _text_search(served)(served, body.query, body.k, urls, body.scope, body.normalise,
                       body.intended)
     service.querylog.record("/search/text", out.latency_ms, body.model, body.k)
     return _answer(out)
@@ -89,7 +102,7 @@ def post_search_image(
     """Rank the gallery captions of ``model`` for a gallery image or an uploaded one."""
     served = snapshot.get(model)
     upload = _read_query_image(service, image_id, file)
-    out = search_image(served, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise)
+    out = _image_search(served)(served, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise)
     service.querylog.record("/search/image", out.latency_ms, model, k)
     return _answer(out)
 
@@ -100,8 +113,8 @@ def post_compare_text(body: CompareTextIn, service: ServiceDep, snapshot: Snapsh
     start = time.perf_counter()
     left, right = (snapshot.get(name) for name in _pair(snapshot, body.models))
     out = CompareTextOut(query=body.query,
-                         left=search_text(left, body.query, body.k, urls, body.scope, body.normalise, body.intended),
-                         right=search_text(right, body.query, body.k, urls, body.scope, body.normalise, body.intended))
+                         left=_text_search(left)(left, body.query, body.k, urls, body.scope, body.normalise, body.intended),
+                         right=_text_search(right)(right, body.query, body.k, urls, body.scope, body.normalise, body.intended))
     service.querylog.record("/compare/text", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", body.k)
     return _answer(out)
 
@@ -122,7 +135,7 @@ def post_compare_image(
     left, right = (snapshot.get(name) for name in _pair(snapshot, names))
     upload = _read_query_image(service, image_id, file)
     out = CompareImageOut(
-        left=search_image(left, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise),
-        right=search_image(right, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise))
+        left=_image_search(left)(left, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise),
+        right=_image_search(right)(right, k, urls, image_id=image_id, upload=upload, scope=scope, normalise=normalise))
     service.querylog.record("/compare/image", (time.perf_counter() - start) * 1000, f"{left.name},{right.name}", k)
     return _answer(out)

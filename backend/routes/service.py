@@ -48,7 +48,7 @@ def list_models(snapshot: SnapshotDep, service: ServiceDep) -> list[ModelOut]:
                  checkpoint_hash=i.checkpoint_hash, dataset=i.dataset, enabled=i.enabled,
                  disabled_reason=i.disabled_reason and public_text(i.disabled_reason, service.settings),
                  metrics=i.metrics, metrics_measured=i.metrics_measured,
-                 evaluated=i.evaluated)
+                 evaluated=i.evaluated, shortlist_by=i.shortlist_by, shortlist_n=i.shortlist_n)
         for i in sorted(snapshot.infos, key=lambda i: i.name)
     ]
 

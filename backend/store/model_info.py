@@ -25,6 +25,9 @@ class ModelInfo:
     evaluated: dict[str, Any] | None = None
     enabled: bool = False
     disabled_reason: str | None = None
+    #: a re-ranker's shortlisting model and shortlist length (None for an embedding model).
+    shortlist_by: str | None = None
+    shortlist_n: int | None = None
 
 
 def model_info(row: Model, dataset: str, enabled: bool, reason: str | None) -> ModelInfo:
