@@ -89,8 +89,8 @@ def cache_root(root: str | Path | None = None) -> Path:
 
 @dataclass
 class CachedFeatures:
-    """One cache entry: ``features`` (rows, dim) float32 memory map, its folder, and whether it was
-    already there (``hit``) or computed by this call."""
+    """One cache entry: ``features``, a (rows, dim) float32 or (rows, regions, dim) float16 memory
+    map, its folder, and whether it was already there (``hit``) or computed by this call."""
 
     features: np.ndarray
     path: Path
@@ -98,16 +98,18 @@ class CachedFeatures:
 
 
 def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarray] | None,
-                    rows: int, made_by: Callable[[], str] | None = None) -> CachedFeatures | None:
+                    rows: int, made_by: Callable[[], str] | None = None,
+                    dtype: type[np.floating] = np.float32) -> CachedFeatures | None:
     """Return the entry for ``key_inputs``, computing and storing it on a miss.
 
     Args:
         root: the cache root.
         key_inputs: JSON-able; its ``backbone.name`` names the subfolder, its SHA-256 the entry.
-        compute: makes the (rows, dim) float32 array on a miss; None only looks (a miss gives None).
+        compute: makes the (rows, ...) array on a miss; None only looks (a miss gives None).
         rows: the expected number of rows (an entry with another count is recomputed).
         made_by: names the runtime that computed the features (called after ``compute``), for the
             manifest; not part of the key.
+        dtype: what the array is stored as (the region maps: float16, half the disk).
     """
     key = sha256_json(key_inputs)
     folder = root / key_inputs["backbone"]["name"] / key
@@ -122,7 +124,7 @@ def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarr
             log.warning("%s: unusable cache entry (%s); recomputing", folder, exc)
     if compute is None:
         return None
-    array = np.ascontiguousarray(compute(), dtype=np.float32)
+    array = np.ascontiguousarray(compute(), dtype=dtype)
     if array.shape[0] != rows:
         raise ValueError(f"computed {array.shape[0]} feature rows, expected {rows}")
     with atomic_dir(folder) as tmp:
