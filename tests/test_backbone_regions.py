@@ -5,6 +5,7 @@ trains through ``aoq train`` on a tiny emoji-like set (the installed weights; no
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,9 @@ from aoq.backbone_regions import (
 from aoq.checkpoint import load_checkpoint
 from aoq.config import ConfigError, load_config
 from aoq.data.load import load_split
+from aoq.data.loaders import load_pixels
 from aoq.io import read_manifest, sha256_json
+from aoq.mined import load_mined
 from aoq.models import packages
 from aoq.models.pretrained import EffNetImageEncoder
 from aoq_cli.main import main as aoq
@@ -76,8 +79,6 @@ def test_regions_are_the_feature_map_cells_row_major(data: Path, cache: Path) ->
     paths = _train_paths(data)[:2]
     regions = cached_regions(paths).features
     encoder = EffNetImageEncoder(embed_dim=8).eval()
-    from aoq.data.loaders import load_pixels
-
     with torch.inference_mode():
         fmap = encoder.backbone_map(torch.stack([load_pixels(p, 224) for p in paths]))
     # cell (row 2, column 5) of the 7x7 map is region 2 * 7 + 5
@@ -119,6 +120,29 @@ def test_one_cross_attention_step_trains_on_the_regions(config: str, kind: str, 
     run = tmp_path / "run"
     assert aoq(["train", "--config", str(ROOT / "configs" / config), "--out", str(run), "--no-progress"]
                + [a for o in overrides for a in ("--set", o)]) == 0
+    assert json.loads((run / "round1" / "state" / "progress.json").read_text())["global_step"] == 1  # 50 captions
     ckpt = load_checkpoint(run / "round1" / "best")
     assert ckpt.config.model.image_encoder == kind and ckpt.config.data.regions == "effnet_lite0"
     assert ckpt.model.pairwise and ckpt.model.image_encoder.fc.in_features == 1280
+
+
+@pytest.mark.slow
+def test_the_scan_pipeline_mines_with_the_emoji_embedding_teacher(data: Path, cache: Path, tmp_path: Path,
+                                                                   capsys) -> None:
+    small = [f"data.path={data}", "data.vocab_threshold=1", "data.max_dev_images=null", "train.epochs=1",
+             "round2.epochs=1", "train.batch_size=25", "round2.batch_size=25", "train.collapse_epochs=0",
+             "round2.collapse_epochs=0", "mining.top_captions=20", "mining.top_images=5", "round2.h_t=10",
+             "round2.h_i=2", "model.embed_dim=16"]
+    teacher_run = tmp_path / "teacher"
+    assert aoq(["train", "--config", str(ROOT / "configs" / "emoji.yaml"), "--out", str(teacher_run), "--no-progress"]
+               + [a for o in small for a in ("--set", o)]) == 0
+    teacher = teacher_run / "round1" / "best"
+    overrides = [*small, f"out_dir={tmp_path}/runs/{{name}}", f"mining.teacher={teacher}", "model.word_dim=8"]
+    capsys.readouterr()
+    assert aoq(["pipeline", "--config", str(ROOT / "configs" / "emoji_scan.yaml"), "--no-progress"]
+               + [a for o in overrides for a in ("--set", o)]) == 0
+    assert "| aoq | full (3 images) |" in capsys.readouterr().out
+    run = tmp_path / "runs" / "emoji_scan"
+    assert load_checkpoint(run / "models" / "aoq").config.model.image_encoder == "scan"
+    # the lists were mined by the embedding teacher, from its pooled features, not by the SCAN baseline
+    assert load_mined(run / "mined").checkpoint_hash == load_checkpoint(teacher).content_hash
