@@ -48,6 +48,7 @@ from aoq.io import (
     write_manifest,
 )
 from aoq.backbone_runtime import (
+    POOLED_GRAPH,
     OnnxImageBackbone,
     has_image_onnx,
     image_onnx,
@@ -196,16 +197,18 @@ class ImageRuntime:
         return _torch_runner(encoder if encoder is not None else EffNetImageEncoder(embed_dim=8).eval())
 
 
-def image_runtime(encoder: EffNetImageEncoder, root: Path, n_images: int, name: str | None = None) -> ImageRuntime:
+def image_runtime(encoder: EffNetImageEncoder, root: Path, n_images: int, name: str | None = None,
+                  graph: str = POOLED_GRAPH) -> ImageRuntime:
     """The runtime that featurises ``n_images`` images (``AOQ_BACKBONE_RUNTIME``,
     :mod:`aoq.backbone_runtime`), with the backbone exported to ONNX under ``root`` when it is
-    ONNX Runtime. ``auto`` exports only for :data:`EXPORT_MIN_IMAGES` images or more (the export
-    costs seconds), and uses an export already there for any number."""
+    ONNX Runtime (``graph``: its pooled features or its feature map). ``auto`` exports only for
+    :data:`EXPORT_MIN_IMAGES` images or more (the export costs seconds), and uses an export
+    already there for any number."""
     chosen = runtime_name(name)
-    small = n_images < EXPORT_MIN_IMAGES and not has_image_onnx(encoder, root)
+    small = n_images < EXPORT_MIN_IMAGES and not has_image_onnx(encoder, root, graph)
     if chosen == "torch" or (small and requested_runtime(name) == "auto"):
         return ImageRuntime()
-    return ImageRuntime("onnxruntime", image_onnx(encoder, root), batch_size=1)
+    return ImageRuntime("onnxruntime", image_onnx(encoder, root, graph), batch_size=1)
 
 
 _WORKER_RUN: ImageRunner | None = None

@@ -16,15 +16,17 @@ its features cached. Nothing computes a map unless a config asks for regions: th
 Entries live beside the pooled ones, under the pooled entry's key inputs plus ``"output":
 REGIONS_OUTPUT`` (same root, layout, manifest and atomic write), stored as float16: the
 activations are ReLU6 outputs in [0, 6], which float16 keeps to within
-:data:`REGION_ROUNDING`, at :func:`region_bytes` per image on disk. The map is computed by
-PyTorch, in this process: the ONNX export of :mod:`aoq.backbone_runtime` is of the pooled graph.
+:data:`REGION_ROUNDING`, at :func:`region_bytes` per image on disk. The map is computed in this
+process by the runtime the pooled features would use (``AOQ_BACKBONE_RUNTIME``,
+:func:`aoq.backbone_cache.image_runtime`), ONNX Runtime exporting the map graph
+(:data:`aoq.backbone_runtime.MAP_GRAPH`) beside the pooled one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +40,9 @@ from aoq.backbone_cache import (
     cached_features,
     has_entry,
     image_key_inputs,
+    image_runtime,
 )
+from aoq.backbone_runtime import MAP_GRAPH, OnnxImageBackbone, runtime_version
 from aoq.data.dataset import DataError, SplitData
 from aoq.data.loaders import load_pixels
 from aoq.models import packages
@@ -65,20 +69,31 @@ def region_key_inputs(image_inputs: dict) -> dict:
     return {**image_inputs, "output": REGIONS_OUTPUT}
 
 
-@torch.inference_mode()
-def map_features(encoder: EffNetImageEncoder, paths: Sequence[Path],
-                 progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """One pass over ``paths``: the pooled features, (N, 1280) float32, equal to
-    :meth:`EffNetImageEncoder.backbone_features`, and the regions, (N, 49, 1280) float16, row-major
-    over the grid."""
+def _map_runner(encoder: EffNetImageEncoder, runtime: ImageRuntime) -> Callable[[torch.Tensor], torch.Tensor]:
+    if runtime.name == "onnxruntime":
+        assert runtime.onnx is not None
+        session = OnnxImageBackbone(runtime.onnx)
+        return lambda pixels: torch.from_numpy(session(pixels))
     device = next(encoder.parameters()).device
-    batch_size = ImageRuntime().batch_size
+    return lambda pixels: encoder.backbone_map(pixels.to(device))
+
+
+@torch.inference_mode()
+def map_features(encoder: EffNetImageEncoder, paths: Sequence[Path], progress: bool = False,
+                 runtime: ImageRuntime | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One pass over ``paths``: the pooled features, (N, 1280) float32, and the regions,
+    (N, 49, 1280) float16, row-major over the grid. In PyTorch (the default ``runtime``) the pooled
+    features equal :meth:`EffNetImageEncoder.backbone_features`; an ONNX Runtime ``runtime`` of
+    the map graph (:func:`aoq.backbone_cache.image_runtime`) gives them within
+    :data:`aoq.backbone_runtime.IMAGE_ATOL`."""
+    runtime = runtime or ImageRuntime()
+    run = _map_runner(encoder, runtime)
     pooled = np.zeros((len(paths), FEATURE_DIM), np.float32)
     regions = np.zeros((len(paths), N_REGIONS, FEATURE_DIM), REGION_DTYPE)
     with tqdm(total=len(paths), desc="EfficientNet-Lite0 regions", disable=not progress, leave=False) as bar:
-        for start in range(0, len(paths), batch_size):
-            batch = paths[start:start + batch_size]
-            fmap = encoder.backbone_map(torch.stack([load_pixels(p, INPUT_SIZE) for p in batch]).to(device))
+        for start in range(0, len(paths), runtime.batch_size):
+            batch = paths[start:start + runtime.batch_size]
+            fmap = run(torch.stack([load_pixels(p, INPUT_SIZE) for p in batch]))
             rows = slice(start, start + len(batch))
             pooled[rows] = pool_map(fmap).float().cpu().numpy()
             regions[rows] = fmap.flatten(2).transpose(1, 2).to(torch.float16).cpu().numpy()
@@ -95,15 +110,23 @@ def cached_regions(paths: Sequence[Path], *, root: str | Path | None = None, pro
     paths = list(paths)
     pooled_inputs = image_key_inputs(packages.effnet_identity().to_dict(), paths)
 
+    chosen: list[ImageRuntime] = []  # decided on a miss only: ONNX Runtime may export first
+
+    def made_by() -> str:
+        return runtime_version(chosen[0].name)
+
     def compute() -> np.ndarray:
-        log.info("computing the EfficientNet-Lite0 regions of %d images (once; cached under %s)", len(paths), base)
-        pooled, regions = map_features(EffNetImageEncoder(embed_dim=8).eval(), paths, progress)
+        encoder = EffNetImageEncoder(embed_dim=8).eval()
+        chosen.append(image_runtime(encoder, base, len(paths), graph=MAP_GRAPH))
+        log.info("computing the EfficientNet-Lite0 regions of %d images with %s (once; cached under %s)",
+                 len(paths), chosen[0].name, base)
+        pooled, regions = map_features(encoder, paths, progress, chosen[0])
         if not has_entry(pooled_inputs, base):
-            cached_features(base, pooled_inputs, lambda: pooled, len(paths))
+            cached_features(base, pooled_inputs, lambda: pooled, len(paths), made_by)
         return regions
 
     return cached_features(base, region_key_inputs(pooled_inputs), compute if compute_missing else None,
-                           len(paths), dtype=REGION_DTYPE)
+                           len(paths), made_by, dtype=REGION_DTYPE)
 
 
 def with_region_features(split: SplitData, *, root: str | Path | None = None, progress: bool = False) -> SplitData:

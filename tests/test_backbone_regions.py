@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import aoq.backbone_regions as backbone_regions
+import aoq.backbone_runtime as backbone_runtime
 from aoq.backbone_cache import ImageRuntime, cached_features, has_entry, image_backbone_features, image_key_inputs
 from aoq.backbone_regions import (
     N_REGIONS,
@@ -22,6 +23,7 @@ from aoq.backbone_regions import (
     region_bytes,
     region_key_inputs,
 )
+from aoq.backbone_runtime import IMAGE_ATOL, MAP_GRAPH, RUNTIME_ENV
 from aoq.checkpoint import load_checkpoint
 from aoq.config import ConfigError, load_config
 from aoq.data.load import load_split
@@ -38,6 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SPLITS = {"train": 10, "val": 3, "test": 3}
 #: what float32 averaging of 49 values adds to the float16 rounding bound.
 SUM_ROUNDING = 1e-5
+#: the emoji demo's train / dev / test pictures (docs/emoji.md) and the disk the issue allows
+#: their regions (issue 33).
+DEMO_SPLITS = (5750, 599, 924)
+DEMO_REGION_LIMIT = 10**9
+NPY_HEADER = 128
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +56,7 @@ def data(tmp_path_factory) -> Path:
 def cache(tmp_path: Path, monkeypatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv("AOQ_FEATURE_CACHE", str(root))
+    monkeypatch.delenv(RUNTIME_ENV, raising=False)  # auto: PyTorch for a few images and no export
     return root
 
 
@@ -64,7 +72,7 @@ def test_one_pass_fills_both_entries_and_the_regions_average_to_the_pooled_featu
     entry = cached_regions(paths)
     assert not entry.hit and entry.features.shape == (10, N_REGIONS, 1280) and entry.features.dtype == REGION_DTYPE
     assert entry.path == cache / "efficientnet_lite0" / sha256_json(region_key_inputs(pooled_inputs))
-    assert (entry.path / "features.npy").stat().st_size - region_bytes(10) == 128  # the .npy header
+    assert (entry.path / "features.npy").stat().st_size == region_bytes(10) + NPY_HEADER
     # the same pass stored the pooled entry, equal to the pooled path's own features
     assert has_entry(pooled_inputs, cache)
     pooled = cached_features(cache, pooled_inputs, None, 10).features
@@ -73,6 +81,11 @@ def test_one_pass_fills_both_entries_and_the_regions_average_to_the_pooled_featu
     averaged = np.asarray(entry.features, np.float64).mean(axis=1)
     gap = np.abs(averaged - pooled).max()
     assert 0 < gap <= REGION_ROUNDING + SUM_ROUNDING  # rounded to float16, within its bound
+
+
+def test_the_demo_sets_regions_fit_in_a_gigabyte() -> None:
+    total = sum(region_bytes(n) + NPY_HEADER for n in DEMO_SPLITS)
+    assert total == 912_325_504 and total <= DEMO_REGION_LIMIT
 
 
 def test_regions_are_the_feature_map_cells_row_major(data: Path, cache: Path) -> None:
@@ -102,6 +115,21 @@ def test_a_second_read_computes_nothing_and_keeps_a_pooled_entry(data: Path, cac
     assert second.hit and second.path == first.path
     np.testing.assert_array_equal(second.features, first.features)
     assert cached_regions(paths[:3], compute_missing=False) is None  # other images: a miss
+
+
+def test_onnx_runtime_exports_the_map_graph_and_agrees_with_pytorch(data: Path, cache: Path, monkeypatch) -> None:
+    paths = _train_paths(data)[:3]
+    monkeypatch.setenv(RUNTIME_ENV, "onnxruntime")
+    entry = cached_regions(paths)
+    assert read_manifest(entry.path)["runtime"].startswith("onnxruntime ")
+    assert backbone_runtime.has_image_onnx(EffNetImageEncoder(embed_dim=8), cache, MAP_GRAPH)
+    pooled_inputs = image_key_inputs(packages.effnet_identity().to_dict(), paths)
+    pooled = cached_features(cache, pooled_inputs, None, 3).features
+    want_pooled, want_regions = backbone_regions.map_features(EffNetImageEncoder(embed_dim=8).eval(), paths)
+    np.testing.assert_allclose(pooled, want_pooled, atol=IMAGE_ATOL, rtol=0)
+    # each side rounded to float16 from values within IMAGE_ATOL: at most one float16 step apart
+    np.testing.assert_allclose(entry.features.astype(np.float32), want_regions.astype(np.float32),
+                               atol=2 * REGION_ROUNDING + IMAGE_ATOL, rtol=0)
 
 
 def test_load_split_attaches_regions_and_precomp_data_refuse_them(data: Path, cache: Path) -> None:
