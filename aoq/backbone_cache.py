@@ -48,6 +48,7 @@ from aoq.io import (
     write_manifest,
 )
 from aoq.backbone_runtime import (
+    POOLED_GRAPH,
     OnnxImageBackbone,
     has_image_onnx,
     image_onnx,
@@ -89,8 +90,8 @@ def cache_root(root: str | Path | None = None) -> Path:
 
 @dataclass
 class CachedFeatures:
-    """One cache entry: ``features`` (rows, dim) float32 memory map, its folder, and whether it was
-    already there (``hit``) or computed by this call."""
+    """One cache entry: ``features``, a (rows, dim) float32 or (rows, regions, dim) float16 memory
+    map, its folder, and whether it was already there (``hit``) or computed by this call."""
 
     features: np.ndarray
     path: Path
@@ -98,16 +99,18 @@ class CachedFeatures:
 
 
 def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarray] | None,
-                    rows: int, made_by: Callable[[], str] | None = None) -> CachedFeatures | None:
+                    rows: int, made_by: Callable[[], str] | None = None,
+                    dtype: type[np.floating] = np.float32) -> CachedFeatures | None:
     """Return the entry for ``key_inputs``, computing and storing it on a miss.
 
     Args:
         root: the cache root.
         key_inputs: JSON-able; its ``backbone.name`` names the subfolder, its SHA-256 the entry.
-        compute: makes the (rows, dim) float32 array on a miss; None only looks (a miss gives None).
+        compute: makes the (rows, ...) array on a miss; None only looks (a miss gives None).
         rows: the expected number of rows (an entry with another count is recomputed).
         made_by: names the runtime that computed the features (called after ``compute``), for the
             manifest; not part of the key.
+        dtype: what the array is stored as (the region maps: float16, half the disk).
     """
     key = sha256_json(key_inputs)
     folder = root / key_inputs["backbone"]["name"] / key
@@ -122,7 +125,7 @@ def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarr
             log.warning("%s: unusable cache entry (%s); recomputing", folder, exc)
     if compute is None:
         return None
-    array = np.ascontiguousarray(compute(), dtype=np.float32)
+    array = np.ascontiguousarray(compute(), dtype=dtype)
     if array.shape[0] != rows:
         raise ValueError(f"computed {array.shape[0]} feature rows, expected {rows}")
     with atomic_dir(folder) as tmp:
@@ -194,16 +197,18 @@ class ImageRuntime:
         return _torch_runner(encoder if encoder is not None else EffNetImageEncoder(embed_dim=8).eval())
 
 
-def image_runtime(encoder: EffNetImageEncoder, root: Path, n_images: int, name: str | None = None) -> ImageRuntime:
+def image_runtime(encoder: EffNetImageEncoder, root: Path, n_images: int, name: str | None = None,
+                  graph: str = POOLED_GRAPH) -> ImageRuntime:
     """The runtime that featurises ``n_images`` images (``AOQ_BACKBONE_RUNTIME``,
     :mod:`aoq.backbone_runtime`), with the backbone exported to ONNX under ``root`` when it is
-    ONNX Runtime. ``auto`` exports only for :data:`EXPORT_MIN_IMAGES` images or more (the export
-    costs seconds), and uses an export already there for any number."""
+    ONNX Runtime (``graph``: its pooled features or its feature map). ``auto`` exports only for
+    :data:`EXPORT_MIN_IMAGES` images or more (the export costs seconds), and uses an export
+    already there for any number."""
     chosen = runtime_name(name)
-    small = n_images < EXPORT_MIN_IMAGES and not has_image_onnx(encoder, root)
+    small = n_images < EXPORT_MIN_IMAGES and not has_image_onnx(encoder, root, graph)
     if chosen == "torch" or (small and requested_runtime(name) == "auto"):
         return ImageRuntime()
-    return ImageRuntime("onnxruntime", image_onnx(encoder, root), batch_size=1)
+    return ImageRuntime("onnxruntime", image_onnx(encoder, root, graph), batch_size=1)
 
 
 _WORKER_RUN: ImageRunner | None = None

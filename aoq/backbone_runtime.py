@@ -46,6 +46,10 @@ ONNX_FILE = "model.onnx"
 #: bump when the exported graph would differ for the same weights and exporter.
 EXPORT_VERSION = 1
 OPSET = 17
+#: what an exported graph outputs: the pooled features, or the feature map before pooling (the
+#: regions of :mod:`aoq.backbone_regions`).
+POOLED_GRAPH = "pixels-to-pooled-features"
+MAP_GRAPH = "pixels-to-feature-map"
 
 
 def requested_runtime(name: str | None = None) -> str:
@@ -91,19 +95,24 @@ def runtime_version(name: str) -> str:
 
 
 class _ImageGraph(nn.Module):
-    """What is exported: pixels in [-1, 1] (``load_pixels``) -> pooled features, through the
-    encoder's own ``backbone_features`` (input scaling included)."""
+    """What is exported: pixels in [-1, 1] (``load_pixels``) -> pooled features or the feature map,
+    through the encoder's own ``backbone_features`` / ``backbone_map`` (input scaling included)."""
 
-    def __init__(self, encoder: nn.Module) -> None:
+    def __init__(self, encoder: nn.Module, graph: str) -> None:
         super().__init__()
         self.encoder = encoder
+        self.graph = graph
 
     def forward(self, pixels: Tensor) -> Tensor:
+        if self.graph == MAP_GRAPH:
+            return self.encoder.backbone_map(pixels)
         return self.encoder.backbone_features(pixels)
 
 
-def _onnx_inputs(encoder) -> dict:
-    return {"backbone": encoder.identity.to_dict(), "graph": "pixels-to-pooled-features",
+def _onnx_inputs(encoder, graph: str = POOLED_GRAPH) -> dict:
+    if graph not in (POOLED_GRAPH, MAP_GRAPH):
+        raise ValueError(f"graph must be {POOLED_GRAPH!r} or {MAP_GRAPH!r}, got {graph!r}")
+    return {"backbone": encoder.identity.to_dict(), "graph": graph,
             "preprocess": _preprocess(), "export_version": EXPORT_VERSION, "opset": OPSET,
             "torch": torch.__version__}
 
@@ -112,19 +121,20 @@ def _onnx_folder(root: Path, inputs: dict) -> Path:
     return root / inputs["backbone"]["name"] / "onnx" / sha256_json(inputs)
 
 
-def has_image_onnx(encoder, root: Path) -> bool:
+def has_image_onnx(encoder, root: Path, graph: str = POOLED_GRAPH) -> bool:
     """Whether ``encoder``'s backbone is already exported under ``root`` (checked when loaded)."""
-    return (_onnx_folder(root, _onnx_inputs(encoder)) / "manifest.json").is_file()
+    return (_onnx_folder(root, _onnx_inputs(encoder, graph)) / "manifest.json").is_file()
 
 
-def image_onnx(encoder, root: Path) -> Path:
+def image_onnx(encoder, root: Path, graph: str = POOLED_GRAPH) -> Path:
     """The ONNX file of ``encoder``'s frozen EfficientNet-Lite0 backbone under ``root`` (the feature
-    cache root), exported on the first call for these weights and this exporter.
+    cache root), exported on the first call for these weights, this exporter and ``graph``
+    (:data:`POOLED_GRAPH` or :data:`MAP_GRAPH`).
 
     Raises:
         ArtefactError: the export failed (the message says which backbone).
     """
-    inputs = _onnx_inputs(encoder)
+    inputs = _onnx_inputs(encoder, graph)
     key = sha256_json(inputs)
     folder = _onnx_folder(root, inputs)
     try:
@@ -139,7 +149,7 @@ def image_onnx(encoder, root: Path) -> Path:
             # the tracer's notes on the padding arithmetic: the input size is fixed (224), so
             # the traced constants are the right ones
             warnings.simplefilter("ignore")
-            torch.onnx.export(_ImageGraph(encoder).eval(), (example,), buffer, input_names=["pixels"],
+            torch.onnx.export(_ImageGraph(encoder, graph).eval(), (example,), buffer, input_names=["pixels"],
                               output_names=["features"], dynamic_axes={"pixels": {0: "batch"}, "features": {0: "batch"}},
                               opset_version=OPSET, dynamo=False)
     except Exception as exc:  # noqa: BLE001 - any exporter failure is reported as one error
@@ -172,5 +182,6 @@ class OnnxImageBackbone:
         self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def __call__(self, pixels: Tensor) -> np.ndarray:
-        """(B, 3, 224, 224) pixels in [-1, 1] -> (B, 1280) float32 features."""
+        """(B, 3, 224, 224) pixels in [-1, 1] -> (B, 1280) float32 features, or the (B, 1280, 7, 7)
+        map of a :data:`MAP_GRAPH` export."""
         return self.session.run(None, {"pixels": pixels.numpy()})[0]

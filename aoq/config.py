@@ -53,6 +53,17 @@ class DataConfig(_Strict):
     max_dev_images: int | None = Field(None, ge=1)
     #: raw-image models: side of the square the images are resized to.
     image_size: int = Field(64, ge=16, le=512)
+    #: karpathy only: image regions for the region models (scan, bfan, vse, vsrn) from a frozen
+    #: backbone's feature map, computed once and cached (``effnet_lite0``: its 7x7 grid, 49 regions
+    #: of 1280; aoq.backbone_regions).
+    regions: Literal["effnet_lite0"] | None = None
+
+    @model_validator(mode="after")
+    def _check_regions(self) -> "DataConfig":
+        if self.regions is not None and self.format != "karpathy":
+            raise ValueError(f"data.regions={self.regions} reads the image files of a Karpathy JSON: "
+                             f"set data.format=karpathy (data.format={self.format} has its own regions)")
+        return self
 
 
 class ModelConfig(_Strict):

@@ -100,8 +100,8 @@ def test_the_export_is_made_once_and_reused(encoder, exported, monkeypatch) -> N
 
 
 def test_the_runtime_rule(encoder, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(backbone_runtime, "image_onnx", lambda enc, root: root / "model.onnx")
-    monkeypatch.setattr("aoq.backbone_cache.image_onnx", lambda enc, root: root / "model.onnx")
+    monkeypatch.setattr(backbone_runtime, "image_onnx", lambda enc, root, graph: root / "model.onnx")
+    monkeypatch.setattr("aoq.backbone_cache.image_onnx", lambda enc, root, graph: root / "model.onnx")
     monkeypatch.delenv(backbone_runtime.RUNTIME_ENV, raising=False)
     # auto: few images run in PyTorch (an export would cost more than it saves), many through ONNX Runtime
     assert image_runtime(encoder, tmp_path, EXPORT_MIN_IMAGES - 1) == ImageRuntime()

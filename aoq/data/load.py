@@ -26,7 +26,9 @@ def load_split(data_cfg: DataConfig, split: str) -> SplitData:
         split: ``train``, ``dev`` or ``test`` (mapped through the config), or a file-level name.
 
     Returns:
-        The split; the dev split is cut to ``data_cfg.max_dev_images`` images when set.
+        The split; the dev split is cut to ``data_cfg.max_dev_images`` images when set; with
+        ``data_cfg.regions``, its cached backbone regions in ``features`` (computed on the first
+        read of these images).
 
     Raises:
         DataError: from the readers (missing files, unknown split, bad content).
@@ -39,4 +41,8 @@ def load_split(data_cfg: DataConfig, split: str) -> SplitData:
         data = dataset.split(_KARPATHY_ALIASES.get(name, name))
     if data_cfg.max_dev_images is not None and name == data_cfg.dev_split:
         data = data.subset(data_cfg.max_dev_images)
+    if data_cfg.regions is not None:
+        from aoq.backbone_regions import with_region_features  # torch and the backbone, only when asked
+
+        data = with_region_features(data)
     return data

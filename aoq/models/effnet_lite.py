@@ -42,6 +42,8 @@ LITE0_STAGES: tuple[tuple[int, int, int, int, int], ...] = (
 STEM_CHANNELS = 32
 FEATURE_DIM = 1280
 INPUT_SIZE = 224
+#: side of the head's feature map at ``INPUT_SIZE`` (five stride-2 layers: 224 / 32).
+GRID = INPUT_SIZE // 32
 BN_EPS = 1e-3
 
 _KEY_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -75,6 +77,11 @@ def map_package_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
         else:
             raise KeyError(f"unknown EfficientNet-Lite weight {key!r}")
     return out
+
+
+def pool_map(feature_map: Tensor) -> Tensor:
+    """(B, C, H, W) -> (B, C): the network's global average pooling of its feature map."""
+    return feature_map.mean(dim=(2, 3))
 
 
 class SameConv2d(nn.Conv2d):
@@ -146,10 +153,13 @@ class EfficientNetLite0(nn.Module):
         """The stages in order, stem first, head last: the units counted when fine-tuning the top."""
         return [self.stem, *self.blocks, self.head]
 
+    def feature_map(self, x: Tensor) -> Tensor:
+        """(B, 3, H, W) -> (B, 1280, H/32, W/32): the head's activations before pooling."""
+        return self.head(self.blocks(self.stem(x)))
+
     def features(self, x: Tensor) -> Tensor:
-        """(B, 3, H, W) -> (B, 1280): the head's activations, averaged over space."""
-        x = self.head(self.blocks(self.stem(x)))
-        return x.mean(dim=(2, 3))
+        """(B, 3, H, W) -> (B, 1280): :meth:`feature_map` averaged over space."""
+        return pool_map(self.feature_map(x))
 
     def forward(self, x: Tensor) -> Tensor:
         # No dropout: the classifier is only used to check the weights, in eval mode.

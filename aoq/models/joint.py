@@ -227,7 +227,8 @@ def build_model(
 def _encoders(model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, resnet_arch: str | None) -> JointModel:
     kind, dim = model_cfg.image_encoder, model_cfg.embed_dim
     if kind in ("vse", "vsrn", "scan", "bfan") and img_dim is None:
-        raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim)")
+        raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim): precomp data, "
+                         "or data.regions=effnet_lite0 with image files")
     if kind in ("scan", "bfan"):
         from aoq.models.cross import CrossAttentionModel  # it subclasses JointModel
 

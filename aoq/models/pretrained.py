@@ -35,6 +35,7 @@ from aoq.models.effnet_lite import (
     INPUT_SIZE,
     EfficientNetLite0,
     load_lite0,
+    pool_map,
 )
 
 IMAGE_PREPROCESS = "rgb-bilinear-224-squash-tf127-128-v1"
@@ -130,14 +131,19 @@ class EffNetImageEncoder(_PretrainedEncoder):
         self.head = projection_head(FEATURE_DIM, embed_dim, projection)
         self.train()
 
-    def backbone_features(self, pixels: Tensor) -> Tensor:
-        """(B, 3, 224, 224) pixels in [-1, 1] (``load_pixels``) -> (B, 1280) pooled features."""
+    def backbone_map(self, pixels: Tensor) -> Tensor:
+        """(B, 3, 224, 224) pixels in [-1, 1] (``load_pixels``) -> (B, 1280, 7, 7): the feature map
+        before pooling, whose 49 cells are the image's regions for the cross-attention models."""
         if pixels.shape[-2:] != (INPUT_SIZE, INPUT_SIZE):
             raise ValueError(f"EfficientNet-Lite0 reads {INPUT_SIZE}x{INPUT_SIZE} images, got "
                              f"{tuple(pixels.shape[-2:])} (set data.image_size={INPUT_SIZE})")
         # channels_last: oneDNN's depthwise convolutions take less CPU time in it (docs/models.md,
         # Speed); results agree within 1e-5.
-        return self.backbone.features(effnet_normalise(pixels).contiguous(memory_format=torch.channels_last))
+        return self.backbone.feature_map(effnet_normalise(pixels).contiguous(memory_format=torch.channels_last))
+
+    def backbone_features(self, pixels: Tensor) -> Tensor:
+        """(B, 3, 224, 224) pixels in [-1, 1] (``load_pixels``) -> (B, 1280) pooled features."""
+        return pool_map(self.backbone_map(pixels))
 
     def forward(self, images: Tensor) -> Tensor:
         """(B, 3, 224, 224) pixels or (B, 1280) backbone features -> (B, d), unit L2 norm."""
