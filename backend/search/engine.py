@@ -320,6 +320,29 @@ def _caption_hit(served: ServingModel, row: _Row, correct: set[int], urls: Urls)
                       is_ground_truth=row.position in correct)
 
 
+def gallery_query(served: ServingModel, image_id: int, scope: Scope,
+                  urls: Urls) -> tuple[int, Truth, dict[int, int], list[str], GalleryImage]:
+    """A gallery image as a query: its position, its truth in ``scope``, its own captions (key ->
+    position), their distinct texts and its picture.
+
+    Raises:
+        ServiceError: 404 the id is not a gallery image of the model.
+    """
+    gallery = served.gallery
+    view = gallery.view
+    position = gallery.image_position(image_id)
+    if position is None:
+        raise ServiceError(
+            404, f"image {image_id} is not in the gallery of model {served.name!r} "
+            f"(dataset {gallery.dataset!r}, splits {', '.join(s.split for s in view.spans)})"
+        )
+    captions = view.captions_of(position)
+    own = {int(view.keys[c]): c for c in captions}
+    texts = list(dict.fromkeys(gallery.captions[c] for c in captions))
+    return (position, image_truth(view, _rule(served), position, scope), own, texts,
+            gallery_image(served, position, urls))
+
+
 def search_image(
     served: ServingModel, k: int, urls: Urls, image_id: int | None = None, upload: Image.Image | None = None,
     scope: Scope = "all", normalise: Normalisation = "none",
@@ -337,18 +360,8 @@ def search_image(
     view = gallery.view
     truth, query, own, texts = None, None, {}, []
     if image_id is not None:
-        position = gallery.image_position(image_id)
-        if position is None:
-            raise ServiceError(
-                404, f"image {image_id} is not in the gallery of model {served.name!r} "
-                f"(dataset {gallery.dataset!r}, splits {', '.join(s.split for s in view.spans)})"
-            )
+        position, truth, own, texts, query = gallery_query(served, image_id, scope, urls)
         vector = np.asarray(served.index.embeddings["images"][position], dtype=np.float32)
-        truth = image_truth(view, _rule(served), position, scope)
-        captions = view.captions_of(position)
-        own = {int(view.keys[c]): c for c in captions}
-        texts = list(dict.fromkeys(gallery.captions[c] for c in captions))
-        query = gallery_image(served, position, urls)
     else:
         vector = encode_upload(served.checkpoint, upload, gallery.synthetic, gallery.dataset)
     ask = _Query(served, "captions", vector, scope, normalise)

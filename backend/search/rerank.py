@@ -40,9 +40,10 @@ from aoq_serve.search.engine import (
     _Top,
     _top,
     gallery_image,
+    gallery_query,
 )
 from aoq_serve.search.featurize import encode_text, encode_upload
-from aoq_serve.search.truth import image_truth, rank_among, text_truth
+from aoq_serve.search.truth import rank_among, text_truth
 
 #: the re-ranker's scores of one query against the gallery items at some positions.
 Scorer = Callable[[np.ndarray], np.ndarray]
@@ -149,17 +150,9 @@ def search_image(
     view = gallery.view
     truth, query, own, texts = None, None, {}, []
     if image_id is not None:
-        position = gallery.image_position(image_id)
-        if position is None:
-            raise ServiceError(404, f"image {image_id} is not in the gallery of model {served.name!r} "
-                                    f"(dataset {gallery.dataset!r}, splits {', '.join(s.split for s in view.spans)})")
+        position, truth, own, texts, query = gallery_query(served, image_id, scope, urls)
         vector = np.asarray(rerank.base.index.embeddings["images"][position], dtype=np.float32)
         regions = rerank.fragments.regions[position]
-        truth = image_truth(view, _rule(served), position, scope)
-        captions = view.captions_of(position)
-        own = {int(view.keys[c]): c for c in captions}
-        texts = list(dict.fromkeys(gallery.captions[c] for c in captions))
-        query = gallery_image(served, position, urls)
     else:
         vector = encode_upload(rerank.base.checkpoint, upload, gallery.synthetic, gallery.dataset)
         regions = encode_upload(served.checkpoint, upload, gallery.synthetic, gallery.dataset)
