@@ -13,7 +13,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ["tests", "training_speed", "mining", "serving", "torchrun", "two_rounds"]
+PARTS = ["tests", "training_speed", "cross_attention", "mining", "serving", "torchrun", "two_rounds"]
 
 
 def _run(tmp_path: Path, tiny: bool) -> tuple[subprocess.CompletedProcess, dict]:
