@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from aoq.names import (
+    CROSS_ATTENTION_ENCODERS,
     FalseNegativeFilter,
     GoalPair,
     GoalTriplet,
@@ -105,7 +106,7 @@ class ModelConfig(_Strict):
 
         if self.scan_preset not in SCAN_PRESETS:
             raise ValueError(f"model.scan_preset={self.scan_preset!r}: one of {', '.join(SCAN_PRESETS)}")
-        if self.image_encoder in ("scan", "bfan") and self.text_encoder != "gru":
+        if self.image_encoder in CROSS_ATTENTION_ENCODERS and self.text_encoder != "gru":
             raise ValueError(f"model.image_encoder={self.image_encoder} reads word states of the bi-GRU: "
                              "set model.text_encoder=gru")
         return self
@@ -293,7 +294,7 @@ class ExperimentConfig(_Strict):
                 f"model.image_encoder=effnet_lite0 reads 224x224 images; set data.image_size=224 "
                 f"(got {self.data.image_size})"
             )
-        if self.model.image_encoder in ("scan", "bfan") and self.train.loss == "goal":
+        if self.model.image_encoder in CROSS_ATTENTION_ENCODERS and self.train.loss == "goal":
             raise ValueError(f"train.loss=goal differentiates embeddings; model.image_encoder="
                              f"{self.model.image_encoder} has none (use max_violation, the paper's)")
         if self.round2.depth == "relative":

@@ -24,6 +24,8 @@ PositiveRule = Literal["pair", "text"]
 #: query-time hubness correction of a search or an evaluation (docs/serving.md, Hubness correction):
 #: raw scores, QB-Norm's dynamic inverted softmax, or the inverted softmax on every query
 Normalisation = Literal["none", "qbnorm", "invsoftmax"]
+#: the ``model.image_encoder`` values of the cross-attention models (no embedding; scored per pair)
+CROSS_ATTENTION_ENCODERS = ("scan", "bfan")
 ROUND1_LOSSES: tuple[str, ...] = get_args(Round1Loss)
 ROUND2_LOSSES: tuple[str, ...] = get_args(Round2Loss)
 ROUND2_VARIANTS: tuple[str, ...] = get_args(Round2Variant)

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aoq.checkpoint import Checkpoint, load_checkpoint
 from aoq.io import ArtefactError, read_manifest, sha256_file
-from aoq.models.cross import CROSS_ATTENTION_ENCODERS
+from aoq.names import CROSS_ATTENTION_ENCODERS
 from aoq_serve.config import Settings
 from aoq_serve.guards.faults import CATALOGUE, Faults, first_line
 from aoq_serve.index.faiss_index import (

@@ -18,9 +18,6 @@ from aoq.models.joint import JointModel
 from aoq.models.scan import SCAN_PRESETS, scan_scores
 from aoq.models.text import WordEncoder
 
-#: the ``model.image_encoder`` values of cross-attention models.
-CROSS_ATTENTION_ENCODERS = ("scan", "bfan")
-
 
 class CrossAttentionModel(JointModel):
     """Region and word encoders scored by SCAN or BFAN.

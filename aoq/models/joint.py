@@ -15,6 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from aoq.config import ModelConfig
 from aoq.data.vocab import Vocabulary
+from aoq.names import CROSS_ATTENTION_ENCODERS
 from aoq.models.image import (
     ConvImageEncoder,
     ResNetImageEncoder,
@@ -217,7 +218,7 @@ def build_model(
         PretrainedPackageError: a pretrained encoder whose package is not installed.
     """
     model = _encoders(model_cfg, vocab_size, img_dim, resnet_arch)
-    if n_labels and model_cfg.image_encoder in ("scan", "bfan"):
+    if n_labels and model_cfg.image_encoder in CROSS_ATTENTION_ENCODERS:
         raise ValueError("train.label_lambda > 0 needs a joint embedding; scan/bfan have none")
     if n_labels:
         model.label_head = nn.Linear(model_cfg.embed_dim, n_labels)
@@ -226,10 +227,10 @@ def build_model(
 
 def _encoders(model_cfg: ModelConfig, vocab_size: int, img_dim: int | None, resnet_arch: str | None) -> JointModel:
     kind, dim = model_cfg.image_encoder, model_cfg.embed_dim
-    if kind in ("vse", "vsrn", "scan", "bfan") and img_dim is None:
+    if kind in ("vse", "vsrn", *CROSS_ATTENTION_ENCODERS) and img_dim is None:
         raise ValueError(f"model.image_encoder={kind!r} needs precomputed features (img_dim): precomp data, "
                          "or data.regions=effnet_lite0 with image files")
-    if kind in ("scan", "bfan"):
+    if kind in CROSS_ATTENTION_ENCODERS:
         from aoq.models.cross import CrossAttentionModel  # it subclasses JointModel
 
         return CrossAttentionModel(model_cfg, vocab_size, img_dim)

@@ -46,7 +46,7 @@ from aoq.device import resolve_device
 from aoq.embed import encode_fragments, encode_split
 from aoq.hubness import bank_provenance
 from aoq.io import ArtefactError, parse_json, read_manifest
-from aoq.models.cross import CROSS_ATTENTION_ENCODERS
+from aoq.names import CROSS_ATTENTION_ENCODERS
 from aoq_serve.guards.paths import relative_to_data, stored_data_config
 from aoq_serve.index.bank import MANIFEST_KEY, bank_arrays
 from aoq_serve.index.faiss_index import KIND as FAISS_KIND
