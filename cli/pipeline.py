@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from aoq_cli import add_config_flags
+from aoq_cli import add_config_flags, int_at_least, set_threads
 from aoq.config import ConfigError, load_config
 from aoq_train.loop.guards import TrainingCollapsed
 
@@ -22,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s = the configured round-2 method)")
     parser.add_argument("--seed", type=int,
                         help="set train.seed and round2.seed to N and run in <run folder>/seed<N>")
+    parser.add_argument("--workers", type=int_at_least(1), default=1,
+                        help="processes: with N > 1 the arms train beside the main line on N - 1 other "
+                             "processes as soon as what they read exists, every model on one torch "
+                             "thread (docs/training.md; default: %(default)s, torch's threads)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads of this process (default: torch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -33,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         seeded_config,
     )
 
+    set_threads(args.threads)
     cfg = load_config(args.config, args.overrides)
     if args.out is not None:
         cfg.out_dir = args.out
@@ -42,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         arms = resolve_arms([a.strip() for a in args.arms.split(",") if a.strip()])
     except ValueError as exc:
         raise ConfigError(f"--arms: {exc}") from None
-    result = run_pipeline(cfg, arms, progress_bar=not args.no_progress)
+    result = run_pipeline(cfg, arms, progress_bar=not args.no_progress, workers=args.workers)
     for stage, state in result.status.items():
         print(f"  {stage:<22} {state}")
     print(f"\nTest split, {cfg.data.name} ({result.run_dir}):\n")

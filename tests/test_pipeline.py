@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aoq.checkpoint import load_checkpoint
+from aoq.checkpoint import WEIGHTS, load_checkpoint
 from aoq_cli.main import main as aoq
 from aoq.config import load_config
 from tests.fixtures import write_precomp_fixture
@@ -113,7 +113,8 @@ def test_changed_config_moves_an_interrupted_stage_aside(tmp_path, synth, caplog
 
 def test_cli_arms_and_table(tmp_path, synth, capsys):
     cfg_path = _config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1})
-    assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "aoq,offtri,goal-nca-sig", "--no-progress"]) == 0
+    assert aoq(["pipeline", "--config", str(cfg_path), "--arms", "aoq,offtri,goal-nca-sig", "--no-progress",
+                "--workers", "2"]) == 0
     out = capsys.readouterr().out
     assert "round2:offtri" in out and "| offtri | full (8 images) |" in out and "| baseline |" in out
     assert "round1:goal-nca-sig" in out and "| goal-nca-sig | full (8 images) |" in out
@@ -139,9 +140,12 @@ def test_filtered_and_teacher_arms_train_on_their_own_mined_lists(tmp_path, synt
                               mining={"top_captions": 10}))
     arms = resolve_arms(["aoq", "aoq-fn-identity+teacher1.5", "aoq-by-goal-con-sig"])
     result = run_pipeline(cfg, arms, progress_bar=False)
-    # the teacher trains first (round 1, not compared), each arm mines its own lists once
-    assert list(result.status)[:5] == ["round1", "mine", "publish:baseline", "round1:goal-con-sig",
-                                       "publish:goal-con-sig"]
+    # each arm mines its own lists once; the teacher (round 1, not compared) trains before its
+    # mining, after the stages that need only the baseline
+    order = list(result.status)
+    assert order[:4] == ["round1", "mine", "publish:baseline", "mine:mined-fn-identity+teacher1.5"]
+    assert order.index("round2:aoq-fn-identity+teacher1.5") < order.index("round1:goal-con-sig") \
+        < order.index("mine:mined-by-goal-con-sig") < order.index("round2:aoq-by-goal-con-sig")
     assert result.status["mine:mined-fn-identity+teacher1.5"] == "ran"
     assert result.status["mine:mined-by-goal-con-sig"] == "ran"
     assert set(result.comparison) == {"baseline", "aoq", "aoq-fn-identity+teacher1.5", "aoq-by-goal-con-sig"}
@@ -171,6 +175,22 @@ def test_filtered_and_teacher_arms_train_on_their_own_mined_lists(tmp_path, synt
                           f"{100 * scores['near_neighbours']:.1f} | {100 * scores['enabled']['flagged']:.1f} |")
     shares = filtered.diagnostics["shares"]  # the mining's own count, both kinds
     assert set(shares) == {"false_negatives", "near_neighbours"} and shares["near_neighbours"] is not None
+
+
+def test_two_processes_train_the_models_of_one_on_one_thread(tmp_path, synth, one_thread):
+    """With two processes the round-2 arms and the round-1 arm train beside the main line, each on
+    one thread: the weights are those of a serial run on one thread, byte for byte (a float
+    reduction's order follows the thread count, so that is the serial run to match)."""
+    cfg_path = _config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1})
+    arms = resolve_arms(["aoq", "aoq-fn-identity", "goal-con-sig"])
+    serial = run_pipeline(load_config(cfg_path), arms, progress_bar=False)
+    two = run_pipeline(load_config(cfg_path, [f"out_dir={tmp_path}/two/{{name}}"]), arms, progress_bar=False,
+                       workers=2)
+    assert set(two.status.values()) == {"ran"} and list(two.status) == list(serial.status)
+    assert set(serial.models) == {"baseline", "aoq", "aoq-fn-identity", "goal-con-sig"}
+    for name, path in serial.models.items():
+        assert (two.models[name] / WEIGHTS).read_bytes() == (path / WEIGHTS).read_bytes(), name
+        assert read_evaluation(two.run_dir, name)["full"]["i2t"] == read_evaluation(serial.run_dir, name)["full"]["i2t"]
 
 
 def test_resumes_after_kill_9(tmp_path, synth):

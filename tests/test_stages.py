@@ -105,3 +105,46 @@ def test_a_failing_detached_stage_fails_the_run(tmp_path):
     with pytest.raises(RuntimeError, match="the other process failed"):
         run_stages(stages, StageLedger(tmp_path / "pipeline.json"), workers=2)
     assert set(json.loads((tmp_path / "pipeline.json").read_text())["stages"]) == {"first"}
+
+
+def _copy_in_child(source, out):
+    """A detached stage that reads an earlier stage's output (module level, for pickling)."""
+    out.mkdir(exist_ok=True)
+    (out / "x.txt").write_text((source / "x.txt").read_text())
+    write_manifest(out, "test", {})
+
+
+def test_a_detached_stage_starts_when_its_needs_are_done_and_runs_beside_the_loop(tmp_path):
+    """``side`` reads ``up``'s output, so it may not start before ``up``; once started it runs
+    while this process is still in ``wait``, which only returns when ``side`` has written its
+    output: run one after the other, ``wait`` would time out."""
+    import functools
+    import time
+
+    calls = []
+    up, side, waited = tmp_path / "up", tmp_path / "side", tmp_path / "wait"
+
+    def wait():
+        deadline = time.monotonic() + 60
+        while not (side / "manifest.json").is_file():
+            assert time.monotonic() < deadline, "the detached stage did not run beside this one"
+            time.sleep(0.05)
+        waited.mkdir()
+        write_manifest(waited, "test", {})
+
+    stages = [_stage(tmp_path, calls, "up", param=7),
+              Stage("wait", waited, lambda: {}, wait),
+              Stage("side", side, lambda: {"up": (up / "x.txt").read_text()}, lambda: None,
+                    lambda: functools.partial(_copy_in_child, up, side), needs=("up",))]
+    status = run_stages(stages, StageLedger(tmp_path / "pipeline.json"), workers=2)
+    assert status == {"up": "ran", "wait": "ran", "side": "ran"}
+    assert (side / "x.txt").read_text() == "up7"
+
+
+def test_a_stage_may_only_need_an_earlier_one(tmp_path):
+    import pytest
+
+    stages = [Stage("first", tmp_path / "a", lambda: {}, lambda: None, needs=("later",)),
+              _stage(tmp_path, [], "later")]
+    with pytest.raises(ValueError, match=r"stage first needs \['later'\], which do not come before it"):
+        run_stages(stages, StageLedger(tmp_path / "pipeline.json"))

@@ -239,28 +239,37 @@ def run_pipeline(
     teacher = Path(cfg.mining.teacher) if cfg.mining.teacher else round1_dir / "best"
     train_baseline, publish_baseline = _round1_stages("baseline", cfg, round1_dir, models_dir, data_id, ledger,
                                                       train_round1, progress_bar)
-    stages = [train_baseline, mine_stage("mine", cfg, teacher, mined_dir), publish_baseline]
     models = {"baseline": models_dir / "baseline"}
     # a round-1 arm that mines for a round-2 arm trains first, whether or not it is compared itself
     teachers = [resolve_arm(a.teacher) for a in arms if a.round == 2 and a.teacher]
     round1_arms = list({a.name: a for a in [*teachers, *(a for a in arms if a.round == 1)]}.values())
-    for arm in round1_arms:
-        stages += _round1_stages(arm.name, arm.config(cfg), run_dir / arm.folder, models_dir, data_id, ledger,
-                                 train_round1, progress_bar)
-    mined_stages: dict[str, Stage] = {}
+    # Order: what the baseline's round 1 feeds, then the round-1 arms, then what they feed. The
+    # round-1 arms train in another process from the start; in this one the loop waits for a stage
+    # running elsewhere when it reaches it, so they come after the work that does not need them.
+    by_baseline: list[Stage] = [train_baseline, mine_stage("mine", cfg, teacher, mined_dir), publish_baseline]
+    by_arms: list[Stage] = []
+    round2: dict[str, list[Stage]] = {"baseline": [], "arms": []}
+    mine_names = {"mined": "mine"}
     for arm in arms:
-        arm_cfg = arm.config(cfg)
         if arm.round == 1:
             models[arm.name] = models_dir / arm.name
             continue
+        arm_cfg = arm.config(cfg)
         arm_mined = run_dir / arm.mined_folder
-        if arm.mined_folder != "mined" and arm.mined_folder not in mined_stages:
+        side = by_arms if arm.teacher else by_baseline
+        if arm.mined_folder not in mine_names:
             arm_teacher = run_dir / resolve_arm(arm.teacher).folder / "best" if arm.teacher else teacher
-            mined_stages[arm.mined_folder] = mine_stage(f"mine:{arm.mined_folder}", arm_cfg, arm_teacher, arm_mined)
-            stages.append(mined_stages[arm.mined_folder])
-        stages += _round2_stages(arm.name, arm_cfg, run_dir / arm.folder, arm_mined, round1_dir, models_dir,
-                                 data_id, ledger, train_round2, progress_bar)
+            mine_names[arm.mined_folder] = f"mine:{arm.mined_folder}"
+            side.append(mine_stage(mine_names[arm.mined_folder], arm_cfg, arm_teacher, arm_mined))
+        round2["arms" if arm.teacher else "baseline"] += _round2_stages(
+            arm.name, arm_cfg, run_dir / arm.folder, arm_mined, round1_dir, models_dir, data_id, ledger,
+            train_round2, progress_bar, needs=("round1", mine_names[arm.mined_folder]))
         models[arm.name] = models_dir / arm.name
+    stages = [*by_baseline, *round2["baseline"]]
+    for arm in round1_arms:
+        stages += _round1_stages(arm.name, arm.config(cfg), run_dir / arm.folder, models_dir, data_id, ledger,
+                                 train_round1, progress_bar)
+    stages += [*by_arms, *round2["arms"]]
 
     labelled = load_split(cfg.data, "test").labels is not None
     for name, path in models.items():
@@ -311,10 +320,9 @@ def _round1_stages(name, cfg, train_dir, models_dir, data_id, ledger, train_roun
         _fresh(train_dir, ledger, stage, _round1_inputs(cfg, data_id))
         return functools.partial(_train_round1_quietly, cfg, train_dir)
 
-    # A round-1 arm needs nothing the baseline's stages make, so it may train beside them.
+    # A round-1 model needs no other stage's output, so it may train beside them.
     return [
-        Stage(stage, train_dir / "best", lambda: _round1_inputs(cfg, data_id), run,
-              detached if name != "baseline" else None),
+        Stage(stage, train_dir / "best", lambda: _round1_inputs(cfg, data_id), run, detached),
         Stage(f"publish:{name}", models_dir / name,
               lambda: {"source": _content_hash(train_dir / "best"), "role": name},
               lambda: publish(train_dir / "best", models_dir / name, name, extra)),
@@ -325,12 +333,15 @@ def _train_round1_quietly(cfg: ExperimentConfig, train_dir: Path) -> None:
     """A round-1 arm trained in another process (no progress bar to mix with this one's)."""
     from aoq_train.round1 import train_round1
 
+    # a pool's process may not start loader processes of its own (same batches without them)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"num_workers": 0})})
     train_round1(cfg, train_dir, progress_bar=False)
 
 
 def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, data_id, ledger, train_round2,
-                   progress_bar) -> list[Stage]:
-    """The round-2 and publish stages of one arm."""
+                   progress_bar, needs: tuple[str, ...]) -> list[Stage]:
+    """The round-2 and publish stages of one arm (``needs``: the stages that make round 1 and the
+    mined lists it reads, after which it may train in another process)."""
     r2 = arm_cfg.round2
     if r2.init == "finetune" and not r2.init_from:
         arm_cfg = arm_cfg.model_copy(update={"round2": r2.model_copy(update={"init_from": str(round1_dir / "best")})})
@@ -344,11 +355,24 @@ def _round2_stages(arm, arm_cfg, arm_dir, mined_dir, round1_dir, models_dir, dat
         _fresh(arm_dir, ledger, f"round2:{arm}", inputs())
         train_round2(arm_cfg, mined_dir, arm_dir, progress_bar=progress_bar)
 
+    def detached() -> Callable[[], None]:
+        _fresh(arm_dir, ledger, f"round2:{arm}", inputs())
+        return functools.partial(_train_round2_quietly, arm_cfg, mined_dir, arm_dir)
+
     rel = arm_dir.name
     return [
-        Stage(f"round2:{arm}", arm_dir / "best", inputs, run),
+        Stage(f"round2:{arm}", arm_dir / "best", inputs, run, detached, needs),
         Stage(f"publish:{arm}", models_dir / arm,
               lambda: {"source": _content_hash(arm_dir / "best"), "role": arm},
               lambda: publish(arm_dir / "best", models_dir / arm, arm,
                               {"metrics_log": f"{rel}/metrics.jsonl", "mined_dir": mined_dir.name})),
     ]
+
+
+def _train_round2_quietly(cfg: ExperimentConfig, mined_dir: Path, arm_dir: Path) -> None:
+    """A round-2 arm trained in another process (no progress bar to mix with this one's; no loader
+    processes, as for a round-1 arm)."""
+    from aoq_train.round2.train import train_round2
+
+    cfg = cfg.model_copy(update={"round2": cfg.round2.model_copy(update={"num_workers": 0})})
+    train_round2(cfg, mined_dir, arm_dir, progress_bar=False)

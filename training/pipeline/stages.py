@@ -38,9 +38,12 @@ class Stage:
         inputs: returns a JSON-able description of everything the output depends on; called
             when the stage is reached, so it may read the hashes of upstream outputs.
         run: builds the output; called with no arguments; must leave ``output`` complete.
-        detached: for a stage that reads no output of an earlier stage: does what ``run`` does
-            before its work, in this process, and returns the work as a picklable callable, which
-            :func:`run_stages` with ``workers > 1`` runs in another process beside the others.
+        detached: does what ``run`` does before its work, in this process, and returns the work
+            as a picklable callable, which :func:`run_stages` with ``workers > 1`` runs in another
+            process beside the others once the stages in ``needs`` have finished. With
+            ``workers > 1`` such a stage runs on one torch thread wherever it runs, as its result
+            may follow the thread count (the order of a float reduction does).
+        needs: the earlier stages whose outputs a detached stage reads.
     """
 
     name: str
@@ -48,6 +51,7 @@ class Stage:
     inputs: Callable[[], dict[str, Any]]
     run: Callable[[], None]
     detached: Callable[[], Callable[[], None]] | None = None
+    needs: tuple[str, ...] = ()
 
     def input_hash(self) -> str:
         return sha256_json(self.inputs())
@@ -98,37 +102,57 @@ def _one_thread() -> None:
 def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> dict[str, str]:
     """Run the stages in order, skipping those that are current.
 
-    With ``workers > 1`` the detachable stages that must run (:attr:`Stage.detached`) start at
-    once, on up to ``workers - 1`` other processes of one thread each, while this process runs
-    the others in order on its torch threads less one per such stage; each is recorded when the loop reaches it and it has finished, so the
-    ledger reads as in a serial run. Their results are those of a serial run: a stage's output
-    depends on its inputs, not on the process or thread count that computed it.
+    With ``workers > 1`` a detachable stage (:attr:`Stage.detached`) that must run starts on one
+    of ``workers - 1`` other processes of one thread each as soon as the stages it needs have
+    finished and a process is free, while this process runs the others in order (on its torch
+    threads less one per busy process, detachable ones on one). Each is recorded when the loop reaches it and it has
+    finished, so the ledger reads as in a serial run. Their results are those of a serial run: a
+    stage's output depends on its inputs, not on the process or thread count that computed it.
 
     Returns:
         stage name -> ``"skipped"`` or ``"ran"``.
+
+    Raises:
+        ValueError: a stage needs one that does not come before it.
     """
+    names = [stage.name for stage in stages]
+    for position, stage in enumerate(stages):
+        missing = set(stage.needs) - set(names[:position])
+        if missing:
+            raise ValueError(f"stage {stage.name} needs {sorted(missing)}, which do not come before it")
     status: dict[str, str] = {}
-    early: dict[str, tuple[AsyncResult, float]] = {}
+    elsewhere: dict[str, tuple[AsyncResult, float]] = {}
+    judged: set[str] = set()  # detachable stages whose needs were met when last looked at
     pool: Pool | None = None
-    if workers > 1:
-        detachable = [s for s in stages if s.detached is not None and not ledger.is_current(s, s.input_hash())]
-        if detachable:
-            # spawn: no fork of a process holding torch threads
-            pool = multiprocessing.get_context("spawn").Pool(min(workers - 1, len(detachable)), _one_thread)
-            for stage in detachable:
-                log.info("stage %s: running in another process -> %s", stage.name, stage.output)
-                early[stage.name] = (pool.apply_async(stage.detached()), time.perf_counter())  # type: ignore[misc]
     threads = torch.get_num_threads()
-    if pool is not None:
-        # this process shares the cores with the others: more threads would only wait on each
-        # other (a multi-threaded pass is slowest when a core it waits for is busy elsewhere)
-        torch.set_num_threads(max(1, threads - len(early)))
+
+    def busy() -> int:
+        return sum(not result.ready() for result, _ in elsewhere.values())
+
+    def start_ready(later: list[Stage]) -> None:
+        nonlocal pool
+        for stage in later:
+            if busy() >= workers - 1:
+                return
+            if stage.detached is None or stage.name in judged or not set(stage.needs) <= status.keys():
+                continue
+            judged.add(stage.name)
+            if ledger.is_current(stage, stage.input_hash()):
+                continue
+            if pool is None:
+                # spawn: no fork of a process holding torch threads
+                pool = multiprocessing.get_context("spawn").Pool(workers - 1, _one_thread)
+            log.info("stage %s: running in another process -> %s", stage.name, stage.output)
+            elsewhere[stage.name] = (pool.apply_async(stage.detached()), time.perf_counter())  # type: ignore[misc]
+
     finished = False
     try:
-        for stage in stages:
+        for position, stage in enumerate(stages):
+            if workers > 1:
+                start_ready(stages[position + 1:])
             input_hash = stage.input_hash()
-            if stage.name in early:
-                result, start = early[stage.name]
+            if stage.name in elsewhere:
+                result, start = elsewhere[stage.name]
                 result.get()
                 ledger.record(stage, input_hash, time.perf_counter() - start)
                 status[stage.name] = "ran"
@@ -138,6 +162,9 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
                 status[stage.name] = "skipped"
                 continue
             log.info("stage %s: running -> %s", stage.name, stage.output)
+            # this process shares the cores with the busy others: more threads would only wait on
+            # each other (a multi-threaded pass is slowest when a core it waits for is busy elsewhere)
+            torch.set_num_threads(1 if workers > 1 and stage.detached is not None else max(1, threads - busy()))
             start = time.perf_counter()
             stage.run()
             ledger.record(stage, input_hash, time.perf_counter() - start)
