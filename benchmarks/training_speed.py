@@ -2,7 +2,8 @@
 
 Each measured step is the trainer's own ``optimise_step``: forward of both encoders, the loss,
 backward, gradient clipping and an Adam update, on synthetic-shaped batches (``N_REGIONS`` x
-``FEATURE_DIM`` region features from ``aoq.features``, captions of 8-18 tokens, the model sizes
+``FEATURE_DIM`` region features from ``aoq.features``, or ``--regions`` x ``--feature-dim``, e.g.
+49 x 1280 for the emoji cross-attention configs' EfficientNet grid), captions of 8-18 tokens, the model sizes
 of ``--config``). Round 1 runs ``train.loss`` (max_violation, the baseline) on B pairs; round 2
 runs ``round2.loss`` (AdapOffQuin) on B pairs plus their offline items (3B images and 3B
 captions, the layout of ``aoq_train.round2.train.collate_round2``). The two steps alternate, one of
@@ -57,13 +58,14 @@ class Timing:
     cpu: float
 
 
-def make_batch(batch: int, vocab_size: int, generator: torch.Generator, groups: int = 1) -> dict[str, torch.Tensor]:
-    """Random features of the synthetic shape and random token ids of caption-like lengths, for
+def make_batch(batch: int, vocab_size: int, generator: torch.Generator, groups: int = 1,
+               shape: tuple[int, int] = (N_REGIONS, FEATURE_DIM)) -> dict[str, torch.Tensor]:
+    """Random (regions, dim) features and random token ids of caption-like lengths, for
     ``groups`` x ``batch`` rows (the positives first), and the ids of the ``batch`` pairs."""
     rows = groups * batch
     lengths = torch.randint(8, 19, (rows,), generator=generator)
     return {
-        "images": torch.rand(rows, N_REGIONS, FEATURE_DIM, generator=generator),
+        "images": torch.rand(rows, *shape, generator=generator),
         "tokens": torch.randint(4, vocab_size, (rows, int(lengths.max())), generator=generator),
         "lengths": lengths,
         "caption_ids": torch.arange(batch),
@@ -72,9 +74,11 @@ def make_batch(batch: int, vocab_size: int, generator: torch.Generator, groups: 
 
 
 def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device: torch.device,
-                 vocab_size: int, precision: str = "fp32") -> dict[str, Timing]:
+                 vocab_size: int, precision: str = "fp32", shape: tuple[int, int] = (N_REGIONS, FEATURE_DIM),
+                 ) -> dict[str, Timing]:
     """Round 1 and round 2 of ``encoder``, stepped alternately: a :class:`Timing` per round
-    (``precision``: train.precision / round2.precision, fp32 or bf16 autocast)."""
+    (``precision``: train.precision / round2.precision, fp32 or bf16 autocast; ``shape``: regions
+    and feature dimension of an image)."""
     model_cfg = cfg.model.model_copy(update={"image_encoder": encoder})
     groups = 3 if uses_derived_pairs(cfg.round2) else 2
     arms = {}
@@ -83,11 +87,11 @@ def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device:
     for name, step, optim, k in (("round1", round1_step(train), train, 1),
                                  ("round2", round2_step(round2), round2, groups)):
         seed_everything(0)
-        model = build_model(model_cfg, vocab_size, FEATURE_DIM).to(device).train()
+        model = build_model(model_cfg, vocab_size, shape[1]).to(device).train()
         params = list(model.parameters())
         generator = torch.Generator().manual_seed(0)
         arms[name] = (step, model, params, torch.optim.Adam(params, lr=optim.lr), optim.grad_clip,
-                      [make_batch(batch, vocab_size, generator, k) for _ in range(4)])
+                      [make_batch(batch, vocab_size, generator, k, shape) for _ in range(4)])
     times = {name: [] for name in ROUNDS}
     cpu = dict.fromkeys(ROUNDS, 0.0)
     for it in range(warmup + steps):
@@ -114,7 +118,8 @@ def precision_speedup(cfg, args, device: torch.device) -> str:
         for _ in range(args.repeats):
             for precision in runs:
                 runs[precision].append(time_encoder(cfg, encoder, args.batch_size, args.steps, args.warmup, device,
-                                                    args.vocab_size, precision)["round1"])
+                                                    args.vocab_size, precision,
+                                                    (args.regions, args.feature_dim))["round1"])
         wall = {p: statistics.median(t.wall for t in r) for p, r in runs.items()}
         cpu = {p: statistics.median(t.cpu for t in r) for p, r in runs.items()}
         print(f"{encoder:5s} fp32 {1000 * wall['fp32']:.1f} ms/batch (CPU {1000 * cpu['fp32']:.1f}), bf16 "
@@ -134,6 +139,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", default="1,2", help="comma-separated intra-op thread counts (CPU only)")
     parser.add_argument("--encoders", default="vse,vsrn")
+    parser.add_argument("--regions", type=int, default=N_REGIONS, help="regions per image (%(default)s)")
+    parser.add_argument("--feature-dim", type=int, default=FEATURE_DIM, help="dimension of a region (%(default)s)")
     parser.add_argument("--vocab-size", type=int, default=200, help="about the synthetic vocabulary's size")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--quick", action="store_true",
@@ -157,14 +164,15 @@ def main() -> int:
     b = args.batch_size
     print(f"device {device}; batch {b}; embed_dim {cfg.model.embed_dim}, word_dim {cfg.model.word_dim}, "
           f"gcn_layers {cfg.model.gcn_layers}; round 1 {cfg.train.loss}, round 2 {cfg.round2.loss}; "
-          f"features {N_REGIONS} x {FEATURE_DIM}; median of {args.steps} steps after {args.warmup}")
+          f"features {args.regions} x {args.feature_dim}; median of {args.steps} steps after {args.warmup}")
     best: dict[str, tuple[dict[str, Timing], int]] = {}
     original = torch.get_num_threads()
     try:
         for threads in thread_counts:
             torch.set_num_threads(threads)
             for encoder in encoders:
-                arms = time_encoder(cfg, encoder, b, args.steps, args.warmup, device, args.vocab_size)
+                arms = time_encoder(cfg, encoder, b, args.steps, args.warmup, device, args.vocab_size,
+                                    shape=(args.regions, args.feature_dim))
                 for name in ROUNDS:
                     t = arms[name]
                     print(f"{encoder:5s} threads={threads} {name}: {1000 * t.wall:8.1f} ms/batch (CPU "
@@ -176,7 +184,7 @@ def main() -> int:
                     best[encoder] = (arms, threads)
     finally:
         torch.set_num_threads(original)
-    fields = [f"device={device.type}", f"batch={b}"]
+    fields = [f"device={device.type}", f"batch={b}", f"features={args.regions}x{args.feature_dim}"]
     for encoder, (arms, _) in best.items():
         r1, r2 = arms["round1"], arms["round2"]
         fields += [f"{encoder}_ms_per_batch={1000 * r1.wall:.1f}", f"{encoder}_pairs_per_s={b / r1.wall:.0f}",
