@@ -34,8 +34,10 @@ system-deps:
 data-deps:
 	@bash scripts/data-deps.sh
 
+# One pytest-xdist worker per core, a test file's tests on one worker (its module fixtures built
+# once); PYTEST_ARGS="-n 0" runs them in this process.
 test: setup system-deps data-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist loadfile $(PYTEST_ARGS)
 
 # The venv and the dataset's sources are set up side by side (-j2); exec: the demo replaces the
 # recipe's shell, so a signal to make's child reaches it directly.

@@ -1,6 +1,7 @@
 """The real demo in a real Chromium: pretrained EfficientNet-Lite0 + MiniLM with trained heads on
-the quick emoji subset (``python -m aoq_cli.demo --quick --prepare-only``: 120 emoji, the flag of
-Japan among them, in a temporary folder with its own feature cache), the real service and the UI.
+the quick emoji subset (the session's ``python -m aoq_cli.demo --quick`` run, tests/conftest.py:
+120 emoji, the flag of Japan among them, in a temporary folder with its own feature cache), the
+real service and the UI.
 
 Checks what a newcomer would judge by eye: a common thing is found in the whole catalogue and the
 test scope says where it went; every picture is named; twins are one answer and the marks agree
@@ -14,8 +15,6 @@ from __future__ import annotations
 import csv
 import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from tests.backend_helpers import run_server
+from tests.demo_helpers import demo_env
 from tests.browser_helpers import (
     REPO,
     WAIT_S,
@@ -59,25 +59,15 @@ TAB_BUTTONS = {  # tab -> (main button, element whose content shows the button's
 
 
 @pytest.fixture(scope="module")
-def emoji_demo(tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """The quick demo prepared in a temporary folder, then the real service and the UI with the
-    demo's example queries: (backend, UI) URLs."""
-    from aoq.data.dataset import DataError
+def emoji_demo(quick_demo) -> Iterator[tuple[str, str]]:
+    """The quick demo's models (run once for the session, tests/conftest.py), served by the real
+    service and the UI with the demo's example queries: (backend, UI) URLs."""
     from aoq_serve.config import Settings
-    from aoq_train.datasets.emoji.sources import locate_sources
     from aoq_ui.examples import load_example_queries
 
-    try:
-        locate_sources()
-    except DataError as exc:
-        pytest.skip(f"emoji sources missing (make data-deps): {exc}")
-    root = tmp_path_factory.mktemp("emoji-demo")
-    env = {**os.environ, "AOQ_DATA_DIR": str(root / "data"), "AOQ_RUNS_DIR": str(root / "runs"),
-           "AOQ_FEATURE_CACHE": str(root / "features")}
-    env.pop("AOQ_CATALOGUE_URL", None)
-    prepared = subprocess.run([sys.executable, "-m", "aoq_cli.demo", "--quick", "--prepare-only"], cwd=REPO,
-                              env=env, capture_output=True, text=True, timeout=900)
-    assert prepared.returncode == 0, prepared.stderr[-3000:]
+    root, first = quick_demo
+    assert first.returncode == 0, first.stderr[-3000:]
+    env = demo_env(root)
     run = root / "runs" / "demo-emoji-quick"
     settings = Settings(models_dir=run / "models", index_dir=run / "index", data_dir=root / "data",
                         reload_poll_s=0.0, port=0)

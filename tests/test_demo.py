@@ -2,7 +2,6 @@
 query; a second run skips the work; SIGTERM stops the demo and both servers; a demo started on
 busy ports fails at once with a clear error."""
 
-import os
 import signal
 import socket
 import subprocess
@@ -12,43 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from aoq.data.dataset import DataError
 from aoq.net import free_port, port_free
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _sources_or_skip() -> None:
-    from aoq_train.datasets.emoji.sources import locate_sources
-
-    try:
-        locate_sources()
-    except DataError as exc:
-        pytest.skip(f"emoji sources missing (make data-deps): {exc}")
-
-
-def _env(root: Path) -> dict[str, str]:
-    env = {**os.environ, "AOQ_DATA_DIR": str(root / "data"), "AOQ_RUNS_DIR": str(root / "runs"),
-           "AOQ_FEATURE_CACHE": str(root / "features"), "GRADIO_ANALYTICS_ENABLED": "False"}
-    env.pop("AOQ_CATALOGUE_URL", None)
-    return env
-
-
-def _demo(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "aoq_cli.demo", "--quick", *args], cwd=ROOT, env=_env(root),
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def demo_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("demo")
+from tests.demo_helpers import ROOT, demo_env, run_demo
 
 
 @pytest.mark.slow
-def test_quick_demo_reaches_a_first_query_then_skips_work(demo_root):
-    _sources_or_skip()
-    ports = ["--backend-port", str(free_port()), "--ui-port", str(free_port())]
-    first = _demo(demo_root, "--exit-when-ready", *ports)
+def test_quick_demo_reaches_a_first_query_then_skips_work(quick_demo):
+    demo_root, first = quick_demo
     assert first.returncode == 0, first.stderr[-3000:]
     assert "first query" in first.stdout and "ready in" in first.stdout
     for stage in ("dataset", "features", "pipeline", "indexes", "servers", "first query"):
@@ -58,7 +27,7 @@ def test_quick_demo_reaches_a_first_query_then_skips_work(demo_root):
     assert (demo_root / "data" / "demo-emoji-quick" / "dataset_emoji.json").is_file()
     assert any((demo_root / "features" / "efficientnet_lite0").iterdir())
 
-    second = _demo(demo_root, "--prepare-only")
+    second = run_demo(demo_root, "--prepare-only")
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"dataset {demo_root / 'data' / 'demo-emoji-quick'}: up to date, skipped" in second.stderr
     assert "backbone features: all 3 splits cached, skipped" in second.stderr
@@ -68,12 +37,12 @@ def test_quick_demo_reaches_a_first_query_then_skips_work(demo_root):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_demo_and_frees_both_ports(demo_root):
+def test_sigterm_stops_the_demo_and_frees_both_ports(quick_demo):
     """What a process manager or `docker stop` does: the servers must not outlive the demo."""
-    _sources_or_skip()
+    demo_root, _ = quick_demo
     backend, ui = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "aoq_cli.demo", "--quick", "--backend-port", str(backend),
-                             "--ui-port", str(ui)], cwd=ROOT, env=_env(demo_root), stdout=subprocess.PIPE,
+                             "--ui-port", str(ui)], cwd=ROOT, env=demo_env(demo_root), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -100,7 +69,7 @@ def test_second_demo_on_busy_ports_fails_fast(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         start = time.monotonic()
-        result = _demo(tmp_path, "--backend-port", str(port), "--ui-port", str(free_port()), timeout=60)
+        result = run_demo(tmp_path, "--backend-port", str(port), "--ui-port", str(free_port()), timeout=60)
     assert result.returncode == 1
     assert f"port(s) {port} on 127.0.0.1 already in use" in result.stderr
     assert "is the demo already running?" in result.stderr
