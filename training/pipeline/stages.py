@@ -105,9 +105,10 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
     With ``workers > 1`` a detachable stage (:attr:`Stage.detached`) that must run starts on one
     of ``workers - 1`` other processes of one thread each as soon as the stages it needs have
     finished and a process is free, while this process runs the others in order (on its torch
-    threads less one per busy process, detachable ones on one). Each is recorded when the loop reaches it and it has
-    finished, so the ledger reads as in a serial run. Their results are those of a serial run: a
-    stage's output depends on its inputs, not on the process or thread count that computed it.
+    threads less one per busy process, detachable ones on one). Each is recorded when the loop
+    reaches it and it has finished, so the ledger reads as in a serial run. Their results are
+    those of a serial run on one thread: a stage's output depends on its inputs and the thread
+    count, not on the process that computed it.
 
     Returns:
         stage name -> ``"skipped"`` or ``"ran"``.
