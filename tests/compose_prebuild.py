@@ -35,6 +35,12 @@ MODULE = "test_compose_run.py"
 STATE_ENV = "AOQ_COMPOSE_PREBUILD_STATE"
 
 
+def stop_engine(pid: str) -> None:
+    """Stop a ``dockerd`` that ``scripts/docker-engine.sh`` started (a no-op once it is gone)."""
+    subprocess.run(["bash", "scripts/docker-engine.sh", "--stop", pid], cwd=REPO, capture_output=True, text=True,
+                   timeout=ENGINE_TIMEOUT_S)
+
+
 @dataclass
 class Prebuild:
     """What the background preparation did: ``skip`` says why the stack cannot run here,
@@ -124,8 +130,7 @@ class Prebuild:
                 self._running.terminate()
         self.wait()
         if self.dockerd_pid:
-            subprocess.run(["bash", "scripts/docker-engine.sh", "--stop", self.dockerd_pid], cwd=REPO,
-                           capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+            stop_engine(self.dockerd_pid)
             self.dockerd_pid = None
 
 
@@ -156,8 +161,7 @@ class SharedPrebuild:
 
     def stop(self) -> None:
         if self._waited and self.dockerd_pid:
-            subprocess.run(["bash", "scripts/docker-engine.sh", "--stop", self.dockerd_pid], cwd=REPO,
-                           capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S)
+            stop_engine(self.dockerd_pid)
             self.dockerd_pid = None
 
 
