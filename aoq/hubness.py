@@ -68,13 +68,18 @@ def bank_normaliser(bank: np.ndarray, gallery: np.ndarray, beta: float = BETA) -
     log_z = np.full(gallery64.shape[0], -np.inf)
     active = np.zeros(gallery64.shape[0], dtype=bool)
     step = _rows_per_block(gallery64.shape[0])
+    # one block-sized buffer, every step in place: a block is far larger than the caches, and a
+    # fresh array per step cost as much again in page faults as the arithmetic (same values)
+    buffer = np.empty((min(step, len(bank)), gallery64.shape[0]))
     for lo in range(0, len(bank), step):
-        scores = np.asarray(bank[lo:lo + step], dtype=np.float64) @ gallery64.T
-        active[np.argmax(scores, axis=1)] = True
-        scaled = beta * scores
+        rows = np.asarray(bank[lo:lo + step], dtype=np.float64)
+        scaled = np.matmul(rows, gallery64.T, out=buffer[:len(rows)])
+        active[np.argmax(scaled, axis=1)] = True
+        np.multiply(scaled, beta, out=scaled)
         peak = scaled.max(axis=0)
         # logsumexp of each column, shifted by its maximum so that exp never overflows
-        log_z = np.logaddexp(log_z, peak + np.log(np.exp(scaled - peak).sum(axis=0)))
+        np.exp(np.subtract(scaled, peak, out=scaled), out=scaled)
+        log_z = np.logaddexp(log_z, peak + np.log(scaled.sum(axis=0)))
     return Normaliser(log_denominator=log_z, active=active, beta=beta)
 
 
