@@ -11,6 +11,12 @@ DATASET ?= emoji
 BACKEND_PORT ?= 8000
 UI_PORT ?= 7860
 PYTEST_ARGS ?=
+# Python caches a module's bytecode (__pycache__) the first time a process imports it, and every
+# later process reads it back: the demo's servers and workers, the suite's server subprocesses.
+# PYTHONDONTWRITEBYTECODE, set on some machines, makes each of them compile all it imports again
+# (about 3 s of CPU for the service's imports alone); `setup` installs with --no-compile on the
+# premise that the first import compiles once.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup system-deps data-deps test demo bench gpu-check clean
 
