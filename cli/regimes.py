@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from aoq_cli import int_at_least, set_threads
@@ -46,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results-regimes.md"))
     parser.add_argument("--evidence", type=Path, default=None,
                         help="the advice's evidence file (default: --out with .json)")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="a small record per finished job, which stands for its run folder, so a map can be "
+                             "finished in several sittings (default: --out's name with -jobs, e.g. "
+                             "docs/results-regimes-jobs)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
 
@@ -86,6 +91,7 @@ def _command(args: argparse.Namespace) -> str:
     parts += [f"--patience {args.patience}"] if args.patience is not None else []
     parts += [f"--set {shlex.quote(o)}" for o in args.overrides]
     parts += [f"--out {args.out}"] + ([f"--evidence {args.evidence}"] if args.evidence else [])
+    parts += [f"--records {args.records}"] if args.records else []
     return " ".join(parts)
 
 
@@ -111,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     set_threads(worker_threads(args.threads, worker, os.cpu_count() or 1))
     levels = _levels(args.levels)
     sizes = {split: getattr(args, split) for split in grid.SIZES}
+    records = args.records or args.out.with_name(f"{args.out.stem}-jobs")
     base = MapSetup(args.config, (), replicates, args.root, tuple(args.overrides), args.patience, sizes,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, records=records)
     summary = None
     if args.knobs:
         knobs = tuple(k.strip() for k in args.knobs.split(","))
@@ -132,8 +139,7 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         print(f"pilot: the grid crosses {knobs[0]} and {knobs[1]}")
-    setup = MapSetup(base.config, tuple(grid.grid_cells(*knobs, levels)), replicates, base.root, base.overrides,
-                     base.patience, sizes, progress=base.progress)
+    setup = replace(base, cells=tuple(grid.grid_cells(*knobs, levels)))
     if args.run:
         run_map(setup, worker)
     missing = unfinished(setup)

@@ -1,6 +1,7 @@
 """`aoq regimes`: the cells' sets, the predictor correlations, the advice line, a toy map end to end."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,23 @@ def test_two_cell_toy_map_end_to_end(tmp_path: Path, capsys) -> None:
     first = out.read_text()
     assert aoq(args) == 0 and out.read_text() == first  # read only: the same page
 
+    # each finished job left a record, which stands for its run: without the runs, the same page,
+    # and a run finds nothing to do
+    records = sorted(p.relative_to(tmp_path / "results-regimes-jobs").as_posix()
+                     for p in (tmp_path / "results-regimes-jobs").rglob("*.json"))
+    assert records == [f"family_share={f},noise=1.0/seed{r}.json" for f in (0.1, 0.9) for r in (0, 1)]
+    shutil.rmtree(tmp_path / "map")
+    out.unlink()
+    assert aoq([*args, "--run"]) == 0 and out.read_text() == first
+    assert not (tmp_path / "map" / "runs").exists()
+    # a record made under other settings is not this job's: it runs again
+    record = tmp_path / "results-regimes-jobs" / "family_share=0.1,noise=1.0" / "seed0.json"
+    stale = json.loads(record.read_text())
+    stale["identity"]["config"]["train"]["epochs"] = 3
+    stale["identity_hash"] = "0" * 64
+    record.write_text(json.dumps(stale))
+    assert aoq(args) == 1 and "1 of 4 runs not finished" in capsys.readouterr().out
+
 
 def test_pilot_picks_the_two_knobs_that_move_the_gain_most() -> None:
     from aoq_train.regimes.runs import MapSetup, pick_knobs, pilot_setup, pilot_summary
@@ -175,3 +193,21 @@ def test_workers_share_the_cores_out_unless_threads_are_given() -> None:
     assert worker_threads(None, (0, 4), 2) == 1  # never zero threads
     assert worker_threads(None, (0, 1), 2) is None  # one process: torch's own choice
     assert worker_threads(3, (0, 2), 2) == 3
+
+
+def test_a_job_identity_names_what_the_results_depend_on_not_where_they_lie(tmp_path: Path) -> None:
+    from aoq_train.regimes.records import load_record, save_record
+    from aoq_train.regimes.runs import MapSetup
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "synthetic.yaml"
+    cell = Cell.of(noise=0.3)
+    here, there = MapSetup(config, (cell,), (0,), root=tmp_path / "a"), MapSetup(config, (cell,), (0,), root=tmp_path / "b")
+    assert here.identity(cell, 0) == there.identity(cell, 0)  # another folder: the same job
+    assert here.identity(cell, 0) != here.identity(cell, 1)
+    assert here.identity(cell, 0) != MapSetup(config, (cell,), (0,), arms=("aoq",)).identity(cell, 0)
+    assert here.identity(cell, 0) != MapSetup(config, (cell,), (0,), overrides=("train.margin=0.1",)).identity(cell, 0)
+    job = {"cell": cell.name, "rsum": {"baseline": 400.5}}
+    save_record(tmp_path / "jobs", cell, 0, here.identity(cell, 0), job)
+    assert load_record(tmp_path / "jobs", cell, 0, there.identity(cell, 0)) == job
+    assert load_record(tmp_path / "jobs", cell, 0, here.identity(cell, 1)) is None
+    assert load_record(tmp_path / "nowhere", cell, 0, here.identity(cell, 0)) is None

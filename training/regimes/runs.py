@@ -6,7 +6,9 @@ Each (cell, replicate) is one job: its set is generated (:mod:`aoq_train.regimes
 budgets, resumable stage by stage). The replicate number is also the training seed, and the
 arms of a job share its set, round-1 model and mined lists, so differences are paired. Jobs
 are numbered in a fixed order and ``worker=(k, n)`` takes every n-th from the k-th, so several
-processes share a map without touching each other's folders.
+processes share a map without touching each other's folders. With ``records`` (a folder), each
+finished job is also kept as a small record (:mod:`aoq_train.regimes.records`) that stands for
+its run folder: a job with a valid record is finished, whether or not its run is still there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aoq_train.regimes.grid import Cell, ensure_cell_data
+from aoq_train.regimes.records import job_identity, load_record, save_record
 from aoq_train.report.runs import ReportSetup, history, round_dir, seed_config
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,8 @@ class MapSetup:
     sizes: dict[str, int] | None = None
     arms: tuple[str, ...] = ARMS
     progress: bool = True
+    #: where finished jobs are recorded (:mod:`aoq_train.regimes.records`); None: the runs only
+    records: Path | None = None
 
     def jobs(self) -> list[tuple[Cell, int]]:
         """Every (cell, replicate), replicates outermost: a half-finished map has whole replicates."""
@@ -59,6 +64,17 @@ class MapSetup:
 
     def run_dir(self, cell: Cell, replicate: int) -> Path:
         return seed_config(self.report_setup(cell, replicate), replicate).run_dir
+
+    def identity(self, cell: Cell, replicate: int) -> dict[str, Any]:
+        """What the job's results depend on (:func:`aoq_train.regimes.records.job_identity`)."""
+        cfg = seed_config(self.report_setup(cell, replicate), replicate)
+        return job_identity(cfg.model_dump(mode="json"), cell, replicate, self.arms, self.sizes)
+
+    def recorded(self, cell: Cell, replicate: int) -> dict[str, Any] | None:
+        """The job's record, if it has a valid one."""
+        if self.records is None:
+            return None
+        return load_record(self.records, cell, replicate, self.identity(cell, replicate))
 
 
 def parse_worker(text: str) -> tuple[int, int]:
@@ -80,18 +96,40 @@ def run_map(setup: MapSetup, worker: tuple[int, int] = (0, 1)) -> int:
 
     mine = [job for k, job in enumerate(setup.jobs()) if k % worker[1] == worker[0]]
     for cell, replicate in mine:
+        if setup.recorded(cell, replicate) is not None:
+            log.info("regimes: %s replicate %d: recorded, skipped", cell.name, replicate)
+            continue
         ensure_cell_data(setup.root / "data", cell, replicate, setup.sizes, progress=setup.progress)
         cfg = seed_config(setup.report_setup(cell, replicate), replicate)
         log.info("regimes: %s replicate %d -> %s", cell.name, replicate, cfg.run_dir)
         run_pipeline(cfg, resolve_arms(setup.arms), progress_bar=setup.progress)
+        finished_job(setup, cell, replicate)  # recorded now
     return len(mine)
 
 
+def _run_finished(setup: MapSetup, cell: Cell, replicate: int) -> bool:
+    """Whether the job's run folder holds every method's test evaluation."""
+    run_dir = setup.run_dir(cell, replicate)
+    return all((run_dir / "evaluation" / a / "result.json").is_file() for a in ("baseline", *setup.arms))
+
+
+def finished_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any] | None:
+    """A finished job's results (:func:`read_job`), from its record or else from its run folder,
+    which is then recorded; None while it is not finished."""
+    job = setup.recorded(cell, replicate)
+    if job is not None or not _run_finished(setup, cell, replicate):
+        return job
+    job = read_job(setup, cell, replicate)
+    if setup.records is not None:
+        save_record(setup.records, cell, replicate, setup.identity(cell, replicate), job)
+    return job
+
+
 def unfinished(setup: MapSetup) -> list[tuple[Cell, int]]:
-    """The jobs not finished yet (an arm without its test evaluation)."""
-    methods = ("baseline", *setup.arms)
-    return [(c, r) for c, r in setup.jobs()
-            if not all((setup.run_dir(c, r) / "evaluation" / a / "result.json").is_file() for a in methods)]
+    """The jobs not finished yet: no valid record, and an arm without its test evaluation. The
+    finished ones met on the way are recorded (:func:`finished_job`), so a map stopped half-way
+    keeps what it has."""
+    return [(c, r) for c, r in setup.jobs() if finished_job(setup, c, r) is None]
 
 
 def read_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any]:
@@ -120,10 +158,10 @@ def read_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any]:
 def collect_map(setup: MapSetup) -> dict[str, list[dict[str, Any]]]:
     """Every finished job, grouped by cell name (in the setup's cell order)."""
     out: dict[str, list[dict[str, Any]]] = {c.name: [] for c in setup.cells}
-    missing = set(unfinished(setup))
     for cell, replicate in setup.jobs():
-        if (cell, replicate) not in missing:
-            out[cell.name].append(read_job(setup, cell, replicate))
+        job = finished_job(setup, cell, replicate)
+        if job is not None:
+            out[cell.name].append(job)
     return out
 
 
