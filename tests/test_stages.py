@@ -148,3 +148,43 @@ def test_a_stage_may_only_need_an_earlier_one(tmp_path):
               _stage(tmp_path, [], "later")]
     with pytest.raises(ValueError, match=r"stage first needs \['later'\], which do not come before it"):
         run_stages(stages, StageLedger(tmp_path / "pipeline.json"))
+
+
+def _wait_for_in_child(other, out):
+    """A detached stage that finishes only once ``other`` has written its output (module level)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while not (other / "manifest.json").is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{other} was not written while this stage ran")
+        time.sleep(0.05)
+    out.mkdir(exist_ok=True)
+    write_manifest(out, "test", {})
+
+
+def test_waiting_for_a_stage_elsewhere_this_process_runs_the_ready_detachable_ones(tmp_path):
+    """``slow`` starts in the other process (ready first) and only finishes once ``side`` is
+    done; ``side`` is ready once ``mid`` is: with the other process busy, this process must run
+    ``side`` itself instead of waiting for ``slow`` (which would time out)."""
+    import functools
+
+    calls = []
+    slow, side = tmp_path / "slow", tmp_path / "side"
+
+    def side_here():
+        calls.append("side in this process")
+        side.mkdir()
+        write_manifest(side, "test", {})
+
+    stages = [_stage(tmp_path, calls, "up"), _stage(tmp_path, calls, "mid"),
+              Stage("slow", slow, lambda: {}, lambda: None,
+                    lambda: functools.partial(_wait_for_in_child, side, slow), needs=("up",)),
+              Stage("side", side, lambda: {}, side_here, lambda: functools.partial(_build_in_child, side, "x"),
+                    needs=("mid",)),
+              _stage(tmp_path, calls, "last")]
+    ledger_path = tmp_path / "pipeline.json"
+    status = run_stages(stages, StageLedger(ledger_path), workers=2)
+    assert status == dict.fromkeys(["up", "mid", "slow", "side", "last"], "ran")
+    assert calls == ["up", "mid", "side in this process", "last"]
+    assert set(json.loads(ledger_path.read_text())["stages"]) == {"up", "mid", "slow", "side", "last"}

@@ -105,7 +105,9 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
     With ``workers > 1`` a detachable stage (:attr:`Stage.detached`) that must run starts on one
     of ``workers - 1`` other processes of one thread each as soon as the stages it needs have
     finished and a process is free, while this process runs the others in order (on its torch
-    threads less one per busy process, detachable ones on one). Each is recorded when the loop
+    threads less one per busy process, detachable ones on one). When this process reaches a stage
+    still running elsewhere, it runs the later detachable stages that are ready itself before it
+    waits, rather than idle while they wait for a free process. Each is recorded when the loop
     reaches it and it has finished, so the ledger reads as in a serial run. Their results are
     those of a serial run on one thread: a stage's output depends on its inputs and the thread
     count, not on the process that computed it.
@@ -123,6 +125,7 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
             raise ValueError(f"stage {stage.name} needs {sorted(missing)}, which do not come before it")
     status: dict[str, str] = {}
     elsewhere: dict[str, tuple[AsyncResult, float]] = {}
+    ahead: dict[str, float] = {}  # detachable stages run here while waiting: their seconds
     judged: set[str] = set()  # detachable stages whose needs were met when last looked at
     pool: Pool | None = None
     threads = torch.get_num_threads()
@@ -146,14 +149,34 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
             log.info("stage %s: running in another process -> %s", stage.name, stage.output)
             elsewhere[stage.name] = (pool.apply_async(stage.detached()), time.perf_counter())  # type: ignore[misc]
 
+    def run_ahead(waiting: AsyncResult, later: list[Stage]) -> None:
+        for stage in later:
+            if waiting.ready():
+                return
+            if stage.detached is None or stage.name in judged or not set(stage.needs) <= status.keys():
+                continue
+            judged.add(stage.name)
+            if ledger.is_current(stage, stage.input_hash()):
+                continue
+            log.info("stage %s: running ahead in this process -> %s", stage.name, stage.output)
+            torch.set_num_threads(1)
+            start = time.perf_counter()
+            stage.run()
+            ahead[stage.name] = time.perf_counter() - start
+
     finished = False
     try:
         for position, stage in enumerate(stages):
             if workers > 1:
                 start_ready(stages[position + 1:])
             input_hash = stage.input_hash()
+            if stage.name in ahead:
+                ledger.record(stage, input_hash, ahead.pop(stage.name))
+                status[stage.name] = "ran"
+                continue
             if stage.name in elsewhere:
                 result, start = elsewhere[stage.name]
+                run_ahead(result, stages[position + 1:])
                 result.get()
                 ledger.record(stage, input_hash, time.perf_counter() - start)
                 status[stage.name] = "ran"
