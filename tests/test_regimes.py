@@ -211,3 +211,28 @@ def test_a_job_identity_names_what_the_results_depend_on_not_where_they_lie(tmp_
     assert load_record(tmp_path / "jobs", cell, 0, there.identity(cell, 0)) == job
     assert load_record(tmp_path / "jobs", cell, 0, here.identity(cell, 1)) is None
     assert load_record(tmp_path / "nowhere", cell, 0, here.identity(cell, 0)) is None
+
+
+def test_the_pilot_measures_what_the_seed_alone_moves() -> None:
+    """The pilot cells at their knob's default level are one setting with different set seeds:
+    their spread is the yardstick the page holds each knob's range against."""
+    from aoq_train.regimes.page import pilot_section
+    from aoq_train.regimes.runs import MapSetup, pick_knobs, pilot_summary
+
+    levels = {"noise": (0.3, 1.0), "family_share": (0.5, 0.9), "train": (1000, 2000)}
+    pilot = MapSetup(Path("cfg"), tuple(pilot_cells(levels)), (0,))
+    gain = {"noise=0.3": 5.0, "noise=1.0": -1.0, "family_share=0.5": 2.0, "family_share=0.9": 1.0,
+            "train=1000": 9.0, "train=2000": 0.5}
+    jobs = {name: [{"rsum": {"baseline": 100.0, "aoq": 100.0 + g}, "minutes": 1.0}] for name, g in gain.items()}
+    summary = pilot_summary(pilot, jobs)
+    # defaults: noise 1.0, family_share 0.5, train 2000 (the map's training size)
+    assert summary["defaults"] == {"differences": [-1.0, 2.0, 0.5], "range": 3.0}
+    knobs = pick_knobs(summary)
+    assert knobs == ("train", "noise")
+    text = "\n".join(pilot_section(summary, knobs))
+    assert "runs from -1.0 to +2.0 (range 3.0)" in text
+    assert "not told apart from the seed by this pilot: family_share." in text
+    assert "Both picked knobs' ranges are above it." in text
+    # another training size for the map: its default level follows
+    other = pilot_summary(MapSetup(Path("cfg"), pilot.cells, (0,), sizes={"train": 1000, "dev": 5, "test": 5}), jobs)
+    assert other["defaults"]["differences"] == [-1.0, 2.0, 9.0]

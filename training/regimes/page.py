@@ -143,7 +143,24 @@ def pilot_section(pilot: dict[str, Any] | None, knobs: tuple[str, str]) -> list[
     for knob, row in pilot["knobs"].items():
         levels = ", ".join(f"{level}: {d:+.1f}" for level, d in row["levels"])
         lines.append(f"| {knob} | {levels} | {row['range']:.1f} |")
-    return lines + ["", f"Picked: **{knobs[0]}** and **{knobs[1]}**.", ""]
+    return lines + ["", f"Picked: **{knobs[0]}** and **{knobs[1]}**.", *_yardstick(pilot, knobs), ""]
+
+
+def _yardstick(pilot: dict[str, Any], knobs: tuple[str, str]) -> list[str]:
+    """What the seed alone moves: the pilot cells at their knob's default level are one generator
+    setting with different set seeds, so a knob's range says something only above theirs."""
+    defaults = pilot.get("defaults") or {}
+    values, spread = defaults.get("differences") or [], defaults.get("range", float("nan"))
+    if len(values) < 2:
+        return []
+    within = [k for k, row in pilot["knobs"].items() if not row["range"] > spread]
+    picked = [k for k in knobs if k in within]
+    return ["", f"Seed yardstick: the {len(values)} pilot cells at their knob's default level are one and the same "
+            f"generator setting, differing only in their set's seed; their AOQ − baseline runs from {min(values):+.1f} "
+            f"to {max(values):+.1f} (range {spread:.1f}). "
+            + (f"Knobs whose range is not above it, not told apart from the seed by this pilot: {', '.join(within)}. "
+               if within else "Every knob's range is above it. ")
+            + (f"Among the picked: {', '.join(picked)}." if picked else "Both picked knobs' ranges are above it.")]
 
 
 def _budget(setup: MapSetup) -> str:

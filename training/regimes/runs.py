@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aoq_train.regimes.grid import Cell, ensure_cell_data
+from aoq_train.regimes.grid import TRAIN, Cell, ensure_cell_data
 from aoq_train.regimes.records import job_identity, load_record, save_record
 from aoq_train.report.runs import ReportSetup, history, round_dir, seed_config
 
@@ -170,17 +170,27 @@ def differences(jobs: list[dict[str, Any]], arm: str, reference: str = "baseline
     return [j["rsum"][arm] - j["rsum"][reference] for j in jobs]
 
 
+def _spread(values: list[float]) -> float:
+    return max(values) - min(values) if len(values) > 1 else float("nan")
+
+
 def pilot_summary(pilot: MapSetup, jobs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per knob of the pilot: its levels' AOQ - baseline differences and their range; the budget."""
+    """Per knob of the pilot: its levels' AOQ - baseline differences and their range; the budget;
+    and the seed's yardstick, ``defaults``: the differences of the cells whose level is their
+    knob's default (one and the same generator setting, different set seeds) and their range."""
     knobs: dict[str, dict[str, Any]] = {}
+    at_defaults: list[float] = []
     for cell in pilot.cells:
         (knob, level), = cell.knobs
         row = knobs.setdefault(knob, {"levels": []})
-        row["levels"] += [(level, d) for d in differences(jobs[cell.name], GAIN_ARM)]
+        found = differences(jobs[cell.name], GAIN_ARM)
+        row["levels"] += [(level, d) for d in found]
+        if level == (Cell.of().sizes(pilot.sizes)[TRAIN] if knob == TRAIN else Cell.of().value(knob)):
+            at_defaults += found
     for row in knobs.values():
-        values = [d for _, d in row["levels"]]
-        row["range"] = max(values) - min(values) if len(values) > 1 else float("nan")
-    return {"knobs": knobs, "minutes": sum(j["minutes"] for js in jobs.values() for j in js)}
+        row["range"] = _spread([d for _, d in row["levels"]])
+    return {"knobs": knobs, "defaults": {"differences": at_defaults, "range": _spread(at_defaults)},
+            "minutes": sum(j["minutes"] for js in jobs.values() for j in js)}
 
 
 def pick_knobs(summary: dict[str, Any]) -> tuple[str, str]:
