@@ -133,15 +133,20 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
     def busy() -> int:
         return sum(not result.ready() for result, _ in elsewhere.values())
 
+    def claim(stage: Stage) -> bool:
+        """Whether a later stage is detachable, newly ready (what it needs has finished) and must
+        run; either way a ready one is not looked at again."""
+        if stage.detached is None or stage.name in judged or not set(stage.needs) <= status.keys():
+            return False
+        judged.add(stage.name)
+        return not ledger.is_current(stage, stage.input_hash())
+
     def start_ready(later: list[Stage]) -> None:
         nonlocal pool
         for stage in later:
             if busy() >= workers - 1:
                 return
-            if stage.detached is None or stage.name in judged or not set(stage.needs) <= status.keys():
-                continue
-            judged.add(stage.name)
-            if ledger.is_current(stage, stage.input_hash()):
+            if not claim(stage):
                 continue
             if pool is None:
                 # spawn: no fork of a process holding torch threads
@@ -153,10 +158,7 @@ def run_stages(stages: list[Stage], ledger: StageLedger, workers: int = 1) -> di
         for stage in later:
             if waiting.ready():
                 return
-            if stage.detached is None or stage.name in judged or not set(stage.needs) <= status.keys():
-                continue
-            judged.add(stage.name)
-            if ledger.is_current(stage, stage.input_hash()):
+            if not claim(stage):
                 continue
             log.info("stage %s: running ahead in this process -> %s", stage.name, stage.output)
             torch.set_num_threads(1)
