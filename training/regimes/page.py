@@ -195,8 +195,10 @@ def write_page(setup: MapSetup, knobs: tuple[str, str], jobs: dict[str, list[dic
              "Regenerate with:", "", f"    {command}", "",
              "Every cell's replicate is its own synthetic set (seed derived from the cell and the replicate); "
              "the arms of a replicate share it, its round-1 model and mined lists (paired). Budgets: "
-             f"{_budget(setup)}; rsum on the whole test split ({PROTOCOL}). Intervals: {interval_method(max(n, 2))}; "
-             f"{CLEAR}bold{CLEAR}: the interval excludes 0.", "", "## Pilot", "", *pilot_section(pilot, knobs)]
+             f"{_budget(setup)}; rsum on the whole test split ({PROTOCOL}). "
+             + (f"Intervals: {interval_method(n)}; {CLEAR}bold{CLEAR}: the interval excludes 0." if n >= 2 else
+                "One seed per cell: no interval, a direction only (n is shown with every figure)."),
+             "", "## Pilot", "", *pilot_section(pilot, knobs)]
     for arm in setup.arms:
         lines += [f"## {arm_label(arm)} − baseline (Δ rsum)", "", heatmap(setup, knobs, jobs, arm), ""]
     if "goal-cir-con" in setup.arms:
