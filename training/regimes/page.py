@@ -50,7 +50,7 @@ def interval_cell(diffs: list[float]) -> str:
         return f"{mean:+.1f} (n=1)"
     clear = low > 0 or high < 0
     text = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
-    return f"{CLEAR}{text}{CLEAR}" if clear else text
+    return (f"{CLEAR}{text}{CLEAR}" if clear else text) + f" (n={len(diffs)})"
 
 
 def heatmap(setup: MapSetup, knobs: tuple[str, str], jobs: dict[str, list[dict[str, Any]]], arm: str,
