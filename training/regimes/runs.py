@@ -116,12 +116,14 @@ def _run_finished(setup: MapSetup, cell: Cell, replicate: int) -> bool:
 def finished_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any] | None:
     """A finished job's results (:func:`read_job`), from its record or else from its run folder,
     which is then recorded; None while it is not finished."""
-    job = setup.recorded(cell, replicate)
-    if job is not None or not _run_finished(setup, cell, replicate):
+    identity = None if setup.records is None else setup.identity(cell, replicate)
+    if identity is not None and (job := load_record(setup.records, cell, replicate, identity)) is not None:
         return job
+    if not _run_finished(setup, cell, replicate):
+        return None
     job = read_job(setup, cell, replicate)
-    if setup.records is not None:
-        save_record(setup.records, cell, replicate, setup.identity(cell, replicate), job)
+    if identity is not None:
+        save_record(setup.records, cell, replicate, identity, job)
     return job
 
 
