@@ -59,15 +59,9 @@ SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_f
                "amx_int8", "asimd", "sve")
 
 
-def cpu_description(cpuinfo: str | None = None) -> str:
-    """One line naming the CPU and the flags of :data:`SPEED_FLAGS` it has, for benchmark output:
-    ``cpu="<model name>" family=<f> model=<m> cores=<n> flags=<a,b,...> torch_threads=<t>``.
-
-    ``cpuinfo``: the text of ``/proc/cpuinfo`` (read when None; elsewhere than Linux the model
-    comes from :mod:`platform` and no flags are listed)."""
-    import os
-    import platform
-
+def _cpuinfo_fields(cpuinfo: str | None) -> dict[str, str]:
+    """The first CPU's ``key: value`` lines of ``/proc/cpuinfo`` (read when ``cpuinfo`` is None;
+    empty where there is none, as elsewhere than Linux)."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -78,8 +72,32 @@ def cpu_description(cpuinfo: str | None = None) -> str:
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         first.setdefault(key.strip(), value.strip())
-    name = first.get("model name") or platform.processor() or platform.machine() or "unknown"
+    return first
+
+
+def _model_name(first: dict[str, str]) -> str:
+    import platform
+
+    return first.get("model name") or platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's name with its family and model, ``AMD EPYC (family 26 model 2)``: the vendors'
+    names alone do not tell one generation from the next. ``cpuinfo`` as in :func:`cpu_description`."""
+    first = _cpuinfo_fields(cpuinfo)
+    return f'{_model_name(first)} (family {first.get("cpu family", "?")} model {first.get("model", "?")})'
+
+
+def cpu_description(cpuinfo: str | None = None) -> str:
+    """One line naming the CPU and the flags of :data:`SPEED_FLAGS` it has, for benchmark output:
+    ``cpu="<model name>" family=<f> model=<m> cores=<n> flags=<a,b,...> torch_threads=<t>``.
+
+    ``cpuinfo``: the text of ``/proc/cpuinfo`` (read when None; elsewhere than Linux the model
+    comes from :mod:`platform` and no flags are listed)."""
+    import os
+
+    first = _cpuinfo_fields(cpuinfo)
     flags = set((first.get("flags") or first.get("Features") or "").split())
     have = ",".join(f for f in SPEED_FLAGS if f in flags) or "none"
-    return (f'cpu="{name}" family={first.get("cpu family", "?")} model={first.get("model", "?")} '
+    return (f'cpu="{_model_name(first)}" family={first.get("cpu family", "?")} model={first.get("model", "?")} '
             f"cores={os.cpu_count()} flags={have} torch_threads={torch.get_num_threads()}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from aoq.device import cpu_description
+from aoq.device import cpu_description, cpu_model
 
 XEON = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -27,6 +27,11 @@ def test_names_the_cpu_and_its_speed_flags() -> None:
     assert line.startswith('cpu="Intel(R) Xeon(R) CPU @ 2.50GHz" family=6 model=85 cores=')
     assert line.endswith(f" flags=avx2,fma,avx512f,avx512_vnni torch_threads={torch.get_num_threads()}")
     assert "flags=none" in cpu_description("model name\t: a CPU without the flags line\n")
+
+
+def test_the_model_names_the_generation() -> None:
+    assert cpu_model(XEON) == "Intel(R) Xeon(R) CPU @ 2.50GHz (family 6 model 85)"
+    assert cpu_model("model name\t: AMD EPYC\n") == "AMD EPYC (family ? model ?)"
 
 
 def test_every_benchmark_prints_it() -> None:

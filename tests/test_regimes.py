@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
+from aoq.device import cpu_model
 from aoq.io import read_manifest
 from aoq_train.regimes.advice import advice_line
 from aoq_train.regimes.grid import Cell, data_seed, ensure_cell_data, grid_cells, pilot_cells
@@ -115,6 +116,7 @@ def test_two_cell_toy_map_end_to_end(tmp_path: Path, capsys) -> None:
     assert all(c["runs"] == 2 for c in evidence["cells"]) and evidence["correlations"] == {}  # 2 cells: too few
     assert "aoq regimes --run --config" in page and "## AOQ − GOAL cir x con (Δ rsum)" in page
     assert "| family_share \\ noise | 1.0 |" in page and "Too few cells" in page
+    assert f"Ran on: {cpu_model()} (4 jobs);" in page  # the CPU each job ran on, noted in its run folder
     for arm in ("aoq", "aoq-fn-identity", "goal-cir-con"):
         assert (tmp_path / "map" / "runs" / "family_share=0.9,noise=1.0" / "seed1" / "evaluation" / arm
                 / "result.json").is_file()
@@ -155,6 +157,17 @@ def test_pilot_picks_the_two_knobs_that_move_the_gain_most() -> None:
     assert (pilot_setup(full, pilot.cells).arms, pilot_setup(full, pilot.cells).replicates) == (("aoq",), (3,))
     with pytest.raises(ValueError, match="at least two knobs"):
         pick_knobs(pilot_summary(pilot, {**{n: [] for n in gain}, "noise=0.3": jobs["noise=0.3"]}))
+
+
+def test_the_machines_a_map_ran_on_are_counted_per_job(tmp_path: Path) -> None:
+    from aoq_train.regimes.runs import machine_counts, machines_of, note_machine
+
+    assert machines_of(tmp_path) == []
+    note_machine(tmp_path)
+    note_machine(tmp_path)  # resumed on the same CPU: named once
+    assert machines_of(tmp_path) == [cpu_model()]
+    jobs = [{"cpus": ["Zen 5"]}, {"cpus": ["Xeon"]}, {"cpus": ["Xeon"]}, {}, {"cpus": ["Xeon", "Zen 5"]}]
+    assert machine_counts(jobs) == {"Xeon": 2, "Zen 5": 1, "not noted": 1, "Xeon then Zen 5": 1}
 
 
 def test_workers_share_the_jobs_without_overlap() -> None:

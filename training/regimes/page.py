@@ -5,7 +5,6 @@ predictor correlations across cells."""
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 from aoq.io import atomic_write_json, atomic_write_text
 from aoq_train.pipeline.arms import arm_label
 from aoq_train.regimes.predictors import MIN_CELLS, PREDICTORS, correlations
-from aoq_train.regimes.runs import GAIN_ARM, PROTOCOL, MapSetup, differences
+from aoq_train.regimes.runs import GAIN_ARM, PROTOCOL, MapSetup, differences, machine_counts
 from aoq_train.report.tables import interval_method, paired_interval
 
 #: the mark of a cell whose interval excludes 0
@@ -28,17 +27,6 @@ REFERENCES = ("Reference points, measured on their own pages with their own size
               "AOQ +5.6 [+1.9, +9.3], GOAL cir x con +6.5 [+1.1, +11.9] rsum against the baseline (n=10); the "
               "default synthetic set (4,000 training scenes with contrastive captions, [results.md](results.md)): "
               "AOQ −0.3 [−2.1, +1.5] on 5K (n=5).")
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux ``/proc/cpuinfo``), else the platform's word for it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def interval_cell(diffs: list[float]) -> str:
@@ -179,6 +167,14 @@ def _budget(setup: MapSetup) -> str:
     return f"{one('round 1', cfg.train)}, {one('round 2', cfg.round2)}"
 
 
+def _machines(runs: list[dict[str, Any]], pilot: dict[str, Any] | None) -> str:
+    """The CPUs the jobs ran on, with how many each (grid and pilot)."""
+    counts = machine_counts(runs)
+    for cpu, n in (pilot or {}).get("machines", {}).items():
+        counts[cpu] = counts.get(cpu, 0) + n
+    return ", ".join(f"{cpu} ({n} job{'s' * (n != 1)})" for cpu, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def write_page(setup: MapSetup, knobs: tuple[str, str], jobs: dict[str, list[dict[str, Any]]],
                pilot: dict[str, Any] | None, command: str, out: Path, evidence: Path) -> dict[str, Any]:
     """Write the page and its evidence file atomically; returns the evidence."""
@@ -190,7 +186,7 @@ def write_page(setup: MapSetup, knobs: tuple[str, str], jobs: dict[str, list[dic
     page = str(out.name)
     lines = ["# When does offline mining pay? The regime map", "",
              f"Written by `aoq regimes` on {time.strftime('%Y-%m-%d')} from {len(runs)} finished runs in "
-             f"{setup.root}; {len(cells)} cells x up to {len(setup.replicates)} paired seeds. CPU: {cpu_name()}; "
+             f"{setup.root}; {len(cells)} cells x up to {len(setup.replicates)} paired seeds. Ran on: {_machines(runs, pilot)}; "
              f"budget: {minutes:.0f} min ({minutes / 60:.1f} h) of training and validation (sum over every arm, pilot included). "
              "Regenerate with:", "", f"    {command}", "",
              "Every cell's replicate is its own synthetic set (seed derived from the cell and the replicate); "

@@ -9,6 +9,8 @@ are numbered in a fixed order and ``worker=(k, n)`` takes every n-th from the k-
 processes share a map without touching each other's folders. With ``records`` (a folder), each
 finished job is also kept as a small record (:mod:`aoq_train.regimes.records`) that stands for
 its run folder: a job with a valid record is finished, whether or not its run is still there.
+Each run folder names the CPUs that ran it (``machines.json``), since single runs differ between
+CPUs (docs/regimes.md) and a map may be finished on several.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from aoq.device import cpu_model
+from aoq.io import atomic_write_json
 from aoq_train.regimes.grid import TRAIN, Cell, ensure_cell_data
 from aoq_train.regimes.records import job_identity, load_record, save_record
 from aoq_train.report.runs import ReportSetup, history, round_dir, seed_config
@@ -32,6 +36,8 @@ ARMS = ("aoq", "aoq-fn-identity", "goal-cir-con")
 GAIN_ARM = "aoq"
 #: the protocol every cell is read under (the whole test split)
 PROTOCOL = "full"
+#: the file of a job's run folder that lists the CPUs it ran on
+MACHINES = "machines.json"
 
 
 @dataclass(frozen=True)
@@ -102,9 +108,36 @@ def run_map(setup: MapSetup, worker: tuple[int, int] = (0, 1)) -> int:
         ensure_cell_data(setup.root / "data", cell, replicate, setup.sizes, progress=setup.progress)
         cfg = seed_config(setup.report_setup(cell, replicate), replicate)
         log.info("regimes: %s replicate %d -> %s", cell.name, replicate, cfg.run_dir)
+        note_machine(cfg.run_dir)
         run_pipeline(cfg, resolve_arms(setup.arms), progress_bar=setup.progress)
         finished_job(setup, cell, replicate)  # recorded now
     return len(mine)
+
+
+def machines_of(run_dir: Path) -> list[str]:
+    """The CPUs a job's run folder was run on (:func:`cpu_model`), in the order they took it up;
+    empty for a run made before they were noted."""
+    try:
+        return list(json.loads((run_dir / MACHINES).read_text())["cpus"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def note_machine(run_dir: Path) -> None:
+    """Add this CPU to the run folder's list, as a job starts or resumes."""
+    cpus = machines_of(run_dir)
+    if (cpu := cpu_model()) not in cpus:
+        atomic_write_json(run_dir / MACHINES, {"cpus": [*cpus, cpu]})
+
+
+def machine_counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of ``jobs`` each CPU (or set of CPUs, for a job resumed elsewhere) ran, most first;
+    ``"not noted"`` for jobs from before the CPUs were."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        key = " then ".join(job.get("cpus") or ["not noted"])
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _run_finished(setup: MapSetup, cell: Cell, replicate: int) -> bool:
@@ -154,6 +187,7 @@ def read_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any]:
         "premise_holds": bool(diagnostics["premise_holds"]),
         "on_minus_off": {d: diagnostics[f"{d}_anchors"]["on_minus_off"] for d in ("image", "caption")},
         "predictors": predictor_values(diagnostics, dev, float(cell.params().family_share)),
+        "cpus": machines_of(run_dir),
     }
 
 
@@ -192,7 +226,8 @@ def pilot_summary(pilot: MapSetup, jobs: dict[str, list[dict[str, Any]]]) -> dic
     for row in knobs.values():
         row["range"] = _spread([d for _, d in row["levels"]])
     return {"knobs": knobs, "defaults": {"differences": at_defaults, "range": _spread(at_defaults)},
-            "minutes": sum(j["minutes"] for js in jobs.values() for j in js)}
+            "minutes": sum(j["minutes"] for js in jobs.values() for j in js),
+            "machines": machine_counts([j for js in jobs.values() for j in js])}
 
 
 def pick_knobs(summary: dict[str, Any]) -> tuple[str, str]:
