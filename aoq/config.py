@@ -76,7 +76,9 @@ class ModelConfig(_Strict):
     """
 
     #: ``scan`` / ``bfan``: the cross-attention models (docs/models.md), scored per pair from the
-    #: region features and the bi-GRU's word states rather than from two embeddings.
+    #: region features and word states rather than from two embeddings; their words are the
+    #: bi-GRU's states (``text_encoder=gru``) or the frozen MiniLM's token states through a
+    #: trained projection (``text_encoder=minilm``).
     image_encoder: Literal["vse", "vsrn", "cnn", "effnet_lite0", "scan", "bfan"] = "vse"
     text_encoder: Literal["gru", "minilm"] = "gru"
     embed_dim: int = Field(1024, ge=8)
@@ -91,7 +93,9 @@ class ModelConfig(_Strict):
     #: effnet_lite0: trailing trunk units that train (head conv, MBConv blocks from the top, the
     #: stem; 18 in all); 0 = frozen backbone, whose features are cached.
     image_finetune_blocks: int = Field(0, ge=0, le=18)
-    #: minilm: top transformer layers that train (of 6); 0 = frozen backbone, features cached.
+    #: minilm: top transformer layers that train (of 6); 0 = frozen backbone, features cached
+    #: (the embedding models' sentence vectors; a cross-attention model's token states are
+    #: recomputed per batch, a small cost beside its pair scoring).
     text_finetune_layers: int = Field(0, ge=0, le=6)
     #: pretrained encoders: the head from backbone features to the joint space.
     projection: Literal["linear", "mlp"] = "linear"
@@ -106,9 +110,6 @@ class ModelConfig(_Strict):
 
         if self.scan_preset not in SCAN_PRESETS:
             raise ValueError(f"model.scan_preset={self.scan_preset!r}: one of {', '.join(SCAN_PRESETS)}")
-        if self.image_encoder in CROSS_ATTENTION_ENCODERS and self.text_encoder != "gru":
-            raise ValueError(f"model.image_encoder={self.image_encoder} reads word states of the bi-GRU: "
-                             "set model.text_encoder=gru")
         return self
 
 

@@ -140,11 +140,13 @@ def test_load_split_attaches_regions_and_precomp_data_refuse_them(data: Path, ca
         load_config(ROOT / "configs" / "coco_precomp_scan.yaml", ["data.regions=effnet_lite0"])
 
 
-@pytest.mark.parametrize("config, kind", [("emoji_scan.yaml", "scan"), ("emoji_bfan.yaml", "bfan")])
-def test_one_cross_attention_step_trains_on_the_regions(config: str, kind: str, data: Path, cache: Path,
+@pytest.mark.parametrize("config, kind, words", [("emoji_scan.yaml", "scan", "gru"), ("emoji_bfan.yaml", "bfan", "gru"),
+                                                 ("emoji_scan.yaml", "scan", "minilm")])
+def test_one_cross_attention_step_trains_on_the_regions(config: str, kind: str, words: str, data: Path, cache: Path,
                                                         tmp_path: Path) -> None:
     overrides = [f"data.path={data}", "data.vocab_threshold=1", "data.max_dev_images=null", "train.epochs=1",
-                 "train.batch_size=50", "model.embed_dim=16", "model.word_dim=8", "train.collapse_epochs=0"]
+                 "train.batch_size=50", "model.embed_dim=16", "model.word_dim=8", "train.collapse_epochs=0",
+                 f"model.text_encoder={words}"]
     run = tmp_path / "run"
     assert aoq(["train", "--config", str(ROOT / "configs" / config), "--out", str(run), "--no-progress"]
                + [a for o in overrides for a in ("--set", o)]) == 0
@@ -152,6 +154,9 @@ def test_one_cross_attention_step_trains_on_the_regions(config: str, kind: str, 
     ckpt = load_checkpoint(run / "round1" / "best")
     assert ckpt.config.model.image_encoder == kind and ckpt.config.data.regions == "effnet_lite0"
     assert ckpt.model.pairwise and ckpt.model.image_encoder.fc.in_features == 1280
+    # the MiniLM words come back from the package, the checkpoint holding their projection only
+    assert type(ckpt.model.text_encoder).__name__ == {"gru": "WordEncoder", "minilm": "MiniLMWordEncoder"}[words]
+    assert ckpt.model.backbone_identities().keys() == ({"text"} if words == "minilm" else set())
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from aoq.config import ModelConfig, TrainConfig
 from aoq.models.bfan import bfan_scores
-from aoq.models.joint import build_model
+from aoq.models.joint import build_model, text_vocabulary
 from aoq.models.scan import SCAN_PRESETS, scan_scores
 from aoq_train.round1 import round1_step
 
@@ -73,8 +73,6 @@ def test_round1_step_trains(kind):
 def test_configuration_refused():
     with pytest.raises(ValidationError, match="scan_preset"):
         ModelConfig(image_encoder="scan", scan_preset="t2i_max")
-    with pytest.raises(ValidationError, match="text_encoder=gru"):
-        ModelConfig(image_encoder="bfan", text_encoder="minilm")
     with pytest.raises(ValueError, match="img_dim"):
         build_model(ModelConfig(image_encoder="scan"), VOCAB, None)
     with pytest.raises(ValueError, match="joint embedding"):
@@ -95,3 +93,39 @@ def test_round2_scores_of_a_cross_model(kind):
     torch.testing.assert_close(s["i2t_off"], full[:2, 2:].diagonal())
     torch.testing.assert_close(s["t2i_off"], full[2:, :2].diagonal())
     torch.testing.assert_close(s["off_pair"], full[2:, 2:].diagonal())
+
+
+def test_minilm_words_are_the_frozen_token_states_through_a_trained_projection():
+    """``model.text_encoder=minilm``: each WordPiece token's last hidden state, projected and
+    normalised; junk after a caption's length is never read; only the projection trains and
+    the checkpointed state holds no backbone weight."""
+    import torch.nn.functional as F
+
+    from aoq.models.pretrained import MiniLMWordEncoder, WordPieceVocab
+
+    model = _model("bfan", text_encoder="minilm")
+    encoder = model.text_encoder
+    assert isinstance(encoder, MiniLMWordEncoder) and encoder.is_frozen
+    assert isinstance(text_vocabulary(ModelConfig(image_encoder="bfan", text_encoder="minilm"), [], 1), WordPieceVocab)
+    vocab = WordPieceVocab()
+    ids = [vocab.encode(t) for t in ("a grinning face with big eyes", "cat")]
+    width = max(map(len, ids)) + 3
+    tokens = torch.randint(1000, 20000, (2, width), generator=torch.Generator().manual_seed(0))  # junk
+    for row, seq in enumerate(ids):
+        tokens[row, :len(seq)] = torch.tensor(seq)
+    lengths = torch.tensor([len(s) for s in ids])
+    with torch.no_grad():
+        words = model.encode_texts(tokens, lengths)
+        for row, seq in enumerate(ids):
+            hidden = encoder.backbone(input_ids=torch.tensor([seq])).last_hidden_state[0]
+            torch.testing.assert_close(words[row, :len(seq)], F.normalize(encoder.head(hidden), dim=-1),
+                                       atol=1e-5, rtol=0)
+            assert (words[row, len(seq):] == 0).all()
+    assert {k for k in model.state_dict() if k.startswith("text_encoder.")} == {"text_encoder.head.weight",
+                                                                                "text_encoder.head.bias"}
+    images = torch.randn(2, R, IMG_DIM, generator=torch.Generator().manual_seed(1))
+    loss, _ = round1_step(TrainConfig(loss="max_violation", margin=0.2))(
+        model, {"images": images, "tokens": tokens, "lengths": lengths})
+    loss.backward()
+    assert encoder.head.weight.grad is not None
+    assert all(p.grad is None for p in encoder.backbone.parameters())

