@@ -74,7 +74,7 @@ def _diagnostics(gap: float) -> dict:
 
 def test_advice_line() -> None:
     assert "no reliable predictor" in advice_line(_diagnostics(-0.05), None)
-    cells = [{"cell": f"c{k}", "gain": float(k), "predictors": {"s_on_minus_off": -0.01 * k}} for k in range(6)]
+    cells = [{"cell": f"c{k}", "gain": float(k), "predictors": {"s_on_minus_off": 0.0 - 0.01 * k}} for k in range(6)]
     reliable = {"page": "docs/results-regimes.md", "cells": cells,
                 "correlations": {"s_on_minus_off": {"rho": -1.0, "low": -1.0, "high": -0.8, "reliable": True},
                                  "round1_dev_rsum": {"rho": 0.9, "low": 0.5, "high": 1.0, "reliable": True}}}
@@ -82,6 +82,9 @@ def test_advice_line() -> None:
     # round-1 dev rsum is not in the mining diagnostics: the advice uses the reliable one it can measure
     assert line.startswith("advice: S_on − S_off predicts") and "[-1.00, -0.80], 6 cells" in line
     assert "nearest cells gained +4.0 rsum" in line  # c3, c4, c5: -0.03, -0.04, -0.05
+    assert "extrapolation" not in line
+    beyond = advice_line(_diagnostics(-0.2), reliable)
+    assert "here it is -0.200 (outside the map's -0.050 to +0.000: an extrapolation)" in beyond
     reliable["correlations"]["s_on_minus_off"]["reliable"] = False
     assert "no reliable predictor" in advice_line(_diagnostics(-0.04), reliable)
 

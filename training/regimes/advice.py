@@ -46,6 +46,10 @@ def advice_line(diagnostics: dict[str, Any], evidence: dict[str, Any] | None) ->
     value = float(measured[name])
     cells = sorted(evidence["cells"], key=lambda cell: abs(cell["predictors"][name] - value))[:NEAREST]
     gain = float(np.mean([cell["gain"] for cell in cells]))
+    low, high = (f(cell["predictors"][name] for cell in evidence["cells"]) for f in (min, max))
+    # A set beyond every cell of the map gets its edge cells: say so rather than imply a match.
+    beyond = "" if low <= value <= high else f" (outside the map's {low:+.3f} to {high:+.3f}: an extrapolation)"
     return (f"advice: {PREDICTORS[name]} predicts AOQ's gain over the baseline across the regime map "
             f"(Spearman {c['rho']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}], {n_cells} cells, {evidence['page']}); "
-            f"here it is {value:+.3f}, and the map's {len(cells)} nearest cells gained {gain:+.1f} rsum on average")
+            f"here it is {value:+.3f}{beyond}, and the map's {len(cells)} nearest cells gained {gain:+.1f} rsum "
+            "on average")
