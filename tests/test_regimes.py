@@ -252,3 +252,18 @@ def test_the_pilot_measures_what_the_seed_alone_moves() -> None:
     # another training size for the map: its default level follows
     other = pilot_summary(MapSetup(Path("cfg"), pilot.cells, (0,), sizes={"train": 1000, "dev": 5, "test": 5}), jobs)
     assert other["defaults"]["differences"] == [-1.0, 2.0, 9.0]
+
+
+def test_a_reliable_predictor_with_one_sign_everywhere_orders_losses_not_regimes() -> None:
+    from aoq_train.regimes.page import predictor_section
+
+    corr = {"near_neighbours": {"rho": 0.73, "low": 0.16, "high": 1.0, "reliable": True}}
+    losing = predictor_section(corr, [-0.6, -9.4, -3.0])
+    assert losing[2] == "| near-neighbour share | +0.73 | [+0.16, +1.00] | yes |"
+    assert losing[-1].endswith("Every cell's mean difference is below the baseline (-9.4 to -0.6): on this map the "
+                               "predictors order how much AOQ loses, not where it wins.")
+    mixed = predictor_section(corr, [-0.6, 2.0, -3.0])
+    assert mixed[-1].startswith("A user can read **near-neighbour share**") and "Every cell" not in mixed[-1]
+    corr["near_neighbours"]["reliable"] = False
+    assert "every interval over the 9 cells includes 0" in predictor_section(corr, [-1.0] * 9)[-1]
+    assert "3 cells are fewer than the 9" in predictor_section(corr, [-1.0] * 3)[-1]

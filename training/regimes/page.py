@@ -99,7 +99,9 @@ def cell_evidence(setup: MapSetup, jobs: dict[str, list[dict[str, Any]]]) -> lis
     return out
 
 
-def predictor_section(corr: dict[str, dict[str, Any]], n_cells: int) -> list[str]:
+def predictor_section(corr: dict[str, dict[str, Any]], gains: list[float]) -> list[str]:
+    """The correlation table and its verdict; ``gains``: each cell's mean AOQ - baseline."""
+    n_cells = len(gains)
     lines = ["| predictor (after round 1) | Spearman rho with AOQ's gain | 95% bootstrap interval over cells | "
              "reliable |", "|---|---:|---:|---|"]
     for name, c in corr.items():
@@ -113,6 +115,13 @@ def predictor_section(corr: dict[str, dict[str, Any]], n_cells: int) -> list[str
         verdict = (f"A user can read **{', '.join(reliable)}** after round 1: the interval over the {n_cells} cells "
                    "excludes 0. `aoq mine` prints the advice line from this page's evidence file (for the "
                    "predictors its diagnostics measure).")
+        if max(gains) < 0 or min(gains) > 0:
+            # A rank correlation says nothing about the sign: with one sign everywhere the predictor
+            # orders how much AOQ loses (or wins), it does not find where the second round pays.
+            side = ("below", "loses", "where it wins") if max(gains) < 0 else ("above", "wins", "where it loses")
+            verdict += (f" Every cell's mean difference is {side[0]} the baseline ({min(gains):+.1f} to "
+                        f"{max(gains):+.1f}): on this map the predictors order how much AOQ {side[1]}, "
+                        f"not {side[2]}.")
     elif n_cells < MIN_CELLS:
         verdict = (f"**No predictor is reliable**: {n_cells} cells are fewer than the {MIN_CELLS} a bootstrap over "
                    "cells needs. `aoq mine` says so (\"no reliable predictor\").")
@@ -204,7 +213,7 @@ def write_page(setup: MapSetup, knobs: tuple[str, str], jobs: dict[str, list[dic
               "candidates that are false negatives (positives under the evaluation's rule) and near neighbours "
               "(true of the anchor by the scenes' facts, negatives under the rule), epochs run per method.", "",
               cell_table(setup, jobs), "", "## Does anything measured before round 2 predict the gain?", ""]
-    lines += predictor_section(corr, len(cells)) if corr else ["Too few cells with runs for a correlation."]
+    lines += predictor_section(corr, [c["gain"] for c in cells]) if corr else ["Too few cells with runs for a correlation."]
     lines += ["", "## Reference points", "", REFERENCES, ""]
     atomic_write_text(out, "\n".join(lines))
     data = {"page": f"docs/{page}", "cells": cells, "correlations": corr,
