@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", default="", metavar="ARM:REFERENCE,...",
                         help="also compare these methods with each other, paired by seed, e.g. "
                              "'aoq-fn-identity+semantic0.9:aoq' (each side an arm of --arms, or baseline)")
+    parser.add_argument("--records", type=Path, default=None, metavar="DIR",
+                        help="keep each finished seed as a small record in DIR (docs/training.md, Reports over "
+                             "several sittings): a recorded seed needs no run folder, so a report may be finished "
+                             "over several sittings")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--figures", type=Path, default=DEFAULT_FIGURES)
 
@@ -58,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
         parse_seeds,
         parse_sweep,
         run_experiments,
-        seed_config,
     )
     from aoq_train.report.page import write_report
+    from aoq_train.report.records import report_seeds
 
     try:
         seeds, sweep_seeds = parse_seeds(args.seeds), parse_seeds(args.sweep_seeds)
@@ -83,19 +87,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--pairs: {', '.join(':'.join(p) for p in unknown)}: each pair is ARM:REFERENCE, both "
                           "from --arms or baseline")
     setup = ReportSetup(args.config, seeds, arms, args.runs, args.synth, args.data, args.train, args.dev,
-                        args.test, tuple(args.overrides), args.patience, sweeps, sweep_seeds, pairs)
+                        args.test, tuple(args.overrides), args.patience, sweeps, sweep_seeds, pairs, args.records)
     if args.run and args.sweeps_only:
         run_experiments(setup, main=False)
         print(f"ran {len(sweeps)} sweep point(s); write the page with a call without --sweeps-only")
         return 0
     if args.run:
-        run_dirs = run_experiments(setup)
-    else:
-        run_dirs = [seed_config(setup, s).run_dir for s in seeds]
-        missing = [f"{d}/evaluation/{arm}" for d in run_dirs for arm in setup.methods
-                   if not (d / "evaluation" / arm / "result.json").is_file()]
-        if missing:
-            raise ConfigError(f"no finished runs in {', '.join(missing[:4])}; add --run to run them")
-    write_report(setup, run_dirs, args.out, args.figures)
+        run_experiments(setup)
+    try:
+        summaries = report_seeds(setup)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    write_report(setup, summaries, args.out, args.figures)
     print(f"wrote {args.out} and figures under {args.figures}")
     return 0

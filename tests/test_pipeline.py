@@ -160,12 +160,14 @@ def test_filtered_and_teacher_arms_train_on_their_own_mined_lists(tmp_path, synt
     assert json.loads((run_dir / "round2-aoq-fn-identity+teacher1.5" / "mined.json").read_text())["content_hash"] \
         == filtered.manifest["content_hash"]
     # the report's section: the synthetic facts are the ground truth, the filtered arm's detector scores
-    from aoq_train.report.false_negatives import detector_scores, false_negative_section, split_truth
+    from aoq_train.mining.truth import split_truth
+    from aoq_train.report.false_negatives import detector_scores, false_negative_section, seed_false_negatives
     from aoq_train.report.runs import ReportSetup
 
     methods = ReportSetup(Path("cfg"), arms=("aoq", "aoq-fn-identity+teacher1.5")).methods
-    section = "\n".join(false_negative_section([run_dir], methods, cfg))
     truth = split_truth(load_split(cfg.data, "train"), cfg.data.path, cfg.data.format, cfg.eval.positives)
+    section = "\n".join(false_negative_section([{"false_negatives": seed_false_negatives(run_dir, methods, truth)}],
+                                                methods))
     assert truth.broad_rule == "the synthetic benchmark's facts"
     assert "## False negatives and near neighbours in the mined lists" in section
     settings = filtered.diagnostics["settings"]

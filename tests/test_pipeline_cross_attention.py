@@ -61,3 +61,31 @@ def test_scan_and_bfan_configs_run_with_the_vsrn_teacher(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["ensemble"] == load_checkpoint(scan_aoq).content_hash
     assert aoq(["evaluate", "--checkpoint", str(scan_aoq), "--split", "test", "--ensemble", str(teacher)]) == 2
     assert aoq(["evaluate", "--checkpoint", str(teacher), "--split", "test", "--ensemble", str(scan_aoq)]) == 2
+
+
+def test_report_on_a_cross_attention_config_with_seed_records(tmp_path):
+    """`aoq report` on the SCAN config (teacher-mined lists, filtered arm too): the test-split
+    figures score every pair with the cross-attention model (it has no embedding), and each seed
+    is kept as a record that rebuilds the page without its run folder."""
+    import shutil
+
+    data = write_precomp_fixture(tmp_path, splits={"train": 16, "dev": 4, "test": 4, "testall": 4},
+                                 regions=6, dim=32, name="precomp")
+    overrides = [f"data.path={data}", *SMALL, "model.embed_dim=16", "model.word_dim=8", "model.gcn_layers=1"]
+    sets = [a for o in overrides for a in ("--set", o)]
+    assert aoq(["train", "--config", str(ROOT / "configs" / "coco_precomp.yaml"), "--out", str(tmp_path / "teacher"),
+                "--no-progress", *sets]) == 0
+    runs, records, out = tmp_path / "runs", tmp_path / "records", tmp_path / "results.md"
+    args = ["report", "--config", str(ROOT / "configs" / "coco_precomp_scan.yaml"), "--seeds", "0",
+            "--arms", "aoq,aoq-fn-identity", "--runs", str(runs), "--records", str(records), "--out", str(out),
+            "--figures", str(tmp_path / "fig"), *sets, "--set", f"mining.teacher={tmp_path / 'teacher' / 'round1' / 'best'}"]
+    assert aoq([*args, "--run"]) == 0
+    page = out.read_text()
+    seed = json.loads((records / "seed0.json").read_text())["seed"]
+    # every positive test pair (4 images x 5 captions) has its cross-retrieval rank in the histogram
+    assert {arm: sum(h.values()) for arm, h in seed["rank_histogram"].items()} == {"baseline": 20, "aoq": 20}
+    evaluation = json.loads((runs / "seed0" / "evaluation" / "aoq" / "result.json").read_text())
+    assert seed["results"]["aoq"]["full"]["rsum"] == evaluation["full"]["rsum"]
+    assert "## False negatives and near neighbours in the mined lists" in page
+    shutil.rmtree(runs)
+    assert aoq(args) == 0 and out.read_text() == page

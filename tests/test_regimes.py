@@ -163,7 +163,7 @@ def test_pilot_picks_the_two_knobs_that_move_the_gain_most() -> None:
 
 
 def test_the_machines_a_map_ran_on_are_counted_per_job(tmp_path: Path) -> None:
-    from aoq_train.regimes.runs import machine_counts, machines_of, note_machine
+    from aoq_train.report.runs import machine_counts, machines_of, note_machine
 
     assert machines_of(tmp_path) == []
     note_machine(tmp_path)

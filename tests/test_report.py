@@ -87,6 +87,43 @@ def test_report_from_two_tiny_synthetic_seeds(tmp_path):
 
 
 @pytest.mark.slow
+def test_seed_records_stand_for_the_run_folders(tmp_path, capsys):
+    """--records keeps each finished seed as a small record: with every run folder gone the page
+    and its figures are rebuilt from the records alone, byte for byte; a record made under other
+    settings does not stand for its seed."""
+    import shutil
+
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    out, figures = tmp_path / "docs" / "results.md", tmp_path / "docs" / "figures"
+    args = ["report", "--synth", "--seeds", "0,1", "--arms", "aoq,aoq-fn-identity", "--runs", str(runs),
+            "--data", str(tmp_path / "data"), "--train", "40", "--dev", "8", "--test", "8", "--out", str(out),
+            "--figures", str(figures), "--records", str(records), *[a for o in TINY for a in ("--set", o)]]
+    assert aoq([*args, "--run"]) == 0
+    page, histogram = out.read_text(), (figures / "rank_histogram.png").read_bytes()
+    assert sorted(p.name for p in records.iterdir()) == ["seed0.json", "seed1.json"]
+    assert f"--records {records}" in page and f"the seed records in `{records}`" in page
+    # the sections that read checkpoints, mined lists and scene records are in the records too
+    for heading in ("## Mining diagnostics from the scene records (seed0)",
+                    "## False negatives and near neighbours in the mined lists", "## Figures"):
+        assert heading in page
+    seed0 = json.loads((records / "seed0.json").read_text())["seed"]
+    assert list(seed0["results"]) == ["baseline", "aoq", "aoq-fn-identity"]
+    assert list(seed0["rank_histogram"]) == ["baseline", "aoq"] and seed0["cpus"]
+    shutil.rmtree(runs)
+    out.unlink()
+    (figures / "rank_histogram.png").unlink()
+    assert aoq(args) == 0
+    assert out.read_text() == page and (figures / "rank_histogram.png").read_bytes() == histogram
+    # a report of fewer methods reads the same records
+    assert aoq([*args[:5], "aoq", *args[6:]]) == 0
+    assert "aoq-fn-identity" not in out.read_text().split("Regenerate with:")[1].split("\n")[2]
+    # other settings: another identity, so the records do not stand for the seeds
+    capsys.readouterr()
+    assert aoq([*args, "--set", "round2.alpha=0.5"]) == 2
+    assert f"no finished runs in {runs / 'seed0'} (no record in {records})" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["karpathy", "precomp"])
 def test_report_on_a_non_synthetic_fixture(tmp_path, fmt):
     from tests.fixtures import write_karpathy_fixture, write_precomp_fixture

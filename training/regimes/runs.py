@@ -21,11 +21,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aoq.device import cpu_model
-from aoq.io import atomic_write_json
 from aoq_train.regimes.grid import TRAIN, Cell, ensure_cell_data
 from aoq_train.regimes.records import job_identity, load_record, save_record
-from aoq_train.report.runs import ReportSetup, history, round_dir, seed_config
+from aoq_train.report.runs import ReportSetup, history, machine_counts, machines_of, note_machine, round_dir, seed_config
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +34,6 @@ ARMS = ("aoq", "aoq-fn-identity", "goal-cir-con")
 GAIN_ARM = "aoq"
 #: the protocol every cell is read under (the whole test split)
 PROTOCOL = "full"
-#: the file of a job's run folder that lists the CPUs it ran on
-MACHINES = "machines.json"
 
 
 @dataclass(frozen=True)
@@ -112,32 +108,6 @@ def run_map(setup: MapSetup, worker: tuple[int, int] = (0, 1)) -> int:
         run_pipeline(cfg, resolve_arms(setup.arms), progress_bar=setup.progress)
         finished_job(setup, cell, replicate)  # recorded now
     return len(mine)
-
-
-def machines_of(run_dir: Path) -> list[str]:
-    """The CPUs a job's run folder was run on (:func:`cpu_model`), in the order they took it up;
-    empty for a run made before they were noted."""
-    try:
-        return list(json.loads((run_dir / MACHINES).read_text())["cpus"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
-
-
-def note_machine(run_dir: Path) -> None:
-    """Add this CPU to the run folder's list, as a job starts or resumes."""
-    cpus = machines_of(run_dir)
-    if (cpu := cpu_model()) not in cpus:
-        atomic_write_json(run_dir / MACHINES, {"cpus": [*cpus, cpu]})
-
-
-def machine_counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
-    """How many of ``jobs`` each CPU (or set of CPUs, for a job resumed elsewhere) ran, most first;
-    ``"not noted"`` for jobs from before the CPUs were."""
-    counts: dict[str, int] = {}
-    for job in jobs:
-        key = " then ".join(job.get("cpus") or ["not noted"])
-        counts[key] = counts.get(key, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _run_finished(setup: MapSetup, cell: Cell, replicate: int) -> bool:

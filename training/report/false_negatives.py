@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aoq.names import FALSE_NEGATIVE_FILTERS
-from aoq_train.mining.truth import KINDS, Truth, list_shares, split_truth
+from aoq_train.mining.truth import KINDS, Truth, list_shares
 from aoq_train.mining.truth import detector_scores as _detector_scores
 
 def detector_scores(mined: Any, truth: Truth, top_captions: int, top_images: int) -> dict[str, Any]:
@@ -52,43 +52,69 @@ def detectors_table(per_seed: dict[str, list[dict[str, Any]]], labels: dict[str,
     return "\n".join(lines)
 
 
-def false_negative_section(run_dirs: list[Path], methods: dict[str, str], cfg: Any) -> list[str]:
-    """The page's section (when an arm trains on filtered lists): both kinds in the lists each
-    round-2 arm trains on, the filters' precision and recall against each, and the premise before
-    and after filtering."""
-    from aoq.data.load import load_split
-    from aoq.mined import load_mined
+def _folders(methods: dict[str, str]) -> dict[str, str]:
+    """Each round-2 list folder of the report's arms -> the first arm that trains on it."""
     from aoq_train.pipeline.arms import resolve_arm
     from aoq_train.report.tables import is_round1
 
-    folders = {}
+    folders: dict[str, str] = {}
     for arm in methods:
         if not is_round1(arm):
             folders.setdefault(resolve_arm(arm).mined_folder, arm)
-    if len(folders) < 2:
+    return folders
+
+
+def needs_truth(methods: dict[str, str]) -> bool:
+    """Whether the report has a false-negative section: an arm trains on lists other than the
+    baseline's (filtered ones, or another model's)."""
+    return len(_folders(methods)) >= 2
+
+
+def seed_false_negatives(run_dir: Path, methods: dict[str, str], truth: Truth) -> dict[str, Any]:
+    """What the section reads from one seed's mined lists: the shares of both kinds in the
+    unfiltered lists (``plain``), each filtered arm's detector scores (``scores``) and, for an arm
+    filtering the baseline's own lists, S_on − S_off of its caption anchors before and after
+    (``gaps``); with the truth's rules, so that the section can be written from this alone."""
+    from aoq.mined import load_mined
+    from aoq_train.pipeline.arms import resolve_arm
+
+    before = load_mined(run_dir / "mined").diagnostics  # the baseline's unfiltered lists
+    out: dict[str, Any] = {"positive_rule": truth.positive_rule, "broad_rule": truth.broad_rule,
+                           "plain": [], "scores": {}, "gaps": {}}
+    for folder, arm in _folders(methods).items():
+        mined = load_mined(run_dir / folder)
+        diag = mined.diagnostics
+        h_t, h_i = diag["settings"]["h_t"], diag["settings"]["h_i"]
+        if mined.filtered is None:
+            out["plain"].append(list_shares(mined.img_top_caps, mined.cap_top_imgs, truth, h_t, h_i))
+            continue
+        out["scores"][arm] = detector_scores(mined, truth, h_t, h_i)
+        if resolve_arm(arm).teacher is None:  # mined by the baseline: the plain lists are its "before"
+            out["gaps"][arm] = [before["caption_anchors"]["on_minus_off"], diag["caption_anchors"]["on_minus_off"]]
+    return out
+
+
+def false_negative_section(seeds: list[dict[str, Any]], methods: dict[str, str]) -> list[str]:
+    """The page's section (when an arm trains on filtered lists) from the seeds'
+    :func:`seed_false_negatives`: both kinds in the lists each round-2 arm trains on, the filters'
+    precision and recall against each, and the premise before and after filtering."""
+    per_seed = [s["false_negatives"] for s in seeds if s.get("false_negatives")]
+    if not per_seed:
         return []
-    truth = split_truth(load_split(cfg.data, "train"), cfg.data.path, cfg.data.format, cfg.eval.positives)
-    plain: list[dict[str, float | None]] = []
+    plain = [p for s in per_seed for p in s["plain"]]
     scores: dict[str, list[dict[str, Any]]] = {}
-    gaps: dict[str, list[tuple[float, float]]] = {}
-    for run_dir in run_dirs:
-        before = load_mined(run_dir / "mined").diagnostics  # the baseline's unfiltered lists
-        for folder, arm in folders.items():
-            mined = load_mined(run_dir / folder)
-            diag = mined.diagnostics
-            h_t, h_i = diag["settings"]["h_t"], diag["settings"]["h_i"]
-            if mined.filtered is None:
-                plain.append(list_shares(mined.img_top_caps, mined.cap_top_imgs, truth, h_t, h_i))
-                continue
-            scores.setdefault(arm, []).append(detector_scores(mined, truth, h_t, h_i))
-            if resolve_arm(arm).teacher is None:  # mined by the baseline: the plain lists are its "before"
-                gaps.setdefault(arm, []).append((before["caption_anchors"]["on_minus_off"],
-                                                 diag["caption_anchors"]["on_minus_off"]))
+    gaps: dict[str, list[list[float]]] = {}
+    for s in per_seed:
+        for arm, score in s["scores"].items():
+            scores.setdefault(arm, []).append(score)
+        for arm, gap in s["gaps"].items():
+            gaps.setdefault(arm, []).append(gap)
+    positive_rule, broad_rule = per_seed[0]["positive_rule"], per_seed[0]["broad_rule"]
     near = _mean([p["near_neighbours"] for p in plain])
     lines = ["## False negatives and near neighbours in the mined lists", "",
              f"False negatives: candidates that are positives of their anchor under the evaluation's own rule "
-             f"({truth.positive_rule}). Near neighbours: negatives under that rule that "
-             + (f"{truth.broad_rule} makes true of the anchor." if truth.broad_rule else
+             f"({positive_rule}). Near neighbours: negatives under that rule that "
+             + (f"{broad_rule} makes true of the anchor." if broad_rule else
                 "a broader ground truth would make true of the anchor (this data carries none: unknown).")
              + f" Within the depth round 2 samples from (h_t / h_i), the unfiltered lists hold "
              f"{_mean([p['false_negatives'] for p in plain]):.1f}% false negatives and "

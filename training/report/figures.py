@@ -35,45 +35,49 @@ def curves_figure(collected: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
-def rank_histograms(run_dir: Path, arms: tuple[str, ...], split: str = "test") -> dict[str, dict[str, int]]:
-    """Cross-retrieval rank histogram (supplement Fig. 1) of the given arms' models on ``split``."""
+def split_scores(model_dir: Path, split: str = "test") -> tuple[np.ndarray, Any]:
+    """The (images, captions) score matrix of a published model on ``split`` and the split: an
+    embedding model's dot products, a cross-attention model's pair scores (bounded-memory blocks)."""
+    import torch
+
     from aoq.checkpoint import load_checkpoint
     from aoq.data.load import load_split
-    from aoq.embed import encode_split
+    from aoq.embed import encode_fragments, encode_split
+    from aoq.pair_scores import score_matrix
+
+    ckpt = load_checkpoint(model_dir)
+    data = load_split(ckpt.config.data, split)
+    if ckpt.model.pairwise:
+        fragments = encode_fragments(ckpt.model, ckpt.vocab, data)
+        return score_matrix(ckpt.model.pair_scores, fragments, torch.device("cpu"))[0], data
+    img, cap = encode_split(ckpt.model, ckpt.vocab, data, image_size=ckpt.config.data.image_size)
+    return img @ cap.T, data
+
+
+def seed_test_figures(run_dir: Path, methods: tuple[str, ...], histogram_arms: tuple[str, ...],
+                      split: str = "test") -> dict[str, Any]:
+    """What the page reads from one seed's models on ``split``: the cross-retrieval rank histogram
+    (supplement Fig. 1) of ``histogram_arms`` (``rank_histogram``) and every method's
+    within-family R@1 per change kind (``family``: training/report/family.py; None when the split
+    has no family structure). Each model's score matrix is computed once."""
     from aoq.metrics import cross_retrieval_ranks, rank_histogram
-
-    out = {}
-    for arm in arms:
-        ckpt = load_checkpoint(run_dir / "models" / arm)
-        data = load_split(ckpt.config.data, split)
-        img, cap = encode_split(ckpt.model, ckpt.vocab, data, image_size=ckpt.config.data.image_size)
-        out[arm] = rank_histogram(cross_retrieval_ranks(img @ cap.T, data.captions_per_image))
-    return out
-
-
-def within_family_scores(run_dirs: list[Path], methods: tuple[str, ...], split: str = "test",
-                         ) -> dict[str, list[dict[str, dict[str, float]]]] | None:
-    """Within-family R@1 per change kind (training/report/family.py) of every method's model on
-    ``split``, one dict per seed; None when the split has no family structure."""
-    from aoq.checkpoint import load_checkpoint
-    from aoq.data.load import load_split
-    from aoq.embed import encode_split
     from aoq_train.report.family import within_family_of_split
 
-    out: dict[str, list[dict[str, dict[str, float]]]] = {m: [] for m in methods}
-    for run_dir in run_dirs:
-        for method in methods:
-            ckpt = load_checkpoint(run_dir / "models" / method)
-            data = load_split(ckpt.config.data, split)
-            img, cap = encode_split(ckpt.model, ckpt.vocab, data, image_size=ckpt.config.data.image_size)
-            result = within_family_of_split(img @ cap.T, data)
-            if result is None:
-                return None
-            out[method].append(result)
-    return out
+    hists: dict[str, dict[str, int]] = {}
+    family: dict[str, dict[str, dict[str, float]]] | None = {}
+    for method in dict.fromkeys((*histogram_arms, *methods)):
+        if family is None and method not in histogram_arms:
+            continue
+        sims, data = split_scores(run_dir / "models" / method, split)
+        if method in histogram_arms:
+            hists[method] = rank_histogram(cross_retrieval_ranks(sims, data.captions_per_image))
+        if family is not None and method in methods:
+            result = within_family_of_split(sims, data)
+            family = None if result is None else {**family, method: result}
+    return {"rank_histogram": hists, "family": family}
 
 
-def histogram_figure(hists: dict[str, dict[str, int]], path: Path) -> None:
+def histogram_figure(hists: dict[str, dict[str, int]], path: Path, seed: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,7 +92,7 @@ def histogram_figure(hists: dict[str, dict[str, int]], path: Path) -> None:
     ax.set_xticks(x, labels)
     ax.set_xlabel("cross-retrieval rank of the positive pair")
     ax.set_ylabel("% of positive pairs")
-    ax.set_title("cross-retrieval rank histogram, test split (seed 0)")
+    ax.set_title(f"cross-retrieval rank histogram, test split ({seed})")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

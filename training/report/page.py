@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from aoq.config import ExperimentConfig
 from aoq.io import atomic_write_text
@@ -20,16 +18,12 @@ from aoq_train.report.runs import (
     PROTOCOLS,
     ReportSetup,
     collect,
+    machine_counts,
     seed_config,
     sweep_setup,
 )
 from aoq_train.report.false_negatives import false_negative_section
-from aoq_train.report.figures import (
-    curves_figure,
-    histogram_figure,
-    rank_histograms,
-    within_family_scores,
-)
+from aoq_train.report.figures import curves_figure, histogram_figure
 from aoq_train.report.tables import (
     batch_time_ratios,
     diagnostic_cells,
@@ -54,11 +48,12 @@ from aoq_train.report.tables import (
 log = logging.getLogger(__name__)
 
 
-def _family_section(collected: dict[str, Any], run_dirs: list[Path]) -> list[str]:
+def _family_section(collected: dict[str, Any]) -> list[str]:
     """Within-family R@1 on the test split, when the data has families (the synthetic benchmark)."""
-    scores = within_family_scores(run_dirs, tuple(collected["methods"]))
-    if scores is None:
+    seeds = collected["seeds"]
+    if any(s["family"] is None for s in seeds):
         return []
+    scores = {m: [s["family"][m] for s in seeds] for m in collected["methods"]}
     sizes = next(iter(scores.values()))[0]
     return [
         "## Within-family R@1 (test split)", "",
@@ -68,40 +63,6 @@ def _family_section(collected: dict[str, Any], run_dirs: list[Path]) -> list[str
         f"size {sizes['all']['mean_family_size']:.2f}.", "",
         within_family_table(scores, collected["methods"]), "",
     ]
-
-
-def scene_diagnostics(run_dir: Path, data_dir: Path, h_t: int) -> dict[str, float]:
-    """How hard and how clean the mined negatives are, from the generator's scene records.
-
-    * ``family_top1``: share of training images whose hardest mined caption describes a scene of
-      the same family (a one-change near-duplicate): the negatives AOQ is meant to find.
-    * ``same_objects_top1`` / ``same_objects``: share of images whose hardest mined caption (and
-      of all mined pairs within the sampled depth ``h_t``) comes from a scene with exactly the
-      same objects by shape and colour. Captions that leave out sizes and positions, which many
-      do, are then true descriptions of the anchor: likely false negatives.
-    * ``duplicate_text``: share of the mined pairs within ``h_t`` whose text equals one of the
-      image's own captions: certain false negatives
-      (:func:`aoq_train.mining.diagnostics.certain_false_negatives`).
-    """
-    from aoq.mined import load_mined
-    from aoq_train.mining.diagnostics import certain_false_negatives
-
-    mined = load_mined(run_dir / "mined")
-    scenes = sorted((json.loads(line) for line in (data_dir / "scenes.jsonl").read_text().splitlines()
-                     if '"split": "train"' in line), key=lambda s: s["index"])
-    family = np.array([s["family"] for s in scenes])
-    objects = [tuple(sorted((o["shape"], o["colour"]) for o in s["objects"])) for s in scenes]
-    ids = {o: i for i, o in enumerate(dict.fromkeys(objects))}
-    content = np.array([ids[o] for o in objects])
-    captions = (data_dir / "precomp" / "train_caps.txt").read_text().splitlines()
-    cpi = len(captions) // len(family)
-    owner = np.asarray(mined.img_top_caps[:, :h_t]) // cpi
-    return {
-        "family_top1": float(np.mean(family[owner[:, 0]] == family)),
-        "same_objects_top1": float(np.mean(content[owner[:, 0]] == content)),
-        "same_objects": float(np.mean(content[owner] == content[:, None])),
-        "duplicate_text": certain_false_negatives(mined.img_top_caps, captions, cpi, h_t)["pairs"],
-    }
 
 
 def _protocols(collected: dict[str, Any]) -> list[str]:
@@ -130,6 +91,8 @@ def _command(setup: ReportSetup, out: Path, figures: Path) -> str:
         parts.append(f"--sweep-seeds {','.join(map(str, setup.sweep_seeds))}")
     if setup.pairs:
         parts.append(f"--pairs {','.join(f'{a}:{b}' for a, b in setup.pairs)}")
+    if setup.records is not None:
+        parts.append(f"--records {setup.records}")
     if out != DEFAULT_OUT or figures != DEFAULT_FIGURES:
         parts.append(f"--out {out} --figures {figures}")
     return " ".join(parts)
@@ -305,11 +268,12 @@ def _cost_section(collected: dict[str, Any]) -> list[str]:
     return lines + ["", "Paper (VSRN on a GPU): 1.604 s / 1.096 s = 1.46x.", ""]
 
 
-def _figures_section(collected: dict[str, Any], run_dirs: list[Path], out: Path, figures: Path) -> list[str]:
+def _figures_section(collected: dict[str, Any], out: Path, figures: Path) -> list[str]:
     curves_figure(collected, figures / "r1_curves.png")
     arms = [a for a in collected["methods"] if a != "baseline"]
-    hists = rank_histograms(run_dirs[0], ("baseline", "aoq" if "aoq" in arms else arms[0]))
-    histogram_figure(hists, figures / "rank_histogram.png")
+    first = collected["seeds"][0]
+    hists, seed = first["rank_histogram"], Path(first["run_dir"]).name
+    histogram_figure(hists, figures / "rank_histogram.png", seed)
 
     def rel(p: Path) -> Path:
         return p.relative_to(out.parent) if p.is_relative_to(out.parent) else p
@@ -322,18 +286,20 @@ def _figures_section(collected: dict[str, Any], run_dirs: list[Path], out: Path,
            if any(is_round1(a) for a in arms) else "."), "",
         f"![cross-retrieval rank histogram]({rel(figures / 'rank_histogram.png')})", "",
         "Cross-retrieval rank `max(5 r_i - 4, r_t)` of every positive test pair (supplement Fig. 1 style), "
-        f"{Path(run_dirs[0]).name}: "
+        f"{seed}: "
         + "; ".join(f"{k}: " + ", ".join(f"{b} {c}" for b, c in v.items()) for k, v in hists.items()) + ".", "",
     ]
 
 
-def _scene_section(setup: ReportSetup, run_dir: Path, h_t: int) -> list[str]:
-    """The synthetic benchmark's scene-based checks of the mined lists (needs its scenes.jsonl)."""
-    if not (setup.synth and (setup.data_dir / "scenes.jsonl").is_file()):
+def _scene_section(collected: dict[str, Any], h_t: int) -> list[str]:
+    """The synthetic benchmark's scene-based checks of the first seed's mined lists (when its
+    set has scene records)."""
+    first = collected["seeds"][0]
+    diag = first["scene"]
+    if diag is None:
         return []
-    diag = scene_diagnostics(run_dir, setup.data_dir, h_t)
     return [
-        f"## Mining diagnostics from the scene records ({run_dir.name})", "",
+        f"## Mining diagnostics from the scene records ({Path(first['run_dir']).name})", "",
         f"- Hardest mined caption of a training image describes a scene of the same one-change family: "
         f"{100 * diag['family_top1']:.1f}% of images.",
         f"- Hardest mined caption comes from a scene with exactly the same objects (shape and colour; only sizes "
@@ -345,27 +311,37 @@ def _scene_section(setup: ReportSetup, run_dir: Path, h_t: int) -> list[str]:
     ]
 
 
-def write_report(setup: ReportSetup, run_dirs: list[Path], out: Path, figures: Path) -> str:
-    """Write ``out`` (markdown) and its two PNG figures from finished runs; returns the text."""
-    collected = collect(run_dirs, setup.methods)
+def _machines(collected: dict[str, Any]) -> str:
+    """The CPUs the seeds ran on, with how many seeds each ran ("not noted" for older runs)."""
+    counts = machine_counts(collected["seeds"])
+    return ", ".join(f"{cpu} ({n} seed{'s' if n > 1 else ''})" for cpu, n in counts.items())
+
+
+def write_report(setup: ReportSetup, seeds: list[dict[str, Any]], out: Path, figures: Path) -> str:
+    """Write ``out`` (markdown) and its two PNG figures from the finished seeds' summaries
+    (:func:`aoq_train.report.records.seed_summary`, in the setup's seed order); returns the text."""
+    collected = {"seeds": seeds, "methods": setup.methods}
     cfg = seed_config(setup, setup.seeds[0])
-    diag = collected["seeds"][0]["diagnostics"]
+    diag = seeds[0]["diagnostics"]
     h_t = diag["settings"]["h_t"] if diag else cfg.round2.h_t
     title = "the synthetic benchmark" if setup.synth else f"`{cfg.data.name}`"
+    source = f"the run files under `{setup.runs_root}`" + (
+        f" and the seed records in `{setup.records}`" if setup.records is not None else "")
     lines = [
         f"# Results on {title}", "",
-        f"Generated by `aoq report` on {time.strftime('%Y-%m-%d')} from the run files under `{setup.runs_root}` "
-        f"({len(run_dirs)} seeds); machine: {platform.machine()}, {platform.system()}. Regenerate with:", "",
+        f"Generated by `aoq report` on {time.strftime('%Y-%m-%d')} from {source} ({len(seeds)} seeds); "
+        f"ran on: {_machines(collected)}. Regenerate with:", "",
         f"    {_command(setup, out, figures)}", "",
-        "(`--run` runs or resumes the pipelines; without it the tables come from the finished runs.)", "",
+        "(`--run` runs or resumes the pipelines; without it the tables come from the finished runs"
+        + (" and the records" if setup.records is not None else "") + ".)", "",
         *_setup_section(setup, cfg, collected),
         *_results_section(collected, setup.pairs),
-        *_family_section(collected, run_dirs),
+        *_family_section(collected),
         *_sweeps_section(setup),
         *_cost_section(collected),
-        *_figures_section(collected, run_dirs, out, figures),
-        *_scene_section(setup, run_dirs[0], h_t),
-        *false_negative_section(run_dirs, setup.methods, cfg),
+        *_figures_section(collected, out, figures),
+        *_scene_section(collected, h_t),
+        *false_negative_section(seeds, setup.methods),
     ]
     text = "\n".join(lines)
     notes = out.with_name(f"{out.stem}-notes.md")  # the hand-written part of the page: results-notes.md

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aoq.config import ExperimentConfig, load_config
+from aoq.device import cpu_model
 from aoq.io import atomic_write_json
 from aoq_train.pipeline.arms import arm_label, resolve_arm, resolve_arms
 from aoq_train.loop.guards import TrainingCollapsed
@@ -34,6 +35,36 @@ PROTOCOLS = {
     "1k5fold": "1K protocol (mean of 5 folds of 1,000 test images)",
     "full": "full test split",
 }
+#: the file of a run folder that lists the CPUs it ran on
+MACHINES = "machines.json"
+
+
+def machines_of(run_dir: Path) -> list[str]:
+    """The CPUs a job's run folder was run on (:func:`cpu_model`), in the order they took it up;
+    empty for a run made before they were noted."""
+    try:
+        return list(json.loads((run_dir / MACHINES).read_text())["cpus"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def note_machine(run_dir: Path) -> None:
+    """Add this CPU to the run folder's list, as a job starts or resumes."""
+    cpus = machines_of(run_dir)
+    if (cpu := cpu_model()) not in cpus:
+        atomic_write_json(run_dir / MACHINES, {"cpus": [*cpus, cpu]})
+
+
+def machine_counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of ``jobs`` each CPU (or set of CPUs, for a job resumed elsewhere) ran, most first;
+    ``"not noted"`` for jobs from before the CPUs were."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        key = " then ".join(job.get("cpus") or ["not noted"])
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def collapsed_file(run_dir: Path, sweep: str) -> Path:
     """Written into a run folder when the collapse guard stopped a sweep point there (the point is
     reported as collapsed); named by the point, since points without overrides share folders."""
@@ -87,6 +118,9 @@ class ReportSetup:
     sweep_seeds: tuple[int, ...] = (0,)
     #: (arm, reference) pairs compared with each other as well as with the baseline
     pairs: tuple[tuple[str, str], ...] = ()
+    #: a folder of seed records (:mod:`aoq_train.report.records`): a recorded seed needs no run
+    #: folder, and every seed summarised from its run folder is recorded there
+    records: Path | None = None
 
     @property
     def methods(self) -> dict[str, str]:
@@ -127,7 +161,14 @@ def sweep_setup(setup: ReportSetup, sweep: Sweep) -> ReportSetup:
     seeds' folders, beside the main arms, against the same baseline."""
     root = setup.runs_root / "sweeps" / sweep.name if sweep.overrides else setup.runs_root
     return replace(setup, seeds=setup.sweep_seeds, arms=sweep.arms, overrides=(*setup.overrides, *sweep.overrides),
-                   runs_root=root, sweeps=())
+                   runs_root=root, sweeps=(), records=None)
+
+
+def recorded(setup: ReportSetup, seed: int, cfg: ExperimentConfig) -> bool:
+    """Whether the setup's records folder holds a valid record of this seed with every method."""
+    from aoq_train.report.records import load_record, seed_identity
+
+    return setup.records is not None and load_record(setup.records, seed, seed_identity(cfg), setup.methods) is not None
 
 
 def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
@@ -145,7 +186,12 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
     jobs += [(sweep_setup(setup, sw), seed, sw.name) for sw in setup.sweeps for seed in setup.sweep_seeds]
     for job, seed, sweep in jobs:
         cfg = seed_config(job, seed)
+        if sweep is None and recorded(setup, seed, cfg):
+            log.info("report: seed %d: recorded in %s, skipped", seed, setup.records)
+            main_dirs.append(cfg.run_dir)
+            continue
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
+        note_machine(cfg.run_dir)
         try:
             run_pipeline(cfg, resolve_arms(job.arms))
         except TrainingCollapsed as exc:
