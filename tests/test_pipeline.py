@@ -1,7 +1,9 @@
 """`aoq pipeline`: round 1 -> mine -> round 2 -> publish -> compare, resumable stage by stage."""
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,6 +195,33 @@ def test_two_processes_train_the_models_of_one_on_one_thread(tmp_path, synth, on
     for name, path in serial.models.items():
         assert (two.models[name] / WEIGHTS).read_bytes() == (path / WEIGHTS).read_bytes(), name
         assert read_evaluation(two.run_dir, name)["full"]["i2t"] == read_evaluation(serial.run_dir, name)["full"]["i2t"]
+
+
+def test_with_a_teacher_round_1_and_the_arms_need_nothing_of_each_other(tmp_path, synth, one_thread, caplog):
+    """The teacher setting (lists mined by a model from outside the run, round 2 from scratch): the
+    teacher mines first, and with two processes an arm trains in the other one while this one
+    trains round 1; the weights are still those of a serial run on one thread, byte for byte."""
+    teacher = run_pipeline(load_config(_config(tmp_path, synth, train={"epochs": 1}), [f"out_dir={tmp_path}/t"]),
+                           [], progress_bar=False).run_dir / "round1" / "best"
+    cfg_path = _config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1}, mining={"teacher": str(teacher)})
+    arms = resolve_arms(["aoq", "aoq-fn-identity"])
+    serial = run_pipeline(load_config(cfg_path), arms, progress_bar=False)
+    assert list(serial.status)[:4] == ["mine", "mine:mined-fn-identity", "round1", "publish:baseline"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="aoq_train.pipeline.stages"):
+        two = run_pipeline(load_config(cfg_path, [f"out_dir={tmp_path}/two/{{name}}"]), arms, progress_bar=False,
+                           workers=2)
+    assert list(two.status) == list(serial.status)
+    for name, path in serial.models.items():
+        assert (two.models[name] / WEIGHTS).read_bytes() == (path / WEIGHTS).read_bytes(), name
+    # the first arm went to the other process as soon as its lists existed, before round 1 started
+    # here; the second arm ran here after round 1
+    started = [m.groups() for r in caplog.records
+               if (m := re.match(r"stage (\S+): (running in another process|running ahead in this process|running) ->",
+                                 r.getMessage()))]
+    assert started == [("mine", "running"), ("round2:aoq", "running in another process"),
+                       ("mine:mined-fn-identity", "running"), ("round1", "running"), ("publish:baseline", "running"),
+                       ("round2:aoq-fn-identity", "running ahead in this process"), *started[6:]]
 
 
 def test_resumes_after_kill_9(tmp_path, synth):

@@ -24,7 +24,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +246,7 @@ def run_pipeline(
     # Order: what the baseline's round 1 feeds, then the round-1 arms, then what they feed. The
     # round-1 arms train in another process from the start; in this one the loop waits for a stage
     # running elsewhere when it reaches it, so they come after the work that does not need them.
-    by_baseline: list[Stage] = [train_baseline, mine_stage("mine", cfg, teacher, mined_dir), publish_baseline]
+    by_baseline: list[Stage] = [mine_stage("mine", cfg, teacher, mined_dir)]
     by_arms: list[Stage] = []
     round2: dict[str, list[Stage]] = {"baseline": [], "arms": []}
     mine_names = {"mined": "mine"}
@@ -261,11 +261,22 @@ def run_pipeline(
             arm_teacher = run_dir / resolve_arm(arm.teacher).folder / "best" if arm.teacher else teacher
             mine_names[arm.mined_folder] = f"mine:{arm.mined_folder}"
             side.append(mine_stage(mine_names[arm.mined_folder], arm_cfg, arm_teacher, arm_mined))
+        # round 2 reads round 1 only to start from it; lists mined by round 1 come after it anyway
+        needs = (("round1",) if arm_cfg.round2.init == "finetune" else ()) + (mine_names[arm.mined_folder],)
         round2["arms" if arm.teacher else "baseline"] += _round2_stages(
             arm.name, arm_cfg, run_dir / arm.folder, arm_mined, round1_dir, models_dir, data_id, ledger,
-            train_round2, progress_bar, needs=("round1", mine_names[arm.mined_folder]))
+            train_round2, progress_bar, needs=needs)
         models[arm.name] = models_dir / arm.name
-    stages = [*by_baseline, *round2["baseline"]]
+    if cfg.mining.teacher and not any("round1" in s.needs for s in round2["baseline"]):
+        # The paper's teacher setting: the lists come from outside the run and round 2 starts
+        # from scratch, so round 1 and the round-2 arms need nothing of each other. The teacher
+        # mines first (minutes) and round 1 waits for it, so that with two processes the other
+        # one takes the first arm at once while this one trains round 1 and then the next arm,
+        # rather than round 1 going elsewhere first and the arms one after another here.
+        train_baseline = replace(train_baseline, needs=tuple(s.name for s in by_baseline))
+        stages = [*by_baseline, train_baseline, publish_baseline, *round2["baseline"]]
+    else:
+        stages = [train_baseline, by_baseline[0], publish_baseline, *by_baseline[1:], *round2["baseline"]]
     for arm in round1_arms:
         stages += _round1_stages(arm.name, arm.config(cfg), run_dir / arm.folder, models_dir, data_id, ledger,
                                  train_round1, progress_bar)
