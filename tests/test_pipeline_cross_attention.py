@@ -87,5 +87,6 @@ def test_report_on_a_cross_attention_config_with_seed_records(tmp_path):
     evaluation = json.loads((runs / "seed0" / "evaluation" / "aoq" / "result.json").read_text())
     assert seed["results"]["aoq"]["full"]["rsum"] == evaluation["full"]["rsum"]
     assert "## False negatives and near neighbours in the mined lists" in page
+    assert "by a teacher from outside the runs, the same for every seed" in page
     shutil.rmtree(runs)
     assert aoq(args) == 0 and out.read_text() == page

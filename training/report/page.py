@@ -112,7 +112,7 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
     return [
         "## Setup", "",
         f"- Data: {data}; seeds {', '.join(map(str, setup.seeds))}, paired (every arm of a seed shares its "
-        "data, round-1 model and mined lists).",
+        + ("data, round-1 model and mined lists)." if not cfg.mining.teacher else "data, seed and mined lists)."),
         f"- Model: `{cfg.model.image_encoder}` image encoder, `{cfg.model.text_encoder}` text encoder, joint "
         f"space {cfg.model.embed_dim}; config `{setup.config}`"
         + (f" with `{' '.join(setup.overrides)}`" if setup.overrides else "") + ".",
@@ -122,7 +122,9 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
            f"margin = {cfg.goal.margin}, multi-similarity a = {cfg.goal.ms_a:g}, b = {cfg.goal.ms_b:g}, "
            f"lambda = {cfg.goal.ms_lambda:g} ([goal.md](goal.md))."] if round1_arms else []),
         f"- Mining: top {cfg.mining.top_captions} captions per image, top {cfg.mining.top_images} images per "
-        "caption, by the seed's own round-1 model.",
+        + ("caption, by the seed's own round-1 model." if not cfg.mining.teacher else
+           f"caption, by a teacher from outside the runs, the same for every seed (`{cfg.mining.teacher}`; the "
+           "paper's setting for the cross-attention models)."),
         f"- Round 2 (from scratch): lr {r2.lr:g}, batch {r2.batch_size}, {depth}, {r2.sampling} sampling, "
         f"g1 = {r2.margin_online:g}, g2 = {r2.margin_offline:g}, alpha = {r2.alpha:g}, beta = {r2.beta:g}.",
         f"- Budget ({stop}). Model selection: best dev rsum per run (never the test split). Single models. "
