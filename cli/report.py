@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from aoq.config import ConfigError
+from aoq_cli import int_at_least, set_threads
 from aoq_train.loop.guards import TrainingCollapsed
 
 #: printed as one line by aoq_cli.main: a collapsed run stops with what to try.
@@ -47,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", default="", metavar="ARM:REFERENCE,...",
                         help="also compare these methods with each other, paired by seed, e.g. "
                              "'aoq-fn-identity+semantic0.9:aoq' (each side an arm of --arms, or baseline)")
+    parser.add_argument("--workers", type=int_at_least(1), default=1,
+                        help="processes per seed's pipeline (aoq pipeline --workers; every model then trains on one "
+                             "thread): in the teacher setting an arm trains beside round 1 (default: %(default)s)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads of this process (default: torch's choice)")
     parser.add_argument("--records", type=Path, default=None, metavar="DIR",
                         help="keep each finished seed as a small record in DIR (docs/training.md, Reports over "
                              "several sittings): a recorded seed needs no run folder, so a report may be finished "
@@ -87,11 +92,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--pairs: {', '.join(':'.join(p) for p in unknown)}: each pair is ARM:REFERENCE, both "
                           "from --arms or baseline")
     setup = ReportSetup(args.config, seeds, arms, args.runs, args.synth, args.data, args.train, args.dev,
-                        args.test, tuple(args.overrides), args.patience, sweeps, sweep_seeds, pairs, args.records)
+                        args.test, tuple(args.overrides), args.patience, sweeps, sweep_seeds, pairs, args.records,
+                        args.workers, args.threads)
     if args.run and args.sweeps_only:
         run_experiments(setup, main=False)
         print(f"ran {len(sweeps)} sweep point(s); write the page with a call without --sweeps-only")
         return 0
+    set_threads(args.threads)
     if args.run:
         run_experiments(setup)
     try:

@@ -78,7 +78,8 @@ def test_report_on_a_cross_attention_config_with_seed_records(tmp_path):
     runs, records, out = tmp_path / "runs", tmp_path / "records", tmp_path / "results.md"
     args = ["report", "--config", str(ROOT / "configs" / "coco_precomp_scan.yaml"), "--seeds", "0",
             "--arms", "aoq,aoq-fn-identity", "--runs", str(runs), "--records", str(records), "--out", str(out),
-            "--figures", str(tmp_path / "fig"), *sets, "--set", f"mining.teacher={tmp_path / 'teacher' / 'round1' / 'best'}"]
+            "--figures", str(tmp_path / "fig"), "--workers", "2", *sets,
+            "--set", f"mining.teacher={tmp_path / 'teacher' / 'round1' / 'best'}"]
     assert aoq([*args, "--run"]) == 0
     page = out.read_text()
     seed = json.loads((records / "seed0.json").read_text())["seed"]
@@ -88,5 +89,6 @@ def test_report_on_a_cross_attention_config_with_seed_records(tmp_path):
     assert seed["results"]["aoq"]["full"]["rsum"] == evaluation["full"]["rsum"]
     assert "## False negatives and near neighbours in the mined lists" in page
     assert "by a teacher from outside the runs, the same for every seed" in page
+    assert f"--workers 2 --records {records}" in page  # the command names the processes (one thread each)
     shutil.rmtree(runs)
     assert aoq(args) == 0 and out.read_text() == page

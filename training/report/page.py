@@ -91,6 +91,10 @@ def _command(setup: ReportSetup, out: Path, figures: Path) -> str:
         parts.append(f"--sweep-seeds {','.join(map(str, setup.sweep_seeds))}")
     if setup.pairs:
         parts.append(f"--pairs {','.join(f'{a}:{b}' for a, b in setup.pairs)}")
+    if setup.workers > 1:
+        parts.append(f"--workers {setup.workers}")
+    if setup.threads is not None:
+        parts.append(f"--threads {setup.threads}")
     if setup.records is not None:
         parts.append(f"--records {setup.records}")
     if out != DEFAULT_OUT or figures != DEFAULT_FIGURES:

@@ -121,6 +121,11 @@ class ReportSetup:
     #: a folder of seed records (:mod:`aoq_train.report.records`): a recorded seed needs no run
     #: folder, and every seed summarised from its run folder is recorded there
     records: Path | None = None
+    #: processes per pipeline and torch threads (None: torch's choice): they change only the last
+    #: bits of the weights (a float reduction's order follows the thread count), so the page's
+    #: command names them
+    workers: int = 1
+    threads: int | None = None
 
     @property
     def methods(self) -> dict[str, str]:
@@ -173,7 +178,8 @@ def recorded(setup: ReportSetup, seed: int, cfg: ExperimentConfig) -> bool:
 
 def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
     """Generate the synthetic set if asked, then run (or resume) every seed's pipeline with all arms
-    (unless ``main`` is False), then every sweep point. Finished stages are skipped, so several
+    (unless ``main`` is False), then every sweep point, each on ``setup.workers`` processes
+    (:func:`aoq_train.pipeline.run.run_pipeline`). Finished stages are skipped, so several
     processes may share the work by sweep points."""
     from aoq_train.pipeline.run import run_pipeline
 
@@ -193,7 +199,7 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
         log.info("report: seed %d -> %s", seed, cfg.run_dir)
         note_machine(cfg.run_dir)
         try:
-            run_pipeline(cfg, resolve_arms(job.arms))
+            run_pipeline(cfg, resolve_arms(job.arms), workers=setup.workers)
         except TrainingCollapsed as exc:
             if sweep is None:
                 raise  # a main seed must finish: the tables compare every arm on every seed
