@@ -63,6 +63,7 @@ from aoq.models.pretrained import (
     TEXT_PREPROCESS,
     EffNetImageEncoder,
     MiniLMTextEncoder,
+    MiniLMWordEncoder,
     WordPieceVocab,
 )
 
@@ -283,10 +284,42 @@ def caption_backbone_features(encoder: MiniLMTextEncoder, vocab: WordPieceVocab,
     return out[row_of.reshape(-1)]
 
 
+def token_spans(vocab: WordPieceVocab, captions: Sequence[str]) -> tuple[np.ndarray, list[torch.Tensor], np.ndarray]:
+    """Where each caption's token states lie in the flat array :func:`caption_token_states`
+    makes: (n, 2) [start, stop) rows per caption (identical captions share theirs), the distinct
+    captions' token ids, and each distinct caption's first row."""
+    distinct, row_of = np.unique(np.asarray(list(captions), dtype=object), return_inverse=True)
+    ids = [torch.tensor(vocab.encode(str(c)), dtype=torch.long) for c in distinct]
+    starts = np.concatenate([[0], np.cumsum([len(i) for i in ids])]).astype(np.int64)
+    row_of = row_of.reshape(-1)
+    return np.stack([starts[row_of], starts[row_of + 1]], axis=1), ids, starts
+
+
+@torch.inference_mode()
+def caption_token_states(encoder: MiniLMWordEncoder, vocab: WordPieceVocab, captions: Sequence[str],
+                         batch_size: int = 64, progress: bool = False) -> np.ndarray:
+    """The frozen MiniLM's last hidden state of every token of every distinct caption
+    (``[CLS]`` and ``[SEP]`` included), (rows, 384) float32 in :func:`token_spans`' layout: the
+    inputs of :class:`MiniLMWordEncoder`'s projection, computed once instead of every batch."""
+    device = next(encoder.parameters()).device
+    _, ids, starts = token_spans(vocab, captions)
+    out = np.zeros((int(starts[-1]), encoder.feature_dim), np.float32)
+    order = sorted(range(len(ids)), key=lambda k: len(ids[k]))
+    for start in tqdm(range(0, len(order), batch_size), desc="MiniLM token states", disable=not progress, leave=False):
+        rows = order[start:start + batch_size]
+        tokens, lengths = pad_tokens([ids[k] for k in rows])
+        hidden, _ = encoder.token_states(tokens.to(device), lengths)
+        hidden = hidden.float().cpu().numpy()
+        for j, k in enumerate(rows):
+            out[starts[k]:starts[k + 1]] = hidden[j, : len(ids[k])]
+    return out
+
+
 def cached_modalities(model: JointModel) -> tuple[bool, bool]:
-    """Whether the model's image / text encoder has a frozen pretrained backbone (cacheable)."""
+    """Whether the model's image / text encoder has a frozen pretrained backbone (cacheable):
+    its pooled features, or for the cross-attention models' MiniLM words its token states."""
     image = isinstance(model.image_encoder, EffNetImageEncoder) and model.image_encoder.is_frozen
-    text = isinstance(model.text_encoder, MiniLMTextEncoder) and model.text_encoder.is_frozen
+    text = isinstance(model.text_encoder, (MiniLMTextEncoder, MiniLMWordEncoder)) and model.text_encoder.is_frozen
     return image, text
 
 
@@ -338,15 +371,18 @@ def with_backbone_features(model: JointModel, split: SplitData, vocab, *, root: 
         else:
             log.info("%s %s image features: %s", "cached" if entry.hit else "computed", split.name, entry.path)
             features = entry.features
+    spans = split.caption_spans
     if text:
-        entry = _caption_entry(model.text_encoder, vocab, split, base, progress, compute_missing)  # type: ignore[arg-type]
-        if entry is None:
+        found = _caption_entry(model.text_encoder, vocab, split, base, progress, compute_missing)  # type: ignore[arg-type]
+        if found is None:
             complete = False
         else:
+            entry, spans = found
             log.info("%s %s caption features: %s", "cached" if entry.hit else "computed", split.name, entry.path)
             caption_features = entry.features
     extra = {**split.extra, _MARK: want} if complete else split.extra
-    return dataclasses.replace(split, features=features, caption_features=caption_features, extra=extra)
+    return dataclasses.replace(split, features=features, caption_features=caption_features, caption_spans=spans,
+                               extra=extra)
 
 
 def precompute_backbone_features(model: JointModel, splits: Sequence[SplitData], vocab, *,
@@ -405,10 +441,20 @@ def precompute_backbone_features(model: JointModel, splits: Sequence[SplitData],
 
 
 
-def _caption_entry(encoder: MiniLMTextEncoder, vocab, split: SplitData, base: Path, progress: bool,
-                   compute_missing: bool = True) -> CachedFeatures | None:
+def _caption_entry(encoder: MiniLMTextEncoder | MiniLMWordEncoder, vocab, split: SplitData, base: Path,
+                   progress: bool, compute_missing: bool = True) -> tuple[CachedFeatures, np.ndarray | None] | None:
+    """The split's caption entry and, for token states, each caption's rows in it (None: one row
+    per caption)."""
     inputs = caption_key_inputs(encoder.identity.to_dict(), split.captions)
-    return cached_features(
+    if isinstance(encoder, MiniLMWordEncoder):
+        spans, _, starts = token_spans(vocab, split.captions)
+        entry = cached_features(
+            base, {**inputs, "output": "token_states"},
+            (lambda: caption_token_states(encoder, vocab, split.captions, progress=progress)) if compute_missing
+            else None, int(starts[-1]))
+        return None if entry is None else (entry, spans)
+    entry = cached_features(
         base, inputs,
         (lambda: caption_backbone_features(encoder, vocab, split.captions, progress=progress)) if compute_missing
         else None, split.n_captions)
+    return None if entry is None else (entry, None)

@@ -94,8 +94,7 @@ class ModelConfig(_Strict):
     #: stem; 18 in all); 0 = frozen backbone, whose features are cached.
     image_finetune_blocks: int = Field(0, ge=0, le=18)
     #: minilm: top transformer layers that train (of 6); 0 = frozen backbone, features cached
-    #: (the embedding models' sentence vectors; a cross-attention model's token states are
-    #: recomputed per batch, not cached: docs/models.md gives what that costs a step).
+    #: (the embedding models' sentence vectors, a cross-attention model's token states).
     text_finetune_layers: int = Field(0, ge=0, le=6)
     #: pretrained encoders: the head from backbone features to the joint space.
     projection: Literal["linear", "mlp"] = "linear"

@@ -178,10 +178,14 @@ class EncodedFragments:
 
 def encode_fragments(model: JointModel, vocab: Vocabulary, split: SplitData, batch_size: int = 256,
                      device: str | torch.device | None = None, progress: bool = False) -> EncodedFragments:
-    """Every image's regions and every caption's words of a split, by a cross-attention model."""
+    """Every image's regions and every caption's words of a split, by a cross-attention model
+    (from the split's cached token states when :func:`with_backbone_features` gave it the
+    model's, else from the caption strings)."""
     dev = _device(model, device)
     images = DataLoader(ImageDataset(split, "features"), batch_size=batch_size, collate_fn=collate_images)
-    captions = DataLoader(CaptionDataset(split, vocab, "tokens"), batch_size=batch_size, collate_fn=collate_captions)
+    cached = input_modes(model)[1] == "features" and split.caption_spans is not None
+    captions = DataLoader(CaptionDataset(split, vocab, "features" if cached else "tokens"), batch_size=batch_size,
+                          collate_fn=collate_captions)
     regions, words, counts = [], [], []
     with _inference(model):
         for batch in tqdm(images, desc=f"encode {split.name} regions", disable=not progress, leave=False):

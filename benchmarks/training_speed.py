@@ -42,6 +42,7 @@ from aoq.device import cpu_description, resolve_device, seed_everything  # noqa:
 from aoq.config import load_config  # noqa: E402
 from aoq.features import FEATURE_DIM, N_REGIONS  # noqa: E402
 from aoq.models.joint import build_model  # noqa: E402
+from aoq.models.pretrained import MiniLMWordEncoder  # noqa: E402
 from aoq_train.round1 import round1_step  # noqa: E402
 from aoq_train.round2.train import round2_step, uses_derived_pairs  # noqa: E402
 from aoq_train.loop.trainer import optimise_step  # noqa: E402
@@ -59,14 +60,20 @@ class Timing:
 
 
 def make_batch(batch: int, vocab_size: int, generator: torch.Generator, groups: int = 1,
-               shape: tuple[int, int] = (N_REGIONS, FEATURE_DIM)) -> dict[str, torch.Tensor]:
+               shape: tuple[int, int] = (N_REGIONS, FEATURE_DIM), cached_text: int | None = None,
+               ) -> dict[str, torch.Tensor]:
     """Random (regions, dim) features and random token ids of caption-like lengths, for
-    ``groups`` x ``batch`` rows (the positives first), and the ids of the ``batch`` pairs."""
+    ``groups`` x ``batch`` rows (the positives first), and the ids of the ``batch`` pairs. With
+    ``cached_text`` (a frozen pretrained text backbone's width), what training feeds such a
+    model instead of ids (aoq.backbone_cache): random token states (rows, length, width)."""
     rows = groups * batch
     lengths = torch.randint(8, 19, (rows,), generator=generator)
+    width = int(lengths.max())
+    tokens = (torch.randint(4, vocab_size, (rows, width), generator=generator) if cached_text is None
+              else torch.randn(rows, width, cached_text, generator=generator))
     return {
         "images": torch.rand(rows, *shape, generator=generator),
-        "tokens": torch.randint(4, vocab_size, (rows, int(lengths.max())), generator=generator),
+        "tokens": tokens,
         "lengths": lengths,
         "caption_ids": torch.arange(batch),
         "image_ids": torch.arange(batch),
@@ -90,8 +97,11 @@ def time_encoder(cfg, encoder: str, batch: int, steps: int, warmup: int, device:
         model = build_model(model_cfg, vocab_size, shape[1]).to(device).train()
         params = list(model.parameters())
         generator = torch.Generator().manual_seed(0)
+        # frozen MiniLM words train from their cached token states, as aoq train feeds them
+        words = model.text_encoder
+        cached = words.feature_dim if isinstance(words, MiniLMWordEncoder) and words.is_frozen else None
         arms[name] = (step, model, params, torch.optim.Adam(params, lr=optim.lr), optim.grad_clip,
-                      [make_batch(batch, vocab_size, generator, k, shape) for _ in range(4)])
+                      [make_batch(batch, vocab_size, generator, k, shape, cached) for _ in range(4)])
     times = {name: [] for name in ROUNDS}
     cpu = dict.fromkeys(ROUNDS, 0.0)
     for it in range(warmup + steps):

@@ -129,3 +129,41 @@ def test_minilm_words_are_the_frozen_token_states_through_a_trained_projection()
     loss.backward()
     assert encoder.head.weight.grad is not None
     assert all(p.grad is None for p in encoder.backbone.parameters())
+
+
+def test_cached_minilm_token_states_give_the_words_of_the_live_backbone(tmp_path):
+    """With frozen MiniLM words, the backbone's token states are cached once per split (identical
+    captions share their rows): a batch from the cache gives the words of the live backbone, its
+    padding is never read, a subset keeps each caption's rows, and a second look is a cache hit."""
+    import numpy as np
+
+    from aoq.backbone_cache import input_modes, token_spans, with_backbone_features
+    from aoq.data.dataset import SplitData
+    from aoq.data.loaders import CaptionDataset, collate_captions
+    from aoq.models.pretrained import WordPieceVocab
+
+    model = _model("scan", text_encoder="minilm").eval()
+    vocab = WordPieceVocab()
+    captions = ["a grinning face with big eyes", "cat", "a red apple", "cat", "smiling face with heart eyes",
+                "a grinning face with big eyes"]
+    split = SplitData("train", captions, 3, ["a", "b"], features=np.zeros((2, R, IMG_DIM), np.float32))
+    spans, _, _ = token_spans(vocab, captions)
+    assert (spans[1] == spans[3]).all() and (spans[0] == spans[5]).all() and not (spans[0] == spans[1]).all()
+    assert [int(b - a) for a, b in spans] == [len(vocab.encode(c)) for c in captions]
+    ready = with_backbone_features(model, split, vocab, root=tmp_path)
+    assert input_modes(model)[1] == "features" and ready.caption_spans is not None
+    assert ready.caption_features.shape == (int(spans.max()), 384)  # distinct captions only
+    batch = collate_captions([CaptionDataset(ready, vocab, "features")[c] for c in range(len(captions))])
+    live = collate_captions([CaptionDataset(split, vocab, "tokens")[c] for c in range(len(captions))])
+    assert torch.equal(batch["lengths"], live["lengths"]) and batch["tokens"].shape[-1] == 384
+    assert int(batch["lengths"][1]) < batch["tokens"].shape[1]
+    batch["tokens"][1, int(batch["lengths"][1]):] = float("nan")  # junk where no token is: never read
+    with torch.no_grad():
+        cached_words = model.encode_texts(batch["tokens"], batch["lengths"])
+        live_words = model.encode_texts(live["tokens"], live["lengths"])
+    torch.testing.assert_close(cached_words, live_words, atol=1e-5, rtol=0)
+    first = ready.subset(1)
+    assert (first.caption_spans == ready.caption_spans[:3]).all()
+    assert torch.equal(CaptionDataset(first, vocab, "features")[2][0], CaptionDataset(ready, vocab, "features")[2][0])
+    again = with_backbone_features(model, split, vocab, root=tmp_path)
+    assert np.array_equal(again.caption_features, ready.caption_features)

@@ -36,7 +36,11 @@ class SplitData:
         features: region features ``(N, R, D)`` or global features ``(N, D)``; usually a
             read-only memory map, so huge splits never have to fit in RAM. None for image-only data.
         caption_features: ``(n_captions, D)`` features of the captions from a frozen pretrained
-            text backbone (``aoq.backbone_cache``), or None.
+            text backbone (``aoq.backbone_cache``), or None; with ``caption_spans``, the backbone's
+            token states of the captions, one row per token.
+        caption_spans: ``(n_captions, 2)`` [start, stop) rows of ``caption_features`` holding
+            caption c's token states (identical captions share their rows), or None when
+            ``caption_features`` has one row per caption.
         labels: optional labels per image (e.g. object classes, emoji groups), a list of
             strings per image; captions inherit their image's labels. None when the dataset
             has none (label-wise metrics and the label term need them).
@@ -56,6 +60,7 @@ class SplitData:
     caption_features: np.ndarray | None = None
     labels: list[list[str]] | None = None
     facts: "SplitFacts | None" = None
+    caption_spans: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.image_ids)
@@ -63,7 +68,10 @@ class SplitData:
             raise DataError(f"{self.source}: {len(self.image_paths)} image paths for {n} images")
         if self.features is not None and self.features.shape[0] != n:
             raise DataError(f"{self.source}: {self.features.shape[0]} feature rows for {n} images")
-        if self.caption_features is not None and self.caption_features.shape[0] != len(self.captions):
+        if self.caption_spans is not None:
+            if self.caption_features is None or self.caption_spans.shape != (len(self.captions), 2):
+                raise DataError(f"{self.source}: caption spans need token states and one (start, stop) per caption")
+        elif self.caption_features is not None and self.caption_features.shape[0] != len(self.captions):
             raise DataError(f"{self.source}: {self.caption_features.shape[0]} caption feature rows for "
                             f"{len(self.captions)} captions")
         if self.labels is not None and len(self.labels) != n:
@@ -105,7 +113,10 @@ class SplitData:
             features=None if self.features is None else self.features[:n],
             source=self.source,
             extra=dict(self.extra),
-            caption_features=None if self.caption_features is None else self.caption_features[: n * cpi],
+            # token states (spans) stay whole: the first captions' spans point into them
+            caption_features=(None if self.caption_features is None else self.caption_features
+                              if self.caption_spans is not None else self.caption_features[: n * cpi]),
+            caption_spans=None if self.caption_spans is None else self.caption_spans[: n * cpi],
             labels=None if self.labels is None else self.labels[:n],
             facts=None if self.facts is None else self.facts.subset(n, cpi),
         )

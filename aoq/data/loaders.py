@@ -85,7 +85,9 @@ class _TextSource:
 
     def __getitem__(self, c: int) -> torch.Tensor:
         if self.mode == "features":
-            return torch.from_numpy(np.array(self.split.caption_features[c], dtype=np.float32))
+            spans = self.split.caption_spans
+            rows = self.split.caption_features[c] if spans is None else self.split.caption_features[spans[c, 0]:spans[c, 1]]
+            return torch.from_numpy(np.array(rows, dtype=np.float32))
         return torch.tensor(self.vocab.encode(self.split.captions[c]), dtype=torch.long)
 
 
@@ -140,10 +142,14 @@ def pad_tokens(sequences: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
     """Right-pad 1-D LongTensors with ``<pad>``: ``(B, L_max)`` tokens and ``(B,)`` lengths.
 
     Float rows (cached caption features, text mode ``features``) are stacked as they are, each
-    with length 1.
+    with length 1; float (T, D) token states are right-padded with zeros to ``(B, T_max, D)``,
+    their lengths the T's.
     """
     if sequences and sequences[0].is_floating_point():
-        return torch.stack(sequences), torch.ones(len(sequences), dtype=torch.long)
+        if sequences[0].ndim == 1:
+            return torch.stack(sequences), torch.ones(len(sequences), dtype=torch.long)
+        return (torch.nn.utils.rnn.pad_sequence(sequences, batch_first=True),
+                torch.tensor([len(s) for s in sequences], dtype=torch.long))
     lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
     tokens = torch.full((len(sequences), int(lengths.max())), PAD_ID, dtype=torch.long)
     for row, seq in enumerate(sequences):

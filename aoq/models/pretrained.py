@@ -164,6 +164,11 @@ def mean_pool(hidden: Tensor, mask: Tensor) -> Tensor:
     return F.normalize(pooled, dim=-1)
 
 
+def token_mask(tokens: Tensor, lengths: Tensor) -> Tensor:
+    """The (B, T) mask of the first ``lengths[b]`` positions of (B, T, ...) padded ``tokens``."""
+    return torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None]
+
+
 class _MiniLMEncoder(_PretrainedEncoder):
     """all-MiniLM-L6-v2 from its package, the bottom layers (or all) frozen, and a projection head."""
 
@@ -193,7 +198,7 @@ class _MiniLMEncoder(_PretrainedEncoder):
     def token_states(self, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """(B, T) WordPiece ids padded with 0 and (B,) lengths -> the last hidden states (B, T, 384)
         and the (B, T) mask of the real tokens."""
-        mask = torch.arange(tokens.shape[1], device=tokens.device)[None, :] < lengths.to(tokens.device)[:, None]
+        mask = token_mask(tokens, lengths)
         # A frozen backbone keeps no graph: its activations would only cost memory.
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.is_frozen):
             hidden = self.backbone(input_ids=tokens, attention_mask=mask.long()).last_hidden_state
@@ -233,8 +238,13 @@ class MiniLMWordEncoder(_MiniLMEncoder):
     """
 
     def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        """(B, T) padded WordPiece ids and (B,) lengths (>= 1) -> (B, T, embed_dim)."""
-        hidden, mask = self.token_states(tokens, lengths)
+        """(B, T) padded WordPiece ids, or (B, T, 384) float token states cached from the frozen
+        backbone (:mod:`aoq.backbone_cache`), and (B,) lengths (>= 1) -> (B, T, embed_dim)."""
+        if tokens.is_floating_point():
+            mask = token_mask(tokens, lengths)
+            hidden = torch.where(mask.unsqueeze(-1), tokens, torch.zeros((), dtype=tokens.dtype, device=tokens.device))
+        else:
+            hidden, mask = self.token_states(tokens, lengths)
         return F.normalize(self.head(hidden), dim=-1) * mask.unsqueeze(-1).to(hidden.dtype)
 
 

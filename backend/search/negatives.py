@@ -163,7 +163,7 @@ class NegativesService:
         cached backbone features, else the whole text encoder over the strings."""
         ckpt = served.checkpoint
         cached = training.split.caption_features
-        if cached is None:
+        if cached is None or training.split.caption_spans is not None:  # none, or token states: not a sentence's
             return encode_texts(ckpt.model, ckpt.vocab, [training.split.captions[p] for p in positions])
         features = torch.from_numpy(np.array(cached[positions], dtype=np.float32))
         lengths = torch.ones(len(positions), dtype=torch.long)  # unused by a head over features
