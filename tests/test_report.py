@@ -2,6 +2,8 @@
 
 import json
 import statistics
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -269,3 +271,30 @@ def test_each_round2_arm_shows_the_diagnostics_of_its_own_lists():
     rows = diagnostics_table(collected).splitlines()[2:]
     assert rows[1] == "| AOQ | 10 / 2 | 100 / 100 | 5 / 5 | -0.100 / -0.100 | 1 of 1 | 1.0 | 1.0 | 1.0 | 0 of 1 |"
     assert rows[2] == "| Filtered | 10 / 2 | 100 / 100 | 9 / 9 | -0.020 / -0.020 | 1 of 1 | 1.0 | 1.0 | 1.0 | 0 of 1 |"
+
+
+def test_a_seed_record_names_its_configuration_and_its_teacher(tmp_path):
+    """A record stands for its seed only under the same seeded configuration (not the folder it
+    ran in) and, with a teacher from outside the run, the same teacher's content."""
+    from aoq.io import write_manifest
+    from aoq_train.report.records import load_record, save_record, seed_identity
+    from aoq_train.report.runs import ReportSetup, seed_config
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    (teacher / "weights.bin").write_bytes(b"one")
+    write_manifest(teacher, "checkpoint", {})
+    setup = ReportSetup(Path("configs/synthetic.yaml"), arms=("aoq",), overrides=(f"mining.teacher={teacher}",))
+    summary = {"results": {"baseline": {}, "aoq": {}}, "history": {}, "arm_diagnostics": {}}
+    identity = seed_identity(seed_config(setup, 0))
+    save_record(tmp_path / "records", 0, identity, summary)
+    assert load_record(tmp_path / "records", 0, identity, setup.methods) == summary
+    moved = seed_identity(seed_config(replace(setup, runs_root=tmp_path / "elsewhere"), 0))
+    assert moved == identity  # where the runs lie is not what they are
+    assert seed_identity(seed_config(setup, 1)) != identity  # another seed
+    (teacher / "weights.bin").write_bytes(b"two")
+    write_manifest(teacher, "checkpoint", {})
+    assert load_record(tmp_path / "records", 0, seed_identity(seed_config(setup, 0)), setup.methods) is None
+    # a record holding fewer methods than a report does not stand for the seed
+    more = replace(setup, arms=("aoq", "offtri"))
+    assert load_record(tmp_path / "records", 0, identity, more.methods) is None
