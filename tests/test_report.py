@@ -285,7 +285,7 @@ def test_a_seed_record_names_its_configuration_and_its_teacher(tmp_path):
     (teacher / "weights.bin").write_bytes(b"one")
     write_manifest(teacher, "checkpoint", {})
     setup = ReportSetup(Path("configs/synthetic.yaml"), arms=("aoq",), overrides=(f"mining.teacher={teacher}",))
-    summary = {"results": {"baseline": {}, "aoq": {}}, "history": {}, "arm_diagnostics": {}}
+    summary = {"results": {"baseline": {}, "aoq": {}}, "history": {}, "arm_diagnostics": {}, "rank_histogram": {}}
     identity = seed_identity(seed_config(setup, 0))
     save_record(tmp_path / "records", 0, identity, summary)
     assert load_record(tmp_path / "records", 0, identity, setup.methods) == summary

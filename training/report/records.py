@@ -142,7 +142,8 @@ def _only(summary: dict[str, Any], methods: dict[str, str]) -> dict[str, Any]:
     keep = set(methods)
     out = {**summary, "results": {a: r for a, r in summary["results"].items() if a in keep},
            "history": {a: h for a, h in summary["history"].items() if a in keep},
-           "arm_diagnostics": {a: d for a, d in summary["arm_diagnostics"].items() if a in keep}}
+           "arm_diagnostics": {a: d for a, d in summary["arm_diagnostics"].items() if a in keep},
+           "rank_histogram": {a: h for a, h in summary["rank_histogram"].items() if a in keep}}
     if out.get("family") is not None:
         out["family"] = {a: f for a, f in out["family"].items() if a in keep}
     fn = out.get("false_negatives")
