@@ -123,7 +123,8 @@ def false_negative_section(seeds: list[dict[str, Any]], methods: dict[str, str])
              "(percent, means over seeds; a filter that flags nothing has no precision; — : not one of the arm's "
              "filters, or the kind is unknown):", "",
              detectors_table(scores, {a: methods[a] for a in scores}), "",
-             "Caption anchors' S_on − S_off (in-batch hardest minus offline negative, round-1 model) before and "
+             "Caption anchors' S_on − S_off (in-batch hardest minus offline negative, at the model that mined) "
+             "before and "
              "after filtering, means over seeds: "
              + "; ".join(f"{methods[a]}: {statistics.fmean(b for b, _ in g):+.3f} -> {statistics.fmean(x for _, x in g):+.3f}"
                          for a, g in gaps.items()) + ".", ""]

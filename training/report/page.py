@@ -157,7 +157,12 @@ def _wall_minutes(collected: dict[str, Any]) -> float:
                for h in runs) / 60
 
 
-def _results_section(collected: dict[str, Any], pairs: tuple[tuple[str, str], ...]) -> list[str]:
+def _miner(cfg: ExperimentConfig) -> str:
+    """Which model mined the lists, in words: the seed's round-1 model, or the teacher."""
+    return "the teacher" if cfg.mining.teacher else "the round-1 model"
+
+
+def _results_section(collected: dict[str, Any], pairs: tuple[tuple[str, str], ...], miner: str) -> list[str]:
     protocols = _protocols(collected)
     lines: list[str] = []
     for p in protocols:
@@ -176,7 +181,7 @@ def _results_section(collected: dict[str, Any], pairs: tuple[tuple[str, str], ..
                   labels, ""]
     lines += [
               "## Hardness diagnostics and training budget per method", "",
-              "Diagnostics of the mined lists at the round-1 model (`mined/diagnostics.json`, "
+              f"Diagnostics of the mined lists at {miner} (`mined/diagnostics.json`, "
               "[mining.md](mining.md#hardness-diagnostics)), means over seeds; a negative S_on − S_off means "
               "the offline negatives are the harder ones (the paper's premise). Budget: epochs run, the epoch "
               "of the best dev rsum, wall time of training plus validation (means over seeds), and how many "
@@ -274,7 +279,7 @@ def _cost_section(collected: dict[str, Any]) -> list[str]:
     return lines + ["", "Paper (VSRN on a GPU): 1.604 s / 1.096 s = 1.46x.", ""]
 
 
-def _figures_section(collected: dict[str, Any], out: Path, figures: Path) -> list[str]:
+def _figures_section(collected: dict[str, Any], out: Path, figures: Path, miner: str) -> list[str]:
     curves_figure(collected, figures / "r1_curves.png")
     arms = [a for a in collected["methods"] if a != "baseline"]
     first = collected["seeds"][0]
@@ -287,7 +292,7 @@ def _figures_section(collected: dict[str, Any], out: Path, figures: Path) -> lis
     return [
         "## Figures", "", f"![dev R@1 against epoch]({rel(figures / 'r1_curves.png')})", "",
         "Dev R@1 against epoch, mean over seeds (paper Fig. 4 style): the baseline's curve is round 1, "
-        "the others are round 2 (trained from scratch with the baseline's mined negatives)"
+        f"the others are round 2 (trained from scratch with the negatives {miner} mined)"
         + ("; the round-1 arms' curves are round 1 too (trained from scratch like the baseline)."
            if any(is_round1(a) for a in arms) else "."), "",
         f"![cross-retrieval rank histogram]({rel(figures / 'rank_histogram.png')})", "",
@@ -341,11 +346,11 @@ def write_report(setup: ReportSetup, seeds: list[dict[str, Any]], out: Path, fig
         "(`--run` runs or resumes the pipelines; without it the tables come from the finished runs"
         + (" and the records" if setup.records is not None else "") + ".)", "",
         *_setup_section(setup, cfg, collected),
-        *_results_section(collected, setup.pairs),
+        *_results_section(collected, setup.pairs, _miner(cfg)),
         *_family_section(collected),
         *_sweeps_section(setup),
         *_cost_section(collected),
-        *_figures_section(collected, out, figures),
+        *_figures_section(collected, out, figures, _miner(cfg)),
         *_scene_section(collected, h_t),
         *false_negative_section(seeds, setup.methods),
     ]
