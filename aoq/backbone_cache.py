@@ -397,10 +397,10 @@ def _caption_entry(encoder: MiniLMTextEncoder | MiniLMWordEncoder, vocab, split:
     per caption)."""
     inputs = caption_key_inputs(encoder.identity.to_dict(), split.captions)
     if isinstance(encoder, MiniLMWordEncoder):
-        spans, _, starts = token_spans(vocab, split.captions)
+        spans, ids, starts = token_spans(vocab, split.captions)
         entry = cached_features(
             base, {**inputs, "output": "token_states"},
-            (lambda: caption_token_states(encoder, vocab, split.captions, progress=progress)) if compute_missing
+            (lambda: caption_token_states(encoder, ids, starts, progress=progress)) if compute_missing
             else None, int(starts[-1]))
         return None if entry is None else (entry, spans)
     entry = cached_features(

@@ -23,7 +23,16 @@ from typing import Any
 
 from aoq_train.regimes.grid import TRAIN, Cell, ensure_cell_data
 from aoq_train.regimes.records import job_identity, load_record, save_record
-from aoq_train.report.runs import ReportSetup, history, machine_counts, machines_of, note_machine, round_dir, seed_config
+from aoq_train.report.runs import (
+    ReportSetup,
+    finished,
+    history,
+    machine_counts,
+    machines_of,
+    note_machine,
+    round_dir,
+    seed_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +121,7 @@ def run_map(setup: MapSetup, worker: tuple[int, int] = (0, 1)) -> int:
 
 def _run_finished(setup: MapSetup, cell: Cell, replicate: int) -> bool:
     """Whether the job's run folder holds every method's test evaluation."""
-    run_dir = setup.run_dir(cell, replicate)
-    return all((run_dir / "evaluation" / a / "result.json").is_file() for a in ("baseline", *setup.arms))
+    return finished(setup.run_dir(cell, replicate), ("baseline", *setup.arms))
 
 
 def finished_job(setup: MapSetup, cell: Cell, replicate: int) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ from aoq.config import ExperimentConfig
 from aoq.io import atomic_write_text, read_manifest, sha256_json
 from aoq_train.report.false_negatives import needs_truth, seed_false_negatives
 from aoq_train.report.figures import seed_test_figures
-from aoq_train.report.runs import ReportSetup, collect, machines_of, seed_config
+from aoq_train.report.runs import ReportSetup, collect, finished, machines_of, seed_config
 from aoq_train.report.scenes import scene_diagnostics
 
 log = logging.getLogger(__name__)
@@ -102,11 +102,6 @@ def seed_summary(run_dir: Path, methods: dict[str, str], cfg: ExperimentConfig,
 def scene_data(setup: ReportSetup) -> Path | None:
     """The synthetic set's folder when the report runs on one with scene records, else None."""
     return setup.data_dir if setup.synth and (setup.data_dir / "scenes.jsonl").is_file() else None
-
-
-def finished(run_dir: Path, methods: dict[str, str]) -> bool:
-    """Whether a seed's run folder holds the test results of every method."""
-    return all((run_dir / "evaluation" / arm / "result.json").is_file() for arm in methods)
 
 
 def report_seeds(setup: ReportSetup) -> list[dict[str, Any]]:

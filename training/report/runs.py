@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -212,6 +213,13 @@ def run_experiments(setup: ReportSetup, main: bool = True) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- collection
+
+
+def finished(run_dir: Path, methods: Iterable[str]) -> bool:
+    """Whether a seed's run folder holds the test results of every method."""
+    from aoq_train.pipeline.run import EVALUATION_FILE
+
+    return all((run_dir / "evaluation" / arm / EVALUATION_FILE).is_file() for arm in methods)
 
 
 def history(path: Path) -> list[dict[str, Any]]:
