@@ -88,7 +88,10 @@ def test_report_on_a_cross_attention_config_with_seed_records(tmp_path):
     evaluation = json.loads((runs / "seed0" / "evaluation" / "aoq" / "result.json").read_text())
     assert seed["results"]["aoq"]["full"]["rsum"] == evaluation["full"]["rsum"]
     assert "## False negatives and near neighbours in the mined lists" in page
-    assert "by a teacher from outside the runs, the same for every seed" in page
+    teacher = load_checkpoint(tmp_path / "teacher" / "round1" / "best").content_hash
+    assert seed["teacher"] == teacher
+    assert f"by a teacher from outside the runs (`{tmp_path / 'teacher' / 'round1' / 'best'}`; " in page
+    assert f"the same weights for every seed (content hash {teacher[:8]})" in page
     assert f"--workers 2 --records {records}" in page  # the command names the processes (one thread each)
     shutil.rmtree(runs)
     assert aoq(args) == 0 and out.read_text() == page

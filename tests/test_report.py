@@ -273,9 +273,10 @@ def test_each_round2_arm_shows_the_diagnostics_of_its_own_lists():
     assert rows[2] == "| Filtered | 10 / 2 | 100 / 100 | 9 / 9 | -0.020 / -0.020 | 1 of 1 | 1.0 | 1.0 | 1.0 | 0 of 1 |"
 
 
-def test_a_seed_record_names_its_configuration_and_its_teacher(tmp_path):
+def test_a_seed_record_names_its_configuration_and_its_teachers_recipe(tmp_path):
     """A record stands for its seed only under the same seeded configuration (not the folder it
-    ran in) and, with a teacher from outside the run, the same teacher's content."""
+    ran in) and, with a teacher from outside the run, a teacher trained by the same configuration
+    (its weights may differ: another CPU trains other weights from the same one)."""
     from aoq.io import write_manifest
     from aoq_train.report.records import load_record, save_record, seed_identity
     from aoq_train.report.runs import ReportSetup, seed_config
@@ -283,7 +284,7 @@ def test_a_seed_record_names_its_configuration_and_its_teacher(tmp_path):
     teacher = tmp_path / "teacher"
     teacher.mkdir()
     (teacher / "weights.bin").write_bytes(b"one")
-    write_manifest(teacher, "checkpoint", {})
+    write_manifest(teacher, "checkpoint", {"name": "teacher", "out_dir": "runs/a"})
     setup = ReportSetup(Path("configs/synthetic.yaml"), arms=("aoq",), overrides=(f"mining.teacher={teacher}",))
     summary = {"results": {"baseline": {}, "aoq": {}}, "history": {}, "arm_diagnostics": {}, "rank_histogram": {}}
     identity = seed_identity(seed_config(setup, 0))
@@ -292,9 +293,21 @@ def test_a_seed_record_names_its_configuration_and_its_teacher(tmp_path):
     moved = seed_identity(seed_config(replace(setup, runs_root=tmp_path / "elsewhere"), 0))
     assert moved == identity  # where the runs lie is not what they are
     assert seed_identity(seed_config(setup, 1)) != identity  # another seed
-    (teacher / "weights.bin").write_bytes(b"two")
-    write_manifest(teacher, "checkpoint", {})
+    (teacher / "weights.bin").write_bytes(b"two")  # retrained elsewhere, in another folder
+    write_manifest(teacher, "checkpoint", {"name": "teacher", "out_dir": "runs/b"})
+    assert load_record(tmp_path / "records", 0, seed_identity(seed_config(setup, 0)), setup.methods) == summary
+    write_manifest(teacher, "checkpoint", {"name": "teacher", "out_dir": "runs/b", "margin": 0.1})  # another recipe
     assert load_record(tmp_path / "records", 0, seed_identity(seed_config(setup, 0)), setup.methods) is None
     # a record holding fewer methods than a report does not stand for the seed
     more = replace(setup, arms=("aoq", "offtri"))
     assert load_record(tmp_path / "records", 0, identity, more.methods) is None
+
+
+def test_the_setup_names_the_teacher_weights_of_each_seed():
+    from aoq_train.report.page import _teachers
+
+    one, two = "03495c15" + "0" * 56, "ca04fe5a" + "1" * 56
+    assert _teachers((0, 1), [{"teacher": one}, {"teacher": one}]) == "the same weights for every seed (content hash 03495c15)"
+    mixed = _teachers((0, 1, 2, 3), [{"teacher": one}, {"teacher": one}, {"teacher": two}, {"teacher": two}])
+    assert "(content hash: 03495c15 for seeds 0, 1; ca04fe5a for seeds 2, 3)" in mixed
+    assert _teachers((4, 7), [{"teacher": two}, {"teacher": one}]).count(" for seed ") == 2

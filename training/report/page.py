@@ -127,8 +127,8 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
            f"lambda = {cfg.goal.ms_lambda:g} ([goal.md](goal.md))."] if round1_arms else []),
         f"- Mining: top {cfg.mining.top_captions} captions per image, top {cfg.mining.top_images} images per "
         + ("caption, by the seed's own round-1 model." if not cfg.mining.teacher else
-           f"caption, by a teacher from outside the runs, the same for every seed (`{cfg.mining.teacher}`; the "
-           "paper's setting for the cross-attention models)."),
+           f"caption, by a teacher from outside the runs (`{cfg.mining.teacher}`; the paper's setting for the "
+           f"cross-attention models): {_teachers(setup.seeds, collected['seeds'])}."),
         f"- Round 2 (from scratch): lr {r2.lr:g}, batch {r2.batch_size}, {depth}, {r2.sampling} sampling, "
         f"g1 = {r2.margin_online:g}, g2 = {r2.margin_offline:g}, alpha = {r2.alpha:g}, beta = {r2.beta:g}.",
         f"- Budget ({stop}). Model selection: best dev rsum per run (never the test split). Single models. "
@@ -141,6 +141,19 @@ def _setup_section(setup: ReportSetup, cfg: ExperimentConfig, collected: dict[st
         "methods (metrics logs; mining and evaluation not included).",
         "",
     ]
+
+
+def _teachers(seed_numbers: tuple[int, ...], seeds: list[dict[str, Any]]) -> str:
+    """Which teacher weights mined each seed's lists, in words (content hashes, 8 digits)."""
+    by_hash: dict[str, list[str]] = {}
+    for number, seed in zip(seed_numbers, seeds):
+        by_hash.setdefault(seed["teacher"][:8], []).append(str(number))
+    if len(by_hash) == 1:
+        return f"the same weights for every seed (content hash {next(iter(by_hash))})"
+    return ("one configuration, trained again on other CPUs, whose float kernels round differently, so the "
+            "weights differ between seeds as a retrained model's would (content hash: "
+            + "; ".join(f"{h} for seed{'s' if len(n) > 1 else ''} {', '.join(n)}" for h, n in by_hash.items())
+            + "); a seed's arms all train on its own lists")
 
 
 def _schedule(optim: Any) -> str:

@@ -8,8 +8,11 @@ every method's test results and training log, the mined lists' diagnostics, the 
 histograms and within-family scores, the false-negative counts, the CPUs that ran it) is one
 JSON file per seed, ``<records>/seed<N>.json``, small enough to keep under version control beside
 the page. A record names what made it (the hash of the seed's configuration without its folder,
-and of the teacher that mined for it), so a record made under other settings is ignored; it
-holds the methods its run had, and stands for the seed in any report whose methods it holds.
+and of the configuration that trained the teacher that mined for it), so a record made under
+other settings is ignored; it holds the methods its run had, and stands for the seed in any report
+whose methods it holds. The teacher's weights are not part of that name: the same configuration
+trains other weights on another CPU (its float kernels round differently), so each seed's record
+keeps the content hash of the teacher that mined its lists instead, and the page shows them.
 """
 
 from __future__ import annotations
@@ -29,17 +32,30 @@ from aoq_train.report.scenes import scene_diagnostics
 log = logging.getLogger(__name__)
 
 #: the record's format; a change makes every older record stale
-FORMAT = 1
+FORMAT = 2
 
 
 def seed_identity(cfg: ExperimentConfig) -> dict[str, Any]:
     """What a seed's results depend on: its configuration (seeded; the run folder left out, since
-    it says where, not what) and the content hash of the model that mined its lists, when that
-    is a teacher from outside the run."""
+    it says where, not what) and, when a teacher from outside the run mined its lists, the
+    teacher's recipe (:func:`teacher_recipe`)."""
     config = cfg.model_dump(mode="json")
     config.pop("out_dir", None)
-    teacher = read_manifest(cfg.mining.teacher, verify=False)["content_hash"] if cfg.mining.teacher else None
+    teacher = teacher_recipe(Path(cfg.mining.teacher)) if cfg.mining.teacher else None
     return {"format": FORMAT, "config": config, "teacher": teacher}
+
+
+def teacher_recipe(teacher: Path) -> str:
+    """The hash of the configuration a teacher checkpoint was trained with, its folder left out:
+    the same wherever that configuration ran, where the weights' content hash is not."""
+    config = read_manifest(teacher, verify=False)["config"]
+    config.pop("out_dir", None)
+    return sha256_json(config)
+
+
+def mined_by(run_dir: Path) -> str:
+    """The content hash of the checkpoint that mined a run's lists (its mined lists' manifest)."""
+    return read_manifest(run_dir / "mined", verify=False)["checkpoint_hash"]
 
 
 def record_path(folder: Path, seed: int) -> Path:
@@ -77,8 +93,9 @@ def seed_summary(run_dir: Path, methods: dict[str, str], cfg: ExperimentConfig,
         :func:`aoq_train.report.runs.collect`'s entry for the seed, plus ``rank_histogram`` and
         ``family`` (:func:`aoq_train.report.figures.seed_test_figures`), ``false_negatives``
         (:func:`aoq_train.report.false_negatives.seed_false_negatives`, None without filtered or
-        borrowed lists), ``scene`` (None without scene records) and ``cpus`` (the CPUs noted in
-        the run folder).
+        borrowed lists), ``scene`` (None without scene records), ``cpus`` (the CPUs noted in
+        the run folder) and ``teacher`` (:func:`mined_by`, None when the seed's round-1 model
+        mined).
     """
     from aoq.data.load import load_split
     from aoq_train.mining.truth import split_truth
@@ -95,6 +112,7 @@ def seed_summary(run_dir: Path, methods: dict[str, str], cfg: ExperimentConfig,
     h_t = diag["settings"]["h_t"] if diag else cfg.round2.h_t
     summary["scene"] = scene_diagnostics(run_dir, scene_data, h_t) if scene_data is not None else None
     summary["cpus"] = machines_of(run_dir)
+    summary["teacher"] = mined_by(run_dir) if cfg.mining.teacher else None
     # through JSON, so that a summary read from a record and one just computed are the same object
     return json.loads(json.dumps(summary))
 
