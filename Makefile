@@ -24,11 +24,14 @@ setup: $(STAMP)
 
 # --no-compile: pip would byte-compile every module of every package (torch, transformers,
 # gradio...), about half of its CPU time; Python compiles the modules a program imports, once.
+# `aoq warm` compiles the numba kernels of mining and search, which the first job would otherwise
+# wait for (cached beside their sources, for this CPU).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile "$(TORCH_PIN)"
 	$(PY) -m pip install --quiet --no-compile -e ".[all,test]"
+	$(VENV)/bin/aoq warm
 	touch $(STAMP)
 
 # Chromium + chromedriver for the browser tests; docker-compose, docker.io and debootstrap for the

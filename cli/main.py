@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "index": "Embed a gallery with registered models and build FAISS indexes plus the catalogue.",
     "serve": "Start the REST search service (FastAPI + FAISS).",
     "ui": "Start the comparison web UI (Gradio), talking to the service over HTTP.",
+    "warm": "Compile the mining and search kernels for this machine now (make setup runs it).",
 }
 
 

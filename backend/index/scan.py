@@ -14,7 +14,9 @@ Ties are ordered by gallery position: of equal scores, the item indexed first co
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from numba import njit
@@ -111,3 +113,17 @@ class FlatScan:
             _scan(self.blocks, self.ntotal, queries, size, scores, where, np.empty((count, WIDTH), dtype=np.float32))
             ids[:, :size] = self.ids[where]
         return scores, ids
+
+
+def compile_kernel() -> None:
+    """Compile :func:`_scan` for both kinds of gallery the service passes it (numba compiles and
+    caches one version for each): a process's own array, and the read-only mapping that workers
+    share (:func:`aoq_serve.index.shared.shared`). ``aoq warm`` (run by ``make setup``) calls it,
+    so that a server's first start does not wait for the compiler."""
+    own = FlatScan.from_vectors(np.zeros((1, 8), dtype=np.float32), np.zeros(1))
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "blocks.npy"
+        np.save(path, own.blocks, allow_pickle=False)
+        mapped = FlatScan(blocks=np.load(path, mmap_mode="r", allow_pickle=False), ids=own.ids)
+        mapped.search(np.zeros((1, 8), dtype=np.float32), 1)
+        del mapped  # the mapping closes before its folder goes
