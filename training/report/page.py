@@ -150,8 +150,9 @@ def _teachers(seed_numbers: tuple[int, ...], seeds: list[dict[str, Any]]) -> str
         by_hash.setdefault(seed["teacher"][:8], []).append(str(number))
     if len(by_hash) == 1:
         return f"the same weights for every seed (content hash {next(iter(by_hash))})"
-    return ("one configuration, trained again on other CPUs, whose float kernels round differently, so the "
-            "weights differ between seeds as a retrained model's would (content hash: "
+    return ("one configuration, trained more than once (on another CPU, whose float kernels round differently, "
+            "the same configuration gives other weights), so its weights differ between seeds as a retrained "
+            "model's would (content hash: "
             + "; ".join(f"{h} for seed{'s' if len(n) > 1 else ''} {', '.join(n)}" for h, n in by_hash.items())
             + "); a seed's arms all train on its own lists")
 
