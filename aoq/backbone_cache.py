@@ -50,8 +50,8 @@ from aoq.io import (
 from aoq.caption_features import caption_backbone_features, caption_token_states, token_spans
 from aoq.backbone_runtime import (
     POOLED_GRAPH,
-    OnnxImageBackbone,
     has_image_onnx,
+    image_backbone,
     image_onnx,
     requested_runtime,
     runtime_name,
@@ -179,22 +179,23 @@ def _image_features(run: ImageRunner, paths: Sequence[Path], batch_size: int, ba
 
 @dataclass(frozen=True)
 class ImageRuntime:
-    """How image features are computed: ``name`` (``torch`` or ``onnxruntime``), the exported
-    model of the latter, and the images per forward pass.
+    """How image features are computed: ``name`` (``torch``, ``openvino`` or ``onnxruntime``), the
+    exported model the latter two read, and the images per forward pass.
 
     PyTorch takes batches of 8: at 32 the 224 x 224 activations are large enough that the
     allocator hands them back to the kernel after every layer, and the page faults cost as much
-    as the convolutions (docs/models.md, Speed). ONNX Runtime takes one image at a time, its
-    fastest (docs/performance.md)."""
+    as the convolutions (docs/models.md, Speed). OpenVINO and ONNX Runtime take one image at a
+    time, ONNX Runtime's fastest (docs/performance.md), and a picture's features then never depend
+    on the pictures beside it."""
 
     name: str = "torch"
     onnx: Path | None = None
     batch_size: int = 8
 
     def runner(self, encoder: EffNetImageEncoder | None) -> ImageRunner:
-        if self.name == "onnxruntime":
+        if self.name != "torch":
             assert self.onnx is not None
-            return OnnxImageBackbone(self.onnx)
+            return image_backbone(self.name, self.onnx)
         return _torch_runner(encoder if encoder is not None else EffNetImageEncoder(embed_dim=8).eval())
 
 
@@ -202,22 +203,22 @@ def image_runtime(encoder: EffNetImageEncoder, root: Path, n_images: int, name: 
                   graph: str = POOLED_GRAPH) -> ImageRuntime:
     """The runtime that featurises ``n_images`` images (``AOQ_BACKBONE_RUNTIME``,
     :mod:`aoq.backbone_runtime`), with the backbone exported to ONNX under ``root`` when it is
-    ONNX Runtime (``graph``: its pooled features or its feature map). ``auto`` exports only for
+    OpenVINO or ONNX Runtime (``graph``: its pooled features or its feature map). ``auto`` exports only for
     :data:`EXPORT_MIN_IMAGES` images or more (the export costs seconds), and uses an export
     already there for any number."""
     chosen = runtime_name(name)
     small = n_images < EXPORT_MIN_IMAGES and not has_image_onnx(encoder, root, graph)
     if chosen == "torch" or (small and requested_runtime(name) == "auto"):
         return ImageRuntime()
-    return ImageRuntime("onnxruntime", image_onnx(encoder, root, graph), batch_size=1)
+    return ImageRuntime(chosen, image_onnx(encoder, root, graph), batch_size=1)
 
 
 _WORKER_RUN: ImageRunner | None = None
 
 
 def _init_worker(runtime: ImageRuntime) -> None:
-    """A pool worker's own backbone (PyTorch's without the head, or an ONNX Runtime session), on
-    one thread: the workers share the cores between them."""
+    """A pool worker's own backbone (PyTorch's without the head, or an OpenVINO or ONNX Runtime
+    session), on one thread: the workers share the cores between them."""
     global _WORKER_RUN
     torch.set_num_threads(1)
     _WORKER_RUN = runtime.runner(None)
@@ -245,7 +246,7 @@ def image_backbone_features(encoder: EffNetImageEncoder, paths: Sequence[Path], 
     """Pooled EfficientNet-Lite0 features of image files, (len(paths), 1280) float32.
 
     Args:
-        runtime: PyTorch (the default) or ONNX Runtime (:func:`image_runtime`).
+        runtime: PyTorch (the default), OpenVINO or ONNX Runtime (:func:`image_runtime`).
         workers: processes to share the work (each imports torch and loads its own copy of the
             backbone, a few seconds and some hundreds of MB); 1 runs in this process. Rows are in
             ``paths`` order either way.
@@ -308,7 +309,7 @@ def with_backbone_features(model: JointModel, split: SplitData, vocab, *, root: 
         enc: EffNetImageEncoder = model.image_encoder  # type: ignore[assignment]
         paths = list(split.image_paths)
         inputs = image_key_inputs(want["image"], paths)
-        chosen: list[ImageRuntime] = []  # decided on a miss only: ONNX Runtime may export first
+        chosen: list[ImageRuntime] = []  # decided on a miss only: the runtime may export first
 
         def compute() -> np.ndarray:
             chosen.append(image_runtime(enc, base, len(paths)))

@@ -18,7 +18,7 @@ REGIONS_OUTPUT`` (same root, layout, manifest and atomic write), stored as float
 activations are ReLU6 outputs in [0, 6], which float16 keeps to within
 :data:`REGION_ROUNDING`, at :func:`region_bytes` per image on disk. The map is computed in this
 process by the runtime the pooled features would use (``AOQ_BACKBONE_RUNTIME``,
-:func:`aoq.backbone_cache.image_runtime`), ONNX Runtime exporting the map graph
+:func:`aoq.backbone_cache.image_runtime`), OpenVINO or ONNX Runtime reading the map graph
 (:data:`aoq.backbone_runtime.MAP_GRAPH`) beside the pooled one.
 """
 
@@ -42,7 +42,7 @@ from aoq.backbone_cache import (
     image_key_inputs,
     image_runtime,
 )
-from aoq.backbone_runtime import MAP_GRAPH, OnnxImageBackbone, runtime_version
+from aoq.backbone_runtime import MAP_GRAPH, image_backbone, runtime_version
 from aoq.data.dataset import DataError, SplitData
 from aoq.data.loaders import load_pixels
 from aoq.models import packages
@@ -70,9 +70,9 @@ def region_key_inputs(image_inputs: dict) -> dict:
 
 
 def _map_runner(encoder: EffNetImageEncoder, runtime: ImageRuntime) -> Callable[[torch.Tensor], torch.Tensor]:
-    if runtime.name == "onnxruntime":
+    if runtime.name != "torch":
         assert runtime.onnx is not None
-        session = OnnxImageBackbone(runtime.onnx)
+        session = image_backbone(runtime.name, runtime.onnx)
         return lambda pixels: torch.from_numpy(session(pixels))
     device = next(encoder.parameters()).device
     return lambda pixels: encoder.backbone_map(pixels.to(device))
@@ -83,7 +83,7 @@ def map_features(encoder: EffNetImageEncoder, paths: Sequence[Path], progress: b
                  runtime: ImageRuntime | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One pass over ``paths``: the pooled features, (N, 1280) float32, and the regions,
     (N, 49, 1280) float16, row-major over the grid. In PyTorch (the default ``runtime``) the pooled
-    features equal :meth:`EffNetImageEncoder.backbone_features`; an ONNX Runtime ``runtime`` of
+    features equal :meth:`EffNetImageEncoder.backbone_features`; an OpenVINO or ONNX Runtime ``runtime`` of
     the map graph (:func:`aoq.backbone_cache.image_runtime`) gives them within
     :data:`aoq.backbone_runtime.IMAGE_ATOL`."""
     runtime = runtime or ImageRuntime()
@@ -110,7 +110,7 @@ def cached_regions(paths: Sequence[Path], *, root: str | Path | None = None, pro
     paths = list(paths)
     pooled_inputs = image_key_inputs(packages.effnet_identity().to_dict(), paths)
 
-    chosen: list[ImageRuntime] = []  # decided on a miss only: ONNX Runtime may export first
+    chosen: list[ImageRuntime] = []  # decided on a miss only: the runtime may export first
 
     def made_by() -> str:
         return runtime_version(chosen[0].name)

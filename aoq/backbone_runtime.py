@@ -1,22 +1,28 @@
-"""The frozen backbones' forward pass through ONNX Runtime, a runtime made for CPU inference.
+"""The frozen backbones' forward pass through a runtime made for CPU inference: OpenVINO or
+ONNX Runtime.
 
-Featurising a dataset with a frozen backbone is pure inference, and on a CPU ONNX Runtime runs
-EfficientNet-Lite0 in well under half of PyTorch's time (it fuses each convolution with its
-batch norm and ReLU6 and runs the depthwise layers in a blocked layout; docs/performance.md).
-The network is exported once from the very PyTorch module the encoders use (its weights, its
-"SAME" padding, the input scaling of :func:`aoq.models.pretrained.effnet_normalise`) and kept
-beside the feature cache, keyed by the backbone's identity and the exporter's version, so a later
-run loads the file instead of exporting again.
+Featurising a dataset with a frozen backbone is pure inference, and on a CPU these runtimes run
+EfficientNet-Lite0 in a fraction of PyTorch's time (they fuse each convolution with its batch norm
+and ReLU6 and run the depthwise layers in a blocked layout; OpenVINO's kernels took about half of
+ONNX Runtime's CPU time on an Intel Xeon; docs/performance.md). The network is exported once to
+ONNX from the very PyTorch module the encoders use (its weights, its "SAME" padding, the input
+scaling of :func:`aoq.models.pretrained.effnet_normalise`) and kept beside the feature cache, keyed
+by the backbone's identity and the exporter's version, so a later run loads the file instead of
+exporting again; both runtimes read that file.
 
-Its features equal PyTorch's within float32 rounding: at most :data:`IMAGE_ATOL` apart on the
+Their features equal PyTorch's within float32 rounding: at most :data:`IMAGE_ATOL` apart on the
 image features (values in [0, 6]), the same size of difference as PyTorch's own between two
-memory layouts of the same network (tests/test_backbone_runtime.py checks both bounds). That is
-why the runtime is not part of a cache entry's key (the key names what is computed: weights,
-preprocessing, content; PyTorch's float32 kernels already differ at this level from one CPU to
-the next); the manifest of each entry records which runtime made it.
+memory layouts of the same network (tests/test_backbone_runtime.py checks both bounds). OpenVINO
+is held to float32 inference: where a CPU has bf16 units (AVX512-BF16, AMX) it would otherwise
+infer in bfloat16, far outside that bound. That is why the runtime is not part of a cache entry's
+key (the key names what is computed: weights, preprocessing, content; PyTorch's float32 kernels
+already differ at this level from one CPU to the next); the manifest of each entry records which
+runtime made it.
 
-``AOQ_BACKBONE_RUNTIME``: ``auto`` (the default: ONNX Runtime when ``onnxruntime`` and ``onnx``
-are installed, else PyTorch), ``onnxruntime`` (an error when it is missing) or ``torch``.
+``AOQ_BACKBONE_RUNTIME``: ``auto`` (the default: OpenVINO where ``openvino`` is installed, else
+ONNX Runtime where ``onnxruntime`` is, else PyTorch; both need ``onnx`` for the export),
+``openvino`` or ``onnxruntime`` (an error when it is missing) or ``torch``. The choice depends on
+what is installed only, never on a timing, so one machine always computes the same features.
 Only the image backbone goes through it: MiniLM's products on short captions are already
 compute-bound in PyTorch, and ONNX Runtime took about three quarters of its time (docs/performance.md).
 """
@@ -38,8 +44,10 @@ from aoq.io import ArtefactError, atomic_dir, read_manifest, sha256_json, write_
 log = logging.getLogger(__name__)
 
 RUNTIME_ENV = "AOQ_BACKBONE_RUNTIME"
-RUNTIMES = ("auto", "onnxruntime", "torch")
-#: the most an ONNX Runtime image feature may differ from PyTorch's (absolute; features in [0, 6]).
+RUNTIMES = ("auto", "openvino", "onnxruntime", "torch")
+#: the inference runtimes that read the exported ONNX file, in the order ``auto`` prefers them
+EXPORT_RUNTIMES = ("openvino", "onnxruntime")
+#: the most an OpenVINO or ONNX Runtime image feature may differ from PyTorch's (absolute; features in [0, 6]).
 IMAGE_ATOL = 1e-4
 ONNX_KIND = "backbone-onnx"
 ONNX_FILE = "model.onnx"
@@ -65,28 +73,42 @@ def requested_runtime(name: str | None = None) -> str:
 
 
 def runtime_name(name: str | None = None) -> str:
-    """``onnxruntime`` or ``torch``: what :func:`requested_runtime` asks for, ``auto`` being ONNX
-    Runtime where it is installed.
+    """``openvino``, ``onnxruntime`` or ``torch``: what :func:`requested_runtime` asks for,
+    ``auto`` being the first of :data:`EXPORT_RUNTIMES` that is installed.
 
     Raises:
-        ValueError: an unknown name, or ``onnxruntime`` asked for and not installed.
+        ValueError: an unknown name, or a runtime asked for and not installed.
     """
     wanted = requested_runtime(name)
     if wanted == "torch":
         return "torch"
+    for runtime in EXPORT_RUNTIMES if wanted == "auto" else (wanted,):
+        if _installed(runtime):
+            return runtime
+    if wanted != "auto":
+        raise ValueError(f"{RUNTIME_ENV}={wanted} needs the packages {wanted} and onnx (pip install {wanted} onnx)")
+    return "torch"
+
+
+def _installed(runtime: str) -> bool:
     try:
         import onnx  # noqa: F401  (torch's exporter writes through it)
-        import onnxruntime  # noqa: F401
+
+        if runtime == "openvino":
+            import openvino  # noqa: F401
+        else:
+            import onnxruntime  # noqa: F401
     except ImportError:
-        if wanted == "onnxruntime":
-            raise ValueError(f"{RUNTIME_ENV}=onnxruntime needs the packages onnxruntime and onnx "
-                             "(pip install onnxruntime onnx)") from None
-        return "torch"
-    return "onnxruntime"
+        return False
+    return True
 
 
 def runtime_version(name: str) -> str:
     """What a cache manifest records about the runtime that made an entry."""
+    if name == "openvino":
+        import openvino
+
+        return f"openvino {openvino.__version__}"
     if name == "onnxruntime":
         import onnxruntime
 
@@ -185,3 +207,30 @@ class OnnxImageBackbone:
         """(B, 3, 224, 224) pixels in [-1, 1] -> (B, 1280) float32 features, or the (B, 1280, 7, 7)
         map of a :data:`MAP_GRAPH` export."""
         return self.session.run(None, {"pixels": pixels.numpy()})[0]
+
+
+class OpenVinoImageBackbone:
+    """An OpenVINO compiled model of an exported image backbone on one thread, in float32 (the
+    module docstring says why the precision is pinned)."""
+
+    def __init__(self, path: Path) -> None:
+        import openvino
+
+        core = openvino.Core()
+        self.model = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32",
+            "PERFORMANCE_HINT": "LATENCY"})
+        self.request = self.model.create_infer_request()
+
+    def __call__(self, pixels: Tensor) -> np.ndarray:
+        """As :meth:`OnnxImageBackbone.__call__` (the result is a copy, not the request's buffer)."""
+        return self.request.infer({0: pixels.numpy()}, share_outputs=False)[self.model.output(0)]
+
+
+def image_backbone(runtime: str, path: Path) -> OnnxImageBackbone | OpenVinoImageBackbone:
+    """The session of ``runtime`` (one of :data:`EXPORT_RUNTIMES`) on the exported file ``path``."""
+    if runtime == "openvino":
+        return OpenVinoImageBackbone(path)
+    if runtime == "onnxruntime":
+        return OnnxImageBackbone(path)
+    raise ValueError(f"no exported-graph runtime named {runtime!r}: use one of {', '.join(EXPORT_RUNTIMES)}")

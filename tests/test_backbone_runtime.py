@@ -1,9 +1,10 @@
-"""The image backbone through ONNX Runtime (aoq/backbone_runtime.py): its features equal
-PyTorch's within the stated tolerance, the export is made once and reused, the runtime rule, and
-the demo's one-pass precomputation writes the entries training reads."""
+"""The image backbone through OpenVINO and ONNX Runtime (aoq/backbone_runtime.py): their features
+equal PyTorch's within the stated tolerance, the export is made once and reused, the runtime rule,
+and the demo's one-pass precomputation writes the entries training reads."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from aoq.backbone_cache import (
     precompute_backbone_features,
     with_backbone_features,
 )
-from aoq.backbone_runtime import IMAGE_ATOL, OnnxImageBackbone, image_onnx
+from aoq.backbone_runtime import IMAGE_ATOL, image_backbone, image_onnx
 from aoq.config import config_from_dict
 from aoq.data.load import load_split
 from aoq.data.loaders import load_pixels
@@ -62,10 +63,16 @@ def _pictures() -> torch.Tensor:
     return torch.stack([load_pixels(p, 224) for p in pictures])
 
 
-def test_onnx_runtime_features_equal_pytorch_within_the_tolerance(encoder, exported) -> None:
+RUNTIMES = [pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(name) is None,
+                                                        reason=f"{name} is not installed"))
+            for name in backbone_runtime.EXPORT_RUNTIMES]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_runtime_features_equal_pytorch_within_the_tolerance(encoder, exported, runtime) -> None:
     pixels = _pictures()
     reference = _torch_runner(encoder)(pixels)
-    fast = np.concatenate([OnnxImageBackbone(exported)(pixels[k:k + 1]) for k in range(len(pixels))])
+    fast = np.concatenate([image_backbone(runtime, exported)(pixels[k:k + 1]) for k in range(len(pixels))])
     assert fast.shape == reference.shape == (5, 1280) and fast.dtype == np.float32
     assert float(reference.max()) > 1.0  # real activations, not a degenerate input
     assert np.abs(fast - reference).max() <= IMAGE_ATOL
@@ -78,11 +85,15 @@ def test_onnx_runtime_features_equal_pytorch_within_the_tolerance(encoder, expor
     assert np.abs(plain - reference).max() <= IMAGE_ATOL
 
 
-def test_a_feature_does_not_depend_on_its_batch(exported) -> None:
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_feature_does_not_depend_on_its_batch(exported, runtime) -> None:
     pixels = _pictures()
-    session = OnnxImageBackbone(exported)
+    session = image_backbone(runtime, exported)
     one_by_one = np.concatenate([session(pixels[k:k + 1]) for k in range(len(pixels))])
     assert np.array_equal(one_by_one[2:3], session(pixels[2:3]))
+    first = session(pixels[:1])
+    session(pixels[1:2])
+    assert np.array_equal(first, one_by_one[:1])  # a result is not overwritten by the next call
     assert np.abs(session(pixels) - one_by_one).max() <= IMAGE_ATOL
 
 
@@ -103,15 +114,24 @@ def test_the_runtime_rule(encoder, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(backbone_runtime, "image_onnx", lambda enc, root, graph: root / "model.onnx")
     monkeypatch.setattr("aoq.backbone_cache.image_onnx", lambda enc, root, graph: root / "model.onnx")
     monkeypatch.delenv(backbone_runtime.RUNTIME_ENV, raising=False)
-    # auto: few images run in PyTorch (an export would cost more than it saves), many through ONNX Runtime
+    # auto: few images run in PyTorch (an export would cost more than it saves), many through
+    # OpenVINO where it is installed, else ONNX Runtime
     assert image_runtime(encoder, tmp_path, EXPORT_MIN_IMAGES - 1) == ImageRuntime()
-    assert image_runtime(encoder, tmp_path, EXPORT_MIN_IMAGES) == ImageRuntime("onnxruntime", tmp_path / "model.onnx", 1)
+    first = "openvino" if importlib.util.find_spec("openvino") else "onnxruntime"
+    assert image_runtime(encoder, tmp_path, EXPORT_MIN_IMAGES) == ImageRuntime(first, tmp_path / "model.onnx", 1)
+    installed = backbone_runtime._installed
+    monkeypatch.setattr(backbone_runtime, "_installed", lambda runtime: runtime == "onnxruntime")
+    assert image_runtime(encoder, tmp_path, EXPORT_MIN_IMAGES).name == "onnxruntime"
+    monkeypatch.setenv(backbone_runtime.RUNTIME_ENV, "openvino")
+    with pytest.raises(ValueError, match="AOQ_BACKBONE_RUNTIME=openvino needs the packages openvino and onnx"):
+        image_runtime(encoder, tmp_path, 1)
+    monkeypatch.setattr(backbone_runtime, "_installed", installed)
     monkeypatch.setenv(backbone_runtime.RUNTIME_ENV, "torch")
     assert image_runtime(encoder, tmp_path, 10 ** 6) == ImageRuntime()
     monkeypatch.setenv(backbone_runtime.RUNTIME_ENV, "onnxruntime")
     assert image_runtime(encoder, tmp_path, 1).name == "onnxruntime"
     monkeypatch.setenv(backbone_runtime.RUNTIME_ENV, "tensorrt")
-    with pytest.raises(ValueError, match="AOQ_BACKBONE_RUNTIME must be one of auto, onnxruntime, torch"):
+    with pytest.raises(ValueError, match="AOQ_BACKBONE_RUNTIME must be one of auto, openvino, onnxruntime, torch"):
         image_runtime(encoder, tmp_path, 1)
 
 
