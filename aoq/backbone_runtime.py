@@ -211,7 +211,9 @@ class OnnxImageBackbone:
 
 class OpenVinoImageBackbone:
     """An OpenVINO compiled model of an exported image backbone on one thread, in float32 (the
-    module docstring says why the precision is pinned)."""
+    module docstring says why the precision is pinned), its thread not pinned to a core: OpenVINO
+    pins by default, and the demo's pool of one process per core then ran both processes on the
+    first core (docs/performance.md)."""
 
     def __init__(self, path: Path) -> None:
         import openvino
@@ -219,7 +221,7 @@ class OpenVinoImageBackbone:
         core = openvino.Core()
         self.model = core.compile_model(core.read_model(str(path)), "CPU", {
             "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32",
-            "PERFORMANCE_HINT": "LATENCY"})
+            "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False})
         self.request = self.model.create_infer_request()
 
     def __call__(self, pixels: Tensor) -> np.ndarray:
