@@ -42,6 +42,7 @@ from aoq.data.loaders import ImageMode, TextMode, load_pixels
 from aoq.io import (
     ArtefactError,
     atomic_dir,
+    exclusive,
     read_manifest,
     sha256_file,
     sha256_json,
@@ -115,25 +116,42 @@ def cached_features(root: Path, key_inputs: dict, compute: Callable[[], np.ndarr
     """
     key = sha256_json(key_inputs)
     folder = root / key_inputs["backbone"]["name"] / key
-    if folder.is_dir():
-        try:
-            read_manifest(folder, kind=KIND)
-            features = np.load(folder / FEATURES, mmap_mode="r")
-            if features.shape[0] == rows:
-                return CachedFeatures(features, folder, hit=True)
-            log.warning("%s: %d rows, expected %d; recomputing", folder, features.shape[0], rows)
-        except (ArtefactError, OSError, ValueError) as exc:
-            log.warning("%s: unusable cache entry (%s); recomputing", folder, exc)
-    if compute is None:
-        return None
-    array = np.ascontiguousarray(compute(), dtype=dtype)
-    if array.shape[0] != rows:
-        raise ValueError(f"computed {array.shape[0]} feature rows, expected {rows}")
-    with atomic_dir(folder) as tmp:
-        np.save(tmp / FEATURES, array)
-        write_manifest(tmp, KIND, key_inputs, key=key, shape=list(array.shape),
-                       runtime=made_by() if made_by else runtime_version("torch"))
+    entry = _stored(folder, rows, quiet=False)
+    if entry is not None or compute is None:
+        return entry
+    # Jobs side by side (two seeds of one experiment) miss the same entry at once: one computes,
+    # the other waits and reads it.
+    with exclusive(folder.parent / f".{key}.lock",
+                   on_wait=lambda: log.info("waiting for another process to store %s", folder)):
+        entry = _stored(folder, rows, quiet=True)
+        if entry is not None:
+            return entry
+        array = np.ascontiguousarray(compute(), dtype=dtype)
+        if array.shape[0] != rows:
+            raise ValueError(f"computed {array.shape[0]} feature rows, expected {rows}")
+        with atomic_dir(folder) as tmp:
+            np.save(tmp / FEATURES, array)
+            write_manifest(tmp, KIND, key_inputs, key=key, shape=list(array.shape),
+                           runtime=made_by() if made_by else runtime_version("torch"))
     return CachedFeatures(np.load(folder / FEATURES, mmap_mode="r"), folder, hit=False)
+
+
+def _stored(folder: Path, rows: int, quiet: bool) -> CachedFeatures | None:
+    """The entry in ``folder`` if it is complete and has ``rows`` rows, else None (said in the
+    log unless ``quiet``: the second look, under the lock, repeats the first's findings)."""
+    if not folder.is_dir():
+        return None
+    try:
+        read_manifest(folder, kind=KIND)
+        features = np.load(folder / FEATURES, mmap_mode="r")
+        if features.shape[0] == rows:
+            return CachedFeatures(features, folder, hit=True)
+        if not quiet:
+            log.warning("%s: %d rows, expected %d; recomputing", folder, features.shape[0], rows)
+    except (ArtefactError, OSError, ValueError) as exc:
+        if not quiet:
+            log.warning("%s: unusable cache entry (%s); recomputing", folder, exc)
+    return None
 
 
 def image_key_inputs(identity: dict, paths: Sequence[Path]) -> dict:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aoq.io import ArtefactError, atomic_dir, read_manifest, sha256_json, write_manifest
+from aoq.io import ArtefactError, atomic_dir, exclusive, read_manifest, sha256_json, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -159,27 +159,29 @@ def image_onnx(encoder, root: Path, graph: str = POOLED_GRAPH) -> Path:
     inputs = _onnx_inputs(encoder, graph)
     key = sha256_json(inputs)
     folder = _onnx_folder(root, inputs)
-    try:
-        read_manifest(folder, kind=ONNX_KIND)
-        return folder / ONNX_FILE
-    except ArtefactError:
-        pass
-    buffer = io.BytesIO()
-    example = torch.zeros(1, 3, encoder.input_size, encoder.input_size)
-    try:
-        with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-            # the tracer's notes on the padding arithmetic: the input size is fixed (224), so
-            # the traced constants are the right ones
-            warnings.simplefilter("ignore")
-            torch.onnx.export(_ImageGraph(encoder, graph).eval(), (example,), buffer, input_names=["pixels"],
-                              output_names=["features"], dynamic_axes={"pixels": {0: "batch"}, "features": {0: "batch"}},
-                              opset_version=OPSET, dynamo=False)
-    except Exception as exc:  # noqa: BLE001 - any exporter failure is reported as one error
-        raise ArtefactError(f"exporting {inputs['backbone']['name']} to ONNX failed ({exc}); "
-                            f"set {RUNTIME_ENV}=torch to featurise with PyTorch") from None
-    with atomic_dir(folder) as tmp:
-        (tmp / ONNX_FILE).write_bytes(buffer.getvalue())
-        write_manifest(tmp, ONNX_KIND, inputs, key=key)
+    with exclusive(folder.parent / f".{key}.lock"):  # jobs side by side export once
+        try:
+            read_manifest(folder, kind=ONNX_KIND)
+            return folder / ONNX_FILE
+        except ArtefactError:
+            pass
+        buffer = io.BytesIO()
+        example = torch.zeros(1, 3, encoder.input_size, encoder.input_size)
+        try:
+            with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+                # the tracer's notes on the padding arithmetic: the input size is fixed (224), so
+                # the traced constants are the right ones
+                warnings.simplefilter("ignore")
+                torch.onnx.export(_ImageGraph(encoder, graph).eval(), (example,), buffer, input_names=["pixels"],
+                                  output_names=["features"],
+                                  dynamic_axes={"pixels": {0: "batch"}, "features": {0: "batch"}},
+                                  opset_version=OPSET, dynamo=False)
+        except Exception as exc:  # noqa: BLE001 - any exporter failure is reported as one error
+            raise ArtefactError(f"exporting {inputs['backbone']['name']} to ONNX failed ({exc}); "
+                                f"set {RUNTIME_ENV}=torch to featurise with PyTorch") from None
+        with atomic_dir(folder) as tmp:
+            (tmp / ONNX_FILE).write_bytes(buffer.getvalue())
+            write_manifest(tmp, ONNX_KIND, inputs, key=key)
     log.info("exported %s to %s", inputs["backbone"]["name"], folder / ONNX_FILE)
     return folder / ONNX_FILE
 

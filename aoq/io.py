@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import json
@@ -16,7 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -141,6 +142,27 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the file ``path`` (created, and left, empty) for the body:
+    two processes that would build the same artefact take turns, so the second finds the
+    first's instead of building it again and replacing it under a reader. The kernel drops the
+    lock when its holder dies. ``on_wait`` is called once if another holder makes this wait."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def check_replaceable(out: str | Path, kind: str, what: str) -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -201,6 +204,34 @@ def test_cache_entry_is_computed_once_and_recomputed_when_damaged(tmp_path: Path
     assert (third.hit, len(calls)) == (False, 3)
     assert cached_features(tmp_path, {**key, "content": "b"}, compute, rows=3).path != first.path
 
+
+
+def test_a_cache_entry_missed_by_two_jobs_at_once_is_computed_once(tmp_path: Path, caplog) -> None:
+    """Two seeds side by side miss the same entry together: one computes, the other waits for it
+    (without the lock both compute, and the later one replaces the folder under the first)."""
+    calls, start = [], threading.Barrier(2)
+
+    def compute():
+        calls.append(1)
+        time.sleep(0.5)  # the other job reaches the lock meanwhile
+        return np.arange(6, dtype=np.float32).reshape(3, 2)
+
+    key = {"backbone": {"name": "toy"}, "content": "a"}
+    results = []
+
+    def job() -> None:
+        start.wait()
+        results.append(cached_features(tmp_path, key, compute, rows=3))
+
+    caplog.set_level(logging.INFO, logger="aoq.backbone_cache")
+    threads = [threading.Thread(target=job) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sorted(r.hit for r in results) == [False, True]
+    assert all(np.array_equal(r.features, compute()) for r in results)
+    assert "waiting for another process" in caplog.text
 
 def _entries(root: Path) -> int:
     return sum(1 for _ in root.glob("*/*/manifest.json"))
