@@ -148,6 +148,14 @@ def has_image_onnx(encoder, root: Path, graph: str = POOLED_GRAPH) -> bool:
     return (_onnx_folder(root, _onnx_inputs(encoder, graph)) / "manifest.json").is_file()
 
 
+def _exported(folder: Path) -> bool:
+    try:
+        read_manifest(folder, kind=ONNX_KIND)
+        return True
+    except ArtefactError:
+        return False
+
+
 def image_onnx(encoder, root: Path, graph: str = POOLED_GRAPH) -> Path:
     """The ONNX file of ``encoder``'s frozen EfficientNet-Lite0 backbone under ``root`` (the feature
     cache root), exported on the first call for these weights, this exporter and ``graph``
@@ -159,12 +167,11 @@ def image_onnx(encoder, root: Path, graph: str = POOLED_GRAPH) -> Path:
     inputs = _onnx_inputs(encoder, graph)
     key = sha256_json(inputs)
     folder = _onnx_folder(root, inputs)
+    if _exported(folder):  # no lock file on a hit: a read-only cache serves its exports
+        return folder / ONNX_FILE
     with exclusive(folder.parent / f".{key}.lock"):  # jobs side by side export once
-        try:
-            read_manifest(folder, kind=ONNX_KIND)
+        if _exported(folder):
             return folder / ONNX_FILE
-        except ArtefactError:
-            pass
         buffer = io.BytesIO()
         example = torch.zeros(1, 3, encoder.input_size, encoder.input_size)
         try:
