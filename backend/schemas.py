@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -28,6 +28,12 @@ NORMALISE_HELP = ("query-time hubness correction with the training split as the 
                   "correction; refused with 422 in a scope that holds the bank's split, scope all): none (raw scores), qbnorm (QB-Norm's dynamic inverted softmax: only a query whose "
                   "top-1 is some bank query's top-1 is normalised), invsoftmax (every query); scores are then "
                   "log-normalised scores")
+#: a text search's optional ``intended`` field (search and compare alike).
+IntendedAnswer = Annotated[str | None, Field(
+    min_length=1, max_length=MAX_QUERY_CHARS,
+    description="a caption text whose pictures are the correct answers of a free-text query (a showcased "
+                "example's intended answer), by the model's rule; none are correct when no caption of the "
+                "gallery has it")]
 
 
 def _not_blank(value: str) -> str:
@@ -138,10 +144,7 @@ class SearchTextIn(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
     normalise: Normalisation = Field("none", description=NORMALISE_HELP)
-    intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
-                                 description="a caption text whose pictures are the correct answers of a free-text "
-                                             "query (a showcased example's intended answer), by the model's rule; "
-                                             "none are correct when no caption of the gallery has it")
+    intended: IntendedAnswer = None
 
     _query = field_validator("query")(_not_blank)
 
@@ -242,10 +245,7 @@ class CompareTextIn(BaseModel):
     k: int = Field(10, ge=1, le=MAX_K)
     scope: Scope = Field("all", description=SCOPE_HELP)
     normalise: Normalisation = Field("none", description=NORMALISE_HELP)
-    intended: str | None = Field(None, min_length=1, max_length=MAX_QUERY_CHARS,
-                                 description="a caption text whose pictures are the correct answers of a free-text "
-                                             "query (a showcased example's intended answer), by the model's rule; "
-                                             "none are correct when no caption of the gallery has it")
+    intended: IntendedAnswer = None
 
     _query = field_validator("query")(_not_blank)
 
