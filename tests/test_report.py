@@ -11,7 +11,7 @@ import yaml
 
 from aoq_cli.main import main as aoq
 from aoq_train.report.runs import parse_seeds
-from aoq_train.report.tables import format_difference, paired_interval
+from aoq_train.report.tables import format_difference, interval_method, mean_std_cell, paired_interval
 
 TINY = ["model.embed_dim=16", "model.word_dim=8", "data.vocab_threshold=1",
         "train.epochs=2", "train.batch_size=16", "train.lr_decay_epochs=1",
@@ -48,6 +48,15 @@ def test_paired_interval_is_student_t_below_20_seeds():
     assert format_difference(d) == "+4.0 [-0.4, +8.4] (n=5)"
     # one seed: a direction, no interval
     assert format_difference([2.5]) == "+2.5 (n=1)"
+
+
+def test_one_seed_shows_its_values_without_a_spread_or_an_interval():
+    # a "± 0.0" or "t with 0 degrees of freedom" would read as measured: one seed has neither
+    assert mean_std_cell([151.04]) == "151.0"
+    assert mean_std_cell([57.123], 2) == "57.12"
+    assert mean_std_cell([1.0, 2.0, 6.0]) == "3.0 ± 2.6"
+    assert interval_method(1).startswith("one seed: ")
+    assert "t with 4 degrees of freedom" in interval_method(5)
 
 
 def test_paired_interval_is_the_bootstrap_from_20_seeds():

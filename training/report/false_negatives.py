@@ -98,6 +98,8 @@ def false_negative_section(seeds: list[dict[str, Any]], methods: dict[str, str])
     """The page's section (when an arm trains on filtered lists) from the seeds'
     :func:`seed_false_negatives`: both kinds in the lists each round-2 arm trains on, the filters'
     precision and recall against each, and the premise before and after filtering."""
+    from aoq_train.report.tables import seeds_count
+
     per_seed = [s["false_negatives"] for s in seeds if s.get("false_negatives")]
     if not per_seed:
         return []
@@ -119,7 +121,7 @@ def false_negative_section(seeds: list[dict[str, Any]], methods: dict[str, str])
              + f" Within the depth round 2 samples from (h_t / h_i), the unfiltered lists hold "
              f"{_mean([p['false_negatives'] for p in plain]):.1f}% false negatives and "
              + ("an unknown share of near neighbours" if near != near else f"{near:.1f}% near neighbours")
-             + f" (mean over {len(plain)} seeds). Each filter scored as a detector of either kind there "
+             + f" (mean over {seeds_count(len(plain))}). Each filter scored as a detector of either kind there "
              "(percent, means over seeds; a filter that flags nothing has no precision; — : not one of the arm's "
              "filters, or the kind is unknown):", "",
              detectors_table(scores, {a: methods[a] for a in scores}), "",

@@ -27,6 +27,21 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def mean_spread(mean: float, std: float, n: int, digits: int = 1) -> str:
+    """``12.3 ± 1.4``: a mean ± std over ``n`` seeds; one seed has no spread, so its value alone
+    (a ``± 0.0`` would read as a measured spread of zero)."""
+    return f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def mean_std_cell(values: list[float], digits: int = 1) -> str:
+    """:func:`mean_spread` of ``values``, one per seed."""
+    return mean_spread(*mean_std(values), len(values), digits)
+
+
+def seeds_count(n: int) -> str:
+    return f"{n} seed" + ("" if n == 1 else "s")
+
+
 def paired_interval(differences: list[float], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
                     ) -> tuple[float, float, float]:
     """Mean of paired per-seed differences and its 95% interval.
@@ -62,6 +77,8 @@ def format_difference(differences: list[float], digits: int = 1) -> str:
 
 def interval_method(n: int) -> str:
     """How the page's intervals over ``n`` paired seeds are computed, in words."""
+    if n == 1:
+        return "one seed: each difference to the baseline is shown without an interval (a direction, not a result)"
     if n >= BOOTSTRAP_MIN_SEEDS:
         return (f"percentile bootstrap over the {n} paired seeds ({BOOTSTRAP_SAMPLES:,} resamples) of the mean "
                 "difference to the baseline, 95%")
@@ -117,10 +134,9 @@ def results_table(collected: dict[str, Any], protocol: str) -> str:
     lines = [header, "|---|" + "---:|" * 8]
     for arm, label in collected["methods"].items():
         runs = [s["results"][arm][protocol] for s in collected["seeds"]]
-        cells = [mean_std([r[d][k] for r in runs]) for d, k in KEYS] + [mean_std([r["rsum"] for r in runs])]
+        cells = [mean_std_cell([r[d][k] for r in runs]) for d, k in KEYS] + [mean_std_cell([r["rsum"] for r in runs])]
         delta = "—" if arm == "baseline" else format_difference(rsum_differences(collected, arm, protocol))
-        lines.append(f"| {method_label(collected, arm)} | " + " | ".join(f"{m:.1f} ± {s:.1f}" for m, s in cells)
-                     + f" | {delta} |")
+        lines.append(f"| {method_label(collected, arm)} | " + " | ".join(cells) + f" | {delta} |")
     return "\n".join(lines)
 
 
@@ -202,9 +218,7 @@ def within_family_table(scores: dict[str, list[dict[str, dict[str, float]]]], na
     for method, per_seed in scores.items():
         cells = []
         for kind in kinds:
-            values = [r[kind]["i2t_r1"] + r[kind]["t2i_r1"] for r in per_seed if kind in r]
-            mean, std = mean_std(values)
-            cells.append(f"{mean:.1f} ± {std:.1f}")
+            cells.append(mean_std_cell([r[kind]["i2t_r1"] + r[kind]["t2i_r1"] for r in per_seed if kind in r]))
         if method == "baseline":
             delta = "—"
         else:
@@ -249,7 +263,7 @@ def label_table(collected: dict[str, Any]) -> str | None:
     base = [r["ndcg"] for r in per_arm["baseline"]]
     for arm, label in collected["methods"].items():
         runs = per_arm[arm]
-        cells = [mean_std([r[key] for r in runs]) for key in ("i2t_map", "i2t_ndcg", "t2i_map", "t2i_ndcg")]
+        cells = [mean_std_cell([r[key] for r in runs], 2) for key in ("i2t_map", "i2t_ndcg", "t2i_map", "t2i_ndcg")]
         delta = "—" if arm == "baseline" else format_difference([r["ndcg"] - b for r, b in zip(runs, base)], 2)
-        lines.append(f"| {method_label(collected, arm)} | " + " | ".join(f"{m:.2f} ± {sd:.2f}" for m, sd in cells) + f" | {delta} |")
+        lines.append(f"| {method_label(collected, arm)} | " + " | ".join(cells) + f" | {delta} |")
     return "\n".join(lines)
