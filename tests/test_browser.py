@@ -89,6 +89,9 @@ def test_text_query_shows_images_in_both_columns(driver, ui_url, backend_url):
         assert "among the test split's images, as evaluated" in column
     screenshot(driver, "text-to-image", scroll_to="t2i-query-line")
     assert "raw scores (no hubness correction)" in left
+    # the "one drawing per name" switch is offered only while a column holds a twin
+    twins = driver.find_elements(By.CSS_SELECTOR, "#t2i-left .aoq-twin, #t2i-right .aoq-twin")
+    assert driver.find_element(By.ID, "t2i-one-drawing").is_displayed() == bool(twins)
 
     # The hubness correction switch (principled in the test split, which leaves the bank out)
     # ranks both columns again and goes into the link to the view.

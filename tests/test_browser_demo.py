@@ -165,6 +165,21 @@ def test_twins_are_one_answer_and_the_marks_agree_with_the_ranks(driver, emoji_d
         first = min(rank for rank, _, _, ticked in tiles if ticked)
         assert _header_ranks(column) == (first, first), column
 
+    # each column holds the second shark, a twin: the "one drawing per name" switch is offered, and
+    # it hides the twins in the page while the ranks still count them
+    switch = driver.find_element(By.ID, "t2i-one-drawing")
+    twins = driver.find_elements(By.CSS_SELECTOR, "#t2i-left .aoq-twin, #t2i-right .aoq-twin")
+    assert switch.is_displayed() and twins and all(t.is_displayed() for t in twins)
+    switch.find_element(By.TAG_NAME, "input").click()
+    wait(driver, lambda d: not any(t.is_displayed() for t in twins))
+    for side in ("left", "right"):
+        cards = driver.find_elements(By.CSS_SELECTOR, f"#t2i-{side} .aoq-card")
+        shown = [int(re.search(r"#(\d+)", c.text).group(1)) for c in cards if c.is_displayed()]
+        hidden = [int(re.search(r"#(\d+)", c.get_attribute("textContent")).group(1)) for c in cards
+                  if not c.is_displayed()]
+        assert hidden and sorted(shown + hidden) == list(range(1, 13)), (shown, hidden)
+        assert _names(driver, "t2i", side).count("shark") == 1  # the first shark stays
+
     shark = _gallery_id(backend, "shark")
     open_page(driver, f"{ui}?tab=i2t&image={shark}&k=12&scope=test")
     wait(driver, lambda d: all(len(d.find_elements(By.CSS_SELECTOR, f"#i2t-{s} li")) == 12 for s in ("left", "right")))

@@ -1,6 +1,6 @@
 """The pieces of the comparison that read themselves (ui/render.py, ui/render_analysis.py,
 ui/seeds.py): the verdict line, results only one column lists, results as links to the search by
-them, twin drawings marked for the "one drawing per emoji" switch, and the served seed beside the
+them, twin drawings marked for the "one drawing per name" switch, and the served seed beside the
 multi-seed result."""
 
 from __future__ import annotations

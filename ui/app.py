@@ -50,7 +50,7 @@ FOLLOW_SHARE_LINKS = """() => {
 }"""
 
 
-#: the "one drawing per emoji" switch: the class on <body> that hides twin drawings (.aoq-twin).
+#: the "one drawing per name" switch: the class on <body> that hides twin drawings (.aoq-twin).
 ONE_DRAWING_JS = "(on) => { document.body.classList.toggle('aoq-one-drawing', on); return []; }"
 
 
@@ -170,8 +170,9 @@ def _text_to_image_tab(shared: Shared, free_text: list[ExampleQuery], intents: d
                               samples_per_page=len(free_text), elem_id="t2i-free-examples")
         examples = gr.Dataset(components=[query], samples=[], type="index",
                               label="Example queries (captions of the test split)", samples_per_page=N_PAGE)
-        one_drawing = gr.Checkbox(label="one drawing per emoji: hide a picture whose name a higher one of its column "
-                                        "has (the other vendor's drawing); ranks still count it",
+        one_drawing = gr.Checkbox(label="one drawing per name: hide a picture whose name a higher one of its column "
+                                        "has (a twin, such as the other vendor's drawing of an emoji); ranks still "
+                                        "count it",
                                   value=False, elem_id="t2i-one-drawing")
         view = side_by_side("t2i", normalise=normalise)
     # the page's own style sheet hides the marked twins (aoq_ui.render): no round trip to the service

@@ -68,6 +68,8 @@ CSS = """
 .aoq-links a { margin-right: 1em; }
 .aoq-enlarge { display: block; font-size: .75em; cursor: zoom-in; opacity: .8; }
 .aoq-one-drawing .aoq-twin { display: none; }
+/* the switch is offered only while a column holds a twin: elsewhere it would change nothing */
+body:not(:has(#t2i-left .aoq-twin, #t2i-right .aoq-twin)) #t2i-one-drawing { display: none !important; }
 .aoq-verdict { margin: .3em 0; padding: .3em .6em; border-left: 4px solid #2e9d4f; }
 .aoq-only { display: inline-block; font-size: .75em; padding: 0 .35em; border-radius: 4px;
             background: rgba(60,110,200,.15); border: 1px solid rgba(60,110,200,.6); }
@@ -276,7 +278,7 @@ def render_text_column(answer: SearchTextOut, title: str, other: SearchTextOut |
     """One model's top-k images for a text query: rank, score, name, split; ticks on correct ones;
     pictures that the ``other`` column does not list are marked. With ``search_by`` (the page's
     settings) a picture is a link to the image-to-text view searching by it; a picture whose name
-    an earlier one of the column has (a twin drawing) is marked for the "one drawing per emoji"
+    an earlier one of the column has (a twin drawing) is marked for the "one drawing per name"
     switch."""
     eval_split = answer.context.eval_split
     theirs = None if other is None else {h.image_id for h in other.results}
