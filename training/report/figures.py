@@ -18,6 +18,7 @@ def curves_figure(collected: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
     for ax, direction, title in ((axes[0], "t2i", "image retrieval (t2i)"), (axes[1], "i2t", "sentence retrieval (i2t)")):
@@ -29,6 +30,7 @@ def curves_figure(collected: dict[str, Any], path: Path) -> None:
         ax.set_title(f"dev R@1, {title}")
         ax.set_xlabel("epoch (round 1 for the baseline, round 2 for the others)")
         ax.set_ylabel("R@1 (%)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.tight_layout()
