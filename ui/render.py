@@ -68,8 +68,9 @@ CSS = """
 .aoq-links a { margin-right: 1em; }
 .aoq-enlarge { display: block; font-size: .75em; cursor: zoom-in; opacity: .8; }
 .aoq-one-drawing .aoq-twin { display: none; }
-/* the switch is offered only while a column holds a twin: elsewhere it would change nothing */
-body:not(:has(#t2i-left .aoq-twin, #t2i-right .aoq-twin)) #t2i-one-drawing { display: none !important; }
+/* the switch is offered only while a column holds a twin: elsewhere it would change nothing (the
+   bordered box Gradio wraps it in goes with it) */
+body:not(:has(#t2i-left .aoq-twin, #t2i-right .aoq-twin)) .form:has(> #t2i-one-drawing) { display: none !important; }
 .aoq-verdict { margin: .3em 0; padding: .3em .6em; border-left: 4px solid #2e9d4f; }
 .aoq-only { display: inline-block; font-size: .75em; padding: 0 .35em; border-radius: 4px;
             background: rgba(60,110,200,.15); border: 1px solid rgba(60,110,200,.6); }
