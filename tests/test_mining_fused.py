@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from tests.mining_helpers import Stop, exact_embeddings, reference, stop_at
 from aoq_train.mining import canonical, fused, kernels, mine_offline_negatives
@@ -134,9 +135,9 @@ def test_thresholds_guessed_too_high_redo_every_list_exactly(small_tiles, monkey
     redone = []
     original = fused.FusedPass._redo
 
-    def counting(self, which, ids, out, pool_map=None):
+    def counting(self, which, ids, out):
         redone.append((which, ids.size))
-        return original(self, which, ids, out, pool_map)
+        return original(self, which, ids, out)
 
     monkeypatch.setattr(fused.FusedPass, "_redo", counting)
     got = mine_offline_negatives(img, cap, 3, 25, 6, block_size=8, gallery_chunk=16, precision=precision,
@@ -309,6 +310,42 @@ def test_an_interruption_drops_the_row_tiles_queued_ahead(small_tiles, monkeypat
                                progress=False, on_block=stop_at("img_top_caps", 56))
     queued = [p for p in started if p >= 112]  # the block after the interrupted one: 8 tiles of 7 rows
     assert started and len(queued) < 8
+
+
+def test_a_worker_done_early_starts_on_the_next_block(small_tiles, monkeypatch) -> None:
+    """The next block's tiles are queued while a block is waited for: a worker that finishes its
+    last tile of a block starts on the next block while the other still scores that block's last
+    (slow) tile, instead of waiting for it; the column thresholds are re-estimated meanwhile (at a
+    quarter and half of the rows) from each chunk's own row count, and the lists stay exact."""
+    rng = np.random.default_rng(15)
+    img, cap = exact_embeddings(rng, 120, 6, 4), exact_embeddings(rng, 360, 6, 4)
+    monkeypatch.setattr(fused, "COL_HITS", 1)
+    block = 28  # four tiles of 7 rows
+    spans = []
+    original = fused.FusedPass._row_tile
+
+    def timed(self, p0, p1, wanted):
+        start = time.monotonic()
+        time.sleep(0.15 if p1 % block == 0 else 0.01)  # each block's last tile is the slow one
+        out = original(self, p0, p1, wanted)
+        spans.append((p0 // block, start, time.monotonic()))
+        return out
+
+    monkeypatch.setattr(fused.FusedPass, "_row_tile", timed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = mine_offline_negatives(img, cap, 3, 30, 8, block_size=block, gallery_chunk=20, precision="fp32",
+                                     progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    ref = reference(img, cap, 3, 30, 8)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+    blocks = sorted({b for b, _, _ in spans})
+    assert len(blocks) == 5
+    for b in blocks[1:-1]:  # each full block's last tile is still running when the next block starts
+        assert min(s for c, s, _ in spans if c == b + 1) < max(e for c, _, e in spans if c == b)
 
 
 def test_interrupted_pass_resumes_from_its_column_snapshot(small_tiles, tmp_path, monkeypatch) -> None:

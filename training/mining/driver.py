@@ -25,7 +25,7 @@ from aoq.io import (
 from aoq_train.mining.bf16 import bf16_pays, canonical_tile, error_bound, tile_within_bound
 from aoq_train.mining.int8 import int8_pays
 from aoq_train.mining.canonical import RULE, canonical_inputs, float32_margin
-from aoq_train.mining.fused import CHUNK, FusedPass, processing_order
+from aoq_train.mining.fused import CHUNK, FusedPass, processing_order, worker_pool
 from aoq_train.mining.pools import fresh_array
 from aoq_train.mining.topk import (
     Direction,
@@ -403,8 +403,12 @@ def _mine_fused(run: _Run, both: list[Direction], cpi: int,
         miner = FusedPass(img_emb, cap_emb, cpi, top_captions, top_images, chunk=run.gallery_chunk, precision=precision)
         miner.run(img_out, cap_out, block_size, img_done.__contains__, rows_done, state=parts.dir)
         bar.close()
-        for first in cap_missing:
-            cap_block_done(first)
+        with worker_pool() as ex:  # a file write and an fsync each, one per core; on an error the queued ones are dropped
+            saves = [ex.submit(parts.save, "cap_top_imgs", first, cap_out[first : first + block_size])
+                     for first in cap_missing]
+            for first, save in zip(cap_missing, saves):
+                save.result()
+                run.report("cap_top_imgs", first)
         parts.drop_snapshots()
     elif cap_missing:  # float32 products whatever the precision (the same canonical lists): a few blocks
         gallery = torch.from_numpy(cols.gallery)

@@ -57,6 +57,7 @@ The per-score work (the scan of a tile, the appends to the pools) is compiled
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -87,6 +88,7 @@ ROW_HITS = 100  # sampled scores above a row threshold's level (a few % of a row
 COL_HITS = 32  # the same for columns, whose sample is the first rows of the image order, scored as tall tiles
 BF16_NEG_INF = 0xFF80  # the bit pattern of bfloat16 -inf
 INT32_MIN = np.iinfo(np.int32).min  # an own positive's int8 product: it never passes (kernels.scan_int8)
+QUEUED_BLOCKS = 2  # blocks of row tiles queued at once: the one waited for and the next
 SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kill loses at most ~that much work
 
 
@@ -101,8 +103,8 @@ def sample_width(n: int, k: int, hits: int) -> int:
 
 
 @contextmanager
-def worker_pool() -> Iterator[tuple[ThreadPoolExecutor, int]]:
-    """(executor, workers): one worker thread per torch thread, each running single-threaded
+def worker_pool() -> Iterator[ThreadPoolExecutor]:
+    """An executor with one worker thread per torch thread, each running single-threaded
     torch kernels; torch's thread count is 1 inside and restored after. A new thread does not
     inherit the count set by another: a worker that did not set its own would run every product
     on all cores, and the workers together would oversubscribe them (more CPU time for the same
@@ -114,7 +116,7 @@ def worker_pool() -> Iterator[tuple[ThreadPoolExecutor, int]]:
         with ThreadPoolExecutor(workers, thread_name_prefix="mining", initializer=torch.set_num_threads,
                                 initargs=(1,)) as ex:
             try:
-                yield ex, workers
+                yield ex
             except BaseException:  # an error or an interruption: drop the queued tiles, not wait for them
                 ex.shutdown(wait=True, cancel_futures=True)
                 raise
@@ -166,8 +168,8 @@ class FusedPass:
         col_keys = fresh_array((self.n_cap, col_cap), np.int64)  # one mapping, viewed per chunk
         self.col_pools = [Pool(c1 - c0, col_cap, col_keys[c0:c1]) for c0, c1 in zip(self.bounds[:-1], self.bounds[1:])]
         self.col_locks = [threading.Lock() for _ in self.col_pools]
+        self.rows_in = np.zeros(len(self.col_pools), dtype=np.int64)  # image rows each chunk's column pool has seen
         self.tc = np.full(self.n_cap, LOWEST, dtype=np.float32)  # column thresholds, by position
-        self.workers = 1
         self.local = threading.local()
 
     @functools.cached_property
@@ -246,6 +248,7 @@ class FusedPass:
         row, col, values = self._passing(scores, None if tr is None else tr[first : first + n], tc, p0, c0)
         with self.col_locks[ci]:
             self.col_pools[ci].add(col, row, self.img_order[p0 : p0 + n], values, self.k_cols, tc)
+            self.rows_in[ci] += n
         if tr is not None:
             with rows_lock or contextlib.nullcontext():
                 rows.add(row + first if first else row, col, self.cap_order[c0:c1], values, self.k_rows, tr)
@@ -326,17 +329,15 @@ class FusedPass:
         pool_map(chunk, range(len(self.bounds) - 1))
         return self._finish(pool, self.k_rows, tr) if rows_wanted else None
 
-    def _tighten_columns(self, pool_map: Callable, rows_seen: int) -> None:
-        """Raise each column's threshold to an estimate from the ``rows_seen`` rows scored so far
-        (a fair sample of the images: the image order is random)."""
-        r = sample_rank(rows_seen, self.k_cols + 1, self.n_img)
-
-        def one(ci: int) -> None:
+    def _tighten_columns(self) -> None:
+        """Raise each column's threshold to an estimate from the rows its chunk has seen so far (a
+        fair sample of the images, whichever row tiles they came from: the image order is random).
+        Row tiles may be running meanwhile: each chunk is read under its lock, with its own count."""
+        for ci, pool in enumerate(self.col_pools):
             c0, c1 = self.bounds[ci], self.bounds[ci + 1]
             with self.col_locks[ci]:
-                np.maximum(self.tc[c0:c1], self.col_pools[ci].rth_best(r), out=self.tc[c0:c1])
-
-        pool_map(one, range(len(self.col_pools)))
+                r = sample_rank(int(self.rows_in[ci]), self.k_cols + 1, self.n_img)
+                np.maximum(self.tc[c0:c1], pool.rth_best(r), out=self.tc[c0:c1])
 
     # ------------------------------------------------------------------ snapshots
 
@@ -348,7 +349,9 @@ class FusedPass:
     def load_columns(self, folder: Path, usable: Callable[[int], bool]) -> int:
         """Restore the state saved by :meth:`save_columns` if ``usable(position)`` (the rows below
         it have their lists); returns that position, or 0 (nothing restored)."""
-        return load_pools(folder, self.col_pools, self.bounds, self.tc, usable)
+        position = load_pools(folder, self.col_pools, self.bounds, self.tc, usable)
+        self.rows_in[:] = position  # a snapshot is taken with no row tile running
+        return position
 
     # ------------------------------------------------------------------ the pass
 
@@ -374,7 +377,7 @@ class FusedPass:
         def wanted(p0: int, p1: int) -> bool:
             return any(not done(b) for b in range(p0 - p0 % block_size, p1, block_size))
 
-        with worker_pool() as (ex, self.workers):
+        with worker_pool() as ex:
             def pool_map(fn: Callable, items) -> list:
                 return list(ex.map(fn, items))
 
@@ -387,7 +390,7 @@ class FusedPass:
                 store(0, self._sample_phase(pool_map, wanted(0, h)))
                 end = h - h % block_size
                 if end:
-                    self._redo_rows(short_rows, img_out, pool_map)
+                    self._redo_rows(short_rows, img_out)
                     on_rows(end)
 
             def submit(b0: int) -> tuple[int, int, list[tuple[int, int]], list]:
@@ -397,23 +400,38 @@ class FusedPass:
                 return b0, b1, tiles, [ex.submit(self._row_tile, p0, p1, wanted(p0, p1)) for p0, p1 in tiles]
 
             saved = time.monotonic()
-            pending = submit(end) if end < self.n_img else None
-            while pending is not None:
-                b0, b1, tiles, futures = pending
+            queued: collections.deque = collections.deque()  # submitted blocks, oldest first
+            following = end  # the first row of the next block to submit
+
+            def snapshot_due() -> bool:
+                return state is not None and time.monotonic() - saved >= SNAPSHOT_SECONDS
+
+            def top_up() -> None:
+                """Keep the block after the one waited for queued, so that no worker waits at a
+                block's end, but queue nothing past a block after which the column pools are to
+                be saved: they must not change while they are written."""
+                nonlocal following
+                while following < self.n_img and len(queued) < QUEUED_BLOCKS and not (queued and snapshot_due()):
+                    queued.append(submit(following))
+                    following = queued[-1][1]
+
+            top_up()
+            while queued:
+                b0, b1, tiles, futures = queued.popleft()
                 for (p0, _), future in zip(tiles, futures):
                     store(p0, future.result())
-                self._redo_rows(short_rows, img_out, pool_map)
+                snapshot = b1 < self.n_img and not queued and snapshot_due()
+                if not snapshot:
+                    top_up()
+                # on this thread, not the workers': their queue holds the next blocks' tiles
+                self._redo_rows(short_rows, img_out)
                 if b0 < self.n_img // 4 <= b1 or b0 < self.n_img // 2 <= b1:
-                    self._tighten_columns(pool_map, b1)
-                snapshot = state is not None and b1 < self.n_img and time.monotonic() - saved >= SNAPSHOT_SECONDS
-                # the next block is scored while this one's lists are saved (on_rows), unless the
-                # column pools are to be saved first: they must not change while they are written
-                pending = submit(b1) if b1 < self.n_img and not snapshot else None
-                on_rows(b1)
+                    self._tighten_columns()
+                on_rows(b1)  # this block's lists are saved while the next ones are scored
                 if snapshot:
                     self.save_columns(state, b1)
                     saved = time.monotonic()
-                    pending = submit(b1)
+                    top_up()
 
             def finish_columns(ci: int) -> np.ndarray:
                 """Chunk ``ci``'s caption lists into ``cap_out`` (chunks hold distinct captions); its short ones."""
@@ -425,15 +443,15 @@ class FusedPass:
             short_cols = pool_map(finish_columns, range(len(self.col_pools)))
         self._redo(1, np.concatenate(short_cols), cap_out)
 
-    def _redo_rows(self, short_rows: list[np.ndarray], img_out: np.ndarray, pool_map: Callable) -> None:
+    def _redo_rows(self, short_rows: list[np.ndarray], img_out: np.ndarray) -> None:
         if short_rows:
-            self._redo(0, np.concatenate(short_rows), img_out, pool_map)
+            self._redo(0, np.concatenate(short_rows), img_out)
             short_rows.clear()
 
-    def _redo(self, which: int, ids: np.ndarray, out: np.ndarray, pool_map: Callable | None = None) -> None:
+    def _redo(self, which: int, ids: np.ndarray, out: np.ndarray) -> None:
         """Lists that ended short, redone exactly with no threshold (float32 products, canonical
-        decision: :func:`aoq_train.mining.topk.exact_rows`), shared over the workers when
-        ``pool_map`` is given."""
+        decision: :func:`aoq_train.mining.topk.exact_rows`), on this thread: during the pass the
+        workers are scoring the next blocks meanwhile."""
         if not ids.size:
             return
         log.info("%d %s lists redone exactly (their threshold estimate was too high)", ids.size,
@@ -441,9 +459,5 @@ class FusedPass:
         direction = directions(self.img, self.cap, self.cpi, self.k_rows, self.k_cols)[which]
         gallery = torch.from_numpy(direction.gallery)
 
-        def redo(part: np.ndarray) -> None:
-            out[part] = exact_rows(direction, torch.from_numpy(direction.queries[part]), part, gallery,
-                                   self.f32_margin)
-
-        run = pool_map or (lambda fn, items: [fn(item) for item in items])
-        run(redo, [p for p in np.array_split(np.sort(ids), self.workers if pool_map else 1) if p.size])
+        part = np.sort(ids)
+        out[part] = exact_rows(direction, torch.from_numpy(direction.queries[part]), part, gallery, self.f32_margin)
