@@ -79,6 +79,7 @@ from aoq.device import cpu_description  # noqa: E402
 from aoq_train.mining import fused, mine_offline_negatives  # noqa: E402
 from aoq_train.mining.canonical import canonical_pairs  # noqa: E402
 from aoq_train.mining.driver import FILTER_MODES, product_precision  # noqa: E402
+from aoq_train.mining.workers import worker_pool  # noqa: E402
 
 COCO_IMAGES, COCO_CPI, COCO_DIM = 113_287, 5, 1024
 MODES = ("fp32", "bf16", "int8")  # the fused pass's products; the first is the reference the others are compared with
@@ -164,7 +165,7 @@ def tiled_matmul(queries: np.ndarray, gallery: np.ndarray) -> None:
             qt, gt = q[p0 : p0 + fused.ROW_TILE], g[c0 : c0 + fused.CHUNK]
             torch.mm(qt, gt.T, out=buf[: len(qt) * len(gt)].view(len(qt), len(gt)))
 
-    with fused.worker_pool() as ex:
+    with worker_pool() as ex:
         list(ex.map(rows, range(0, len(q), fused.ROW_TILE)))
 
 
@@ -238,7 +239,7 @@ def coco(tiles: int, top_captions: int, top_images: int) -> str:
             miner = fused.FusedPass(img, cap, COCO_CPI, top_captions, top_images, precision=mode)
         h = miner.sample_height
         firsts = list(range(h, h + tiles * fused.ROW_TILE, fused.ROW_TILE))
-        with fused.worker_pool() as ex:
+        with worker_pool() as ex:
             pool_map = lambda fn, items: list(ex.map(fn, items))  # noqa: E731
             with Clock() as sample:
                 miner._sample_phase(pool_map, True)

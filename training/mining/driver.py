@@ -25,7 +25,7 @@ from aoq.io import (
 from aoq_train.mining.bf16 import bf16_pays, canonical_tile, error_bound, tile_within_bound
 from aoq_train.mining.int8 import int8_pays
 from aoq_train.mining.canonical import RULE, canonical_inputs, float32_margin
-from aoq_train.mining.fused import CHUNK, FusedPass, processing_order, worker_pool
+from aoq_train.mining.fused import CHUNK, FusedPass, processing_order
 from aoq_train.mining.pools import fresh_array
 from aoq_train.mining.topk import (
     Direction,
@@ -36,6 +36,7 @@ from aoq_train.mining.topk import (
     directions,
     faiss_index,
 )
+from aoq_train.mining.workers import worker_pool
 
 log = logging.getLogger(__name__)
 

@@ -65,9 +65,7 @@ import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -79,6 +77,7 @@ from aoq_train.mining import canonical, int8, kernels
 from aoq_train.mining.keys import LOWEST, decode_ids, decode_scores
 from aoq_train.mining.pools import Pool, fresh_array, load_pools, sample_rank, sampled_threshold, save_pools
 from aoq_train.mining.topk import directions, exact_rows
+from aoq_train.mining.workers import worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -100,28 +99,6 @@ def processing_order(n: int, seed: int) -> np.ndarray:
 def sample_width(n: int, k: int, hits: int) -> int:
     """Ids to sample for a threshold with about ``hits`` sampled scores above its level."""
     return min(n, math.ceil(hits * n / k))
-
-
-@contextmanager
-def worker_pool() -> Iterator[ThreadPoolExecutor]:
-    """An executor with one worker thread per torch thread, each running single-threaded
-    torch kernels; torch's thread count is 1 inside and restored after. A new thread does not
-    inherit the count set by another: a worker that did not set its own would run every product
-    on all cores, and the workers together would oversubscribe them (more CPU time for the same
-    pass). On an error, tasks not yet started are cancelled."""
-    threads = torch.get_num_threads()
-    workers = max(1, threads)
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="mining", initializer=torch.set_num_threads,
-                                initargs=(1,)) as ex:
-            try:
-                yield ex
-            except BaseException:  # an error or an interruption: drop the queued tiles, not wait for them
-                ex.shutdown(wait=True, cancel_futures=True)
-                raise
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _permuted(a: np.ndarray, order: np.ndarray) -> torch.Tensor:
