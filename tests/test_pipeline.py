@@ -181,15 +181,18 @@ def test_filtered_and_teacher_arms_train_on_their_own_mined_lists(tmp_path, synt
     assert set(shares) == {"false_negatives", "near_neighbours"} and shares["near_neighbours"] is not None
 
 
-def test_two_processes_train_the_models_of_one_on_one_thread(tmp_path, synth, one_thread):
-    """With two processes the round-2 arms and the round-1 arm train beside the main line, each on
-    one thread: the weights are those of a serial run on one thread, byte for byte (a float
-    reduction's order follows the thread count, so that is the serial run to match)."""
+def test_two_processes_train_the_models_of_one_on_one_thread(tmp_path, synth, one_thread, caplog):
+    """With two processes the round-2 arms and the round-1 arm train beside the main line, and the
+    evaluations are shared between the processes, each on one thread: the weights and results are
+    those of a serial run on one thread, byte for byte (a float reduction's order follows the
+    thread count, so that is the serial run to match)."""
     cfg_path = _config(tmp_path, synth, train={"epochs": 1}, round2={"epochs": 1})
     arms = resolve_arms(["aoq", "aoq-fn-identity", "goal-con-sig"])
     serial = run_pipeline(load_config(cfg_path), arms, progress_bar=False)
-    two = run_pipeline(load_config(cfg_path, [f"out_dir={tmp_path}/two/{{name}}"]), arms, progress_bar=False,
-                       workers=2)
+    with caplog.at_level(logging.INFO, logger="aoq_train.pipeline.stages"):
+        two = run_pipeline(load_config(cfg_path, [f"out_dir={tmp_path}/two/{{name}}"]), arms, progress_bar=False,
+                           workers=2)
+    assert any(re.match(r"stage evaluate:\S+: running in another process", r.getMessage()) for r in caplog.records)
     assert set(two.status.values()) == {"ran"} and list(two.status) == list(serial.status)
     assert set(serial.models) == {"baseline", "aoq", "aoq-fn-identity", "goal-con-sig"}
     for name, path in serial.models.items():

@@ -285,10 +285,12 @@ def run_pipeline(
     labelled = load_split(cfg.data, "test").labels is not None
     for name, path in models.items():
         out = run_dir / "evaluation" / name
+        work = functools.partial(evaluate_model_stage, path, "test", out, labels=labelled)
+        # detachable: with two processes the evaluations are shared between them (one thread each)
         stages.append(Stage(
             f"evaluate:{name}", out,
             lambda path=path: {"model": _content_hash(path), "split": cfg.data.test_split, "labels": labelled},
-            lambda path=path, out=out: evaluate_model_stage(path, "test", out, labels=labelled),
+            work, lambda work=work: work, needs=(f"publish:{name}",),
         ))
     comparison_dir = run_dir / "comparison"
     stages.append(Stage(
