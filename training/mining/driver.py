@@ -404,7 +404,8 @@ def _mine_fused(run: _Run, both: list[Direction], cpi: int,
         miner = FusedPass(img_emb, cap_emb, cpi, top_captions, top_images, chunk=run.gallery_chunk, precision=precision)
         miner.run(img_out, cap_out, block_size, img_done.__contains__, rows_done, state=parts.dir)
         bar.close()
-        with worker_pool() as ex:  # a file write and an fsync each, one per core; on an error the queued ones are dropped
+        # a file write and an fsync each, one per core; on an error the queued ones are dropped
+        with worker_pool() as ex:
             saves = [ex.submit(parts.save, "cap_top_imgs", first, cap_out[first : first + block_size])
                      for first in cap_missing]
             for first, save in zip(cap_missing, saves):
