@@ -382,9 +382,8 @@ def _mine_fused(run: _Run, both: list[Direction], cpi: int,
         else:
             cap_out[first:last] = part
 
-    def cap_block_done(first: int) -> None:
+    def save_cap_block(first: int) -> None:
         parts.save("cap_top_imgs", first, cap_out[first : first + block_size])
-        run.report("cap_top_imgs", first)
 
     if len(img_done) < len(img_firsts):
         bar = tqdm(total=len(img_firsts), desc="mining (both directions)", unit="block", disable=not run.progress,
@@ -406,8 +405,7 @@ def _mine_fused(run: _Run, both: list[Direction], cpi: int,
         bar.close()
         # a file write and an fsync each, one per core; on an error the queued ones are dropped
         with worker_pool() as ex:
-            saves = [ex.submit(parts.save, "cap_top_imgs", first, cap_out[first : first + block_size])
-                     for first in cap_missing]
+            saves = [ex.submit(save_cap_block, first) for first in cap_missing]
             for first, save in zip(cap_missing, saves):
                 save.result()
                 run.report("cap_top_imgs", first)
@@ -420,5 +418,6 @@ def _mine_fused(run: _Run, both: list[Direction], cpi: int,
             q = torch.from_numpy(cols.queries[first:last])
             cap_out[first:last] = block_topk_torch(cols, q, np.arange(first, last), gallery, run.gallery_chunk,
                                                    scorer=scorer)
-            cap_block_done(first)
+            save_cap_block(first)
+            run.report("cap_top_imgs", first)
     return img_out, cap_out
