@@ -124,6 +124,18 @@ def test_a_margin_below_the_bound_loses_members(small_tiles, monkeypatch) -> Non
     assert not (np.array_equal(lossy[0], ref[0]) and np.array_equal(lossy[1], ref[1]))
 
 
+@pytest.mark.parametrize(("fp32_ms", "pays"), [(4.1, False), (6.0, True), (9.0, True)])
+def test_int8_pays_only_where_its_products_cover_the_wider_bound(monkeypatch, fp32_ms: float, pays: bool) -> None:
+    # 4.1x: the speed-up of an Intel Xeon without AMX whose int8 pass was no faster than its float32 one
+    timings = iter([fp32_ms * 1e-3, 1e-3])
+    monkeypatch.setattr(int8, "best_seconds", lambda fn, repeats: next(timings))
+    int8.int8_pays.cache_clear()
+    try:
+        assert int8.int8_pays() is pays
+    finally:
+        int8.int8_pays.cache_clear()
+
+
 def test_int8_pays_is_measured_once_per_process(monkeypatch) -> None:
     first = int8.int8_pays()
     assert isinstance(first, bool)

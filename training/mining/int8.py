@@ -3,7 +3,8 @@ candidates, the canonical score (:mod:`aoq_train.mining.canonical`) decides.
 
 Where a CPU has no fast bfloat16 products (no AVX512-BF16 nor AMX), its int8 products may still
 be several times faster than float32 ones (VNNI); where torch has no fast int8 kernel for the CPU
-(AVX2 only) they are much slower, and ``auto`` does not pick them (:func:`int8_pays`). Each row
+(AVX2 only) they are much slower. The filter's wide bound admits more candidates to re-score, so
+``auto`` picks it only where the products are faster by far (:func:`int8_pays`). Each row
 ``x`` of either matrix is rounded to ``x~ = s X``: ``s = max_j |x_j| / 127`` (float32) and ``X =
 round(x / s)`` (int8, in [-127, 127]); ``torch._int_mm`` gives ``P = Q G^T`` in int32, exactly
 (``|P| <= 127^2 d < 2^31``). For a query ``q``, a gallery row ``g``, ``e_q = q - q~``, ``e_g = g -
@@ -34,11 +35,16 @@ import torch
 from numba import njit
 
 from aoq_train.mining import canonical
-from aoq_train.mining.bf16 import PAYS_FACTOR, best_seconds
+from aoq_train.mining.bf16 import best_seconds
 
 log = logging.getLogger(__name__)
 
 INT8_MAX = 127
+#: How much faster than float32 ones this CPU's int8 tile products must be for ``auto`` to pick
+#: the int8 filter: its bound admits ~2.7x the float32 mode's candidates, and on a CPU whose
+#: float32 products are fast their re-scoring costs what the faster products save (a 4.1x
+#: product gained nothing over float32 as a whole pass, a ~9x one won: docs/mining.md, section 2).
+INT8_PAYS_FACTOR = 6.0
 
 
 def quantize(x: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,10 +118,9 @@ def as_float32(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray) -> np.
 
 @functools.lru_cache(maxsize=1)
 def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
-    """Whether this CPU's single-threaded int8 products are at least ``PAYS_FACTOR`` times faster
-    than float32 ones on a 512 x 1024 tile (the filter's wider bound costs more re-scored
-    candidates than bf16's: docs/mining.md, section 2) and exact there (int32 results equal to
-    int64 ones). Timed once per process: ``precision="auto"`` where the bf16 filter does not pay."""
+    """Whether this CPU's single-threaded int8 products are at least ``INT8_PAYS_FACTOR`` times
+    faster than float32 ones on a 512 x 1024 tile and exact there (int32 results equal to int64
+    ones). Timed once per process: ``precision="auto"`` where the bf16 filter does not pay."""
     gen = torch.Generator().manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(512, dim, generator=gen), dim=1)
     g = torch.nn.functional.normalize(torch.randn(1024, dim, generator=gen), dim=1)
@@ -132,7 +137,7 @@ def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
     finally:
         torch.set_num_threads(threads)
     speedup = best["fp32"] / best["int8"]
-    pays = exact and speedup >= PAYS_FACTOR
+    pays = exact and speedup >= INT8_PAYS_FACTOR
     log.info("int8 products %.2fx float32 on one core%s: mining filters in %s", speedup,
              "" if exact else " but not exact", "int8" if pays else "fp32")
     return pays
