@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    #: worker processes serving the one listening socket (docs/serving.md, Workers); 0: one per
+    #: worker processes serving the one port (docs/serving.md, Workers); 0: one per
     #: CPU core this process may run on. 1: a single process, nothing shared between processes.
     workers: int = Field(0, ge=0)
     #: where models run queries; the CPU is the sensible default for single queries.

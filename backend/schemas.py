@@ -71,6 +71,7 @@ class HealthOut(BaseModel):
     generation: int | None = Field(None, description="index generation being served (index.json)")
     workers: list[WorkerOut] = Field(default_factory=list, description="every worker process of the service (one "
                                      "when it runs one process); the fields above are the answering worker's")
+    worker: int = Field(0, description="the number of the worker that answered (0 when the service runs one process)")
 
 
 class Measured(BaseModel):

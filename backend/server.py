@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -43,23 +44,59 @@ _TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-leng
 _REQUEST_READ = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
 
 
-def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """A listening TCP socket (``IPPROTO_TCP``, so accepted connections get ``TCP_NODELAY``).
+#: Whether several worker processes each listen on a socket of their own bound to the one port
+#: (``SO_REUSEPORT``), so that the kernel spreads new connections among them: on one shared
+#: listening socket the worker that woke first accepted most of a burst of keep-alive connections
+#: and served them on one core (docs/serving.md, Workers). Linux only: elsewhere ``SO_REUSEPORT``
+#: does not spread connections, and the workers share one listening socket.
+SPREAD_BY_KERNEL = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
 
-    Raises:
-        OSError: the address is in use or cannot be bound.
-    """
+
+def _bound(host: str, port: int, shared: bool) -> socket.socket:
+    """A TCP socket (``IPPROTO_TCP``, so accepted connections get ``TCP_NODELAY``) bound to the
+    address; ``shared``: with ``SO_REUSEPORT``, for the sockets of several workers."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket, inherited by forked workers where they share it.
+
+    Raises:
+        OSError: the address is in use or cannot be bound.
+    """
+    sock = _bound(host, port, shared=False)
     sock.listen(backlog)
     sock.set_inheritable(True)
     return sock
+
+
+def reserve(host: str, port: int) -> socket.socket:
+    """The address of a service whose workers listen on sockets of their own
+    (:data:`SPREAD_BY_KERNEL`), held by the parent process: bound, not listening, so it takes
+    no connection itself.
+
+    Raises:
+        OSError: the address is in use or cannot be bound.
+    """
+    return _bound(host, port, shared=True)
+
+
+def worker_socket(reserved: socket.socket) -> socket.socket:
+    """A worker's own socket on the address :func:`reserve` holds, bound and not listening yet:
+    the server listens on it once the worker's application has started, so no connection waits
+    in the queue of a worker still loading its models while the others answer."""
+    host, port = reserved.getsockname()[:2]
+    return _bound(host, port, shared=True)
 
 
 class ClientConnections:

@@ -36,27 +36,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aoq_serve.config import Settings
-    from aoq_serve.server import listen
+    from aoq_serve.server import SPREAD_BY_KERNEL, listen, reserve
     from aoq_serve.store.integrity import check_catalogue
 
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     settings = Settings(**overrides)
+    workers = settings.worker_count()
+    own_sockets = workers > 1 and SPREAD_BY_KERNEL
     try:
         # Bound before any model is loaded, so a busy port fails at once.
-        sock = listen(settings.host, settings.port)
+        sock = (reserve if own_sockets else listen)(settings.host, settings.port)
     except OSError as exc:
         why = "the port is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         print(f"aoq serve: error: cannot listen on {settings.host}:{settings.port}: {why}", file=sys.stderr)
         return 1
+    claim = _claim(sock) if own_sockets else None
     try:
+        if own_sockets and claim is None:
+            # SO_REUSEPORT would let a second service of this user bind the port too
+            print(f"aoq serve: error: cannot listen on {settings.host}:{settings.port}: the port is already in use "
+                  "by another aoq serve", file=sys.stderr)
+            return 1
         # Here rather than at application start-up, where a failure would end in a traceback.
         check_catalogue(settings)
-        workers = settings.worker_count()
         if workers == 1:
             return _serve_one(settings, sock)
-        return _serve_workers(settings, sock, workers)
+        return _serve_workers(settings, sock, workers, own_sockets)
     finally:
         sock.close()
+        if claim is not None:
+            claim.close()
+
+
+def _claim(sock: socket.socket) -> socket.socket | None:
+    """A Unix socket in Linux's abstract namespace named after the port ``sock`` is bound to: only
+    one process can hold the name, the kernel frees it when its holders end, and it leaves no
+    file behind. None when another service holds it."""
+    port = sock.getsockname()[1]
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind(f"\0aoq-serve port {port}")
+    except OSError:
+        claim.close()
+        return None
+    return claim
 
 
 def _serve_one(settings: Settings, sock: socket.socket) -> int:
@@ -70,16 +93,18 @@ def _serve_one(settings: Settings, sock: socket.socket) -> int:
     return 0 if server.started else 1
 
 
-def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int:
-    """``workers`` forked processes sharing ``sock``, the connection caps, the decode budget and
-    the index pages (docs/serving.md, Workers); a worker that dies is replaced."""
+def _serve_workers(settings: Settings, sock: socket.socket, workers: int, own_sockets: bool) -> int:
+    """``workers`` forked processes sharing the connection caps, the decode budget and the index
+    pages (docs/serving.md, Workers); a worker that dies is replaced. With ``own_sockets`` each
+    worker listens on a socket of its own bound to ``sock``'s address, else they all share
+    ``sock``."""
     # Imported before the fork: the workers share these modules' pages and start sooner. No
     # model is loaded and no thread started here.
     from aoq_serve.app import create_app
     from aoq_serve.cluster.state import Shared
     from aoq_serve.cluster.supervisor import Supervisor
     from aoq_serve.cluster.worker import WorkerContext
-    from aoq_serve.server import make_server
+    from aoq_serve.server import make_server, worker_socket
 
     share_dir = Path(tempfile.mkdtemp(prefix="aoq-serve-", dir=_SHM if _SHM.is_dir() else None))
     try:
@@ -89,7 +114,7 @@ def _serve_workers(settings: Settings, sock: socket.socket, workers: int) -> int
             context = WorkerContext(shared.reopen(), worker, share_dir)
             app = create_app(settings, check_catalogue=False, cluster=context)
             server = make_server(app, settings, context.connections(settings))
-            server.run(sockets=[sock])
+            server.run(sockets=[worker_socket(sock) if own_sockets else sock])
             return 0 if server.started else 1
 
         print(f"aoq serve: {workers} worker processes on {settings.host}:{settings.port}", file=sys.stderr, flush=True)

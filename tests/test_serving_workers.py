@@ -4,19 +4,23 @@ listing each, and a killed worker replaced. Real servers on 127.0.0.1, random po
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import selectors
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests.backend_helpers import ServiceFixture, build_service_fixture, serve_process
+from tests.backend_helpers import ServiceFixture, build_service_fixture, serve_env, serve_process, start_serve
 
 WORKERS = 2
 QUERIES = [{"query": q, "model": m, "k": 7} for q in ("a red circle", "a big blue square on the left", "green")
@@ -102,6 +106,49 @@ def test_reload_reaches_every_worker_and_health_lists_each(fx, several):
         health = _fresh_get(port, "/health")
         assert health["generation"] == generation + 1  # whichever worker answered
         assert {w["generation"] for w in health["workers"]} == {generation + 1}
+
+
+#: the keep-alive connections of the spread test, opened together from this many client addresses
+#: (``CAP`` from each).
+BURST_SOURCES = ("127.0.0.10", "127.0.0.11", "127.0.0.12", "127.0.0.13")
+
+
+def test_connections_opened_together_are_spread_over_the_workers(several):
+    """A client's pool of keep-alive connections, opened at once, is answered by every worker.
+    On one shared listening socket the worker that woke first accepted nearly all of them and
+    served them on one core (docs/serving.md, Workers); on sockets of their own (SO_REUSEPORT)
+    the kernel spreads them. 32 connections: each worker gets at least 5 unless the kernel's
+    hash splits them worse than 1 in 50,000 splits would."""
+    port = several[0]
+    start = threading.Barrier(len(BURST_SOURCES) * CAP)
+    answered: Counter[int] = Counter()
+
+    def connect_and_ask(source: str) -> None:
+        start.wait()
+        with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            response = http.client.HTTPResponse(s)
+            response.begin()
+            assert response.status == 200
+            answered[json.loads(response.read())["worker"]] += 1
+
+    with ThreadPoolExecutor(len(BURST_SOURCES) * CAP) as pool:
+        list(pool.map(connect_and_ask, [source for source in BURST_SOURCES for _ in range(CAP)]))
+    assert sorted(answered) == list(range(WORKERS)) and min(answered.values()) >= 5, answered
+
+
+def test_a_second_service_on_the_port_is_refused(fx, several):
+    """Sockets of their own let any process of this user bind the port too (SO_REUSEPORT): a
+    second ``aoq serve`` there is refused, rather than taking a share of the first one's clients."""
+    second = start_serve(serve_env(fx, workers=WORKERS), several[0])
+    try:
+        _, err = second.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        second.kill()
+        second.communicate()
+        pytest.fail("a second aoq serve started on the port of the first")
+    assert second.returncode == 1
+    assert "already in use by another aoq serve" in err
 
 
 def _held(port: int, n: int, source: str = "127.0.0.1") -> list[socket.socket]:

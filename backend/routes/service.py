@@ -38,7 +38,8 @@ def _workers(service: Service) -> list[WorkerOut]:
 
 @router.get("/health", response_model=HealthOut)
 def health(service: ServiceDep) -> HealthOut:
-    return HealthOut(**service.state(), version=VERSION, workers=_workers(service))
+    return HealthOut(**service.state(), version=VERSION, workers=_workers(service),
+                     worker=service.board.worker if service.board is not None else 0)
 
 
 @router.get("/models", response_model=list[ModelOut])
