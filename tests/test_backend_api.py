@@ -60,7 +60,8 @@ def test_health_lists_every_model_and_nothing_disabled(client):
     r = client.get("/health")
     assert r.status_code == 200
     state = {"status": "ok", "models": ["aoq", "baseline", "pixels"], "disabled": {}, "faults": {}, "generation": 1}
-    assert r.json() == {**state, "version": "0.1.0", "workers": [{**state, "worker": 0, "pid": r.json()["workers"][0]["pid"]}]}
+    assert r.json() == {**state, "version": "0.1.0", "worker": 0,
+                        "workers": [{**state, "worker": 0, "pid": r.json()["workers"][0]["pid"]}]}
 
 
 def test_models_describe_role_loss_encoder_and_hash(service, client):
