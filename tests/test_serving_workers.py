@@ -108,32 +108,30 @@ def test_reload_reaches_every_worker_and_health_lists_each(fx, several):
         assert {w["generation"] for w in health["workers"]} == {generation + 1}
 
 
-#: the keep-alive connections of the spread test, opened together from this many client addresses
-#: (``CAP`` from each).
+#: the client addresses of the spread test's connections, ``CAP`` from each, opened together.
 BURST_SOURCES = ("127.0.0.10", "127.0.0.11", "127.0.0.12", "127.0.0.13")
 
 
 def test_connections_opened_together_are_spread_over_the_workers(several):
-    """A client's pool of keep-alive connections, opened at once, is answered by every worker.
+    """Connections opened at once (a client's pool of keep-alive connections) reach every worker.
     On one shared listening socket the worker that woke first accepted nearly all of them and
     served them on one core (docs/serving.md, Workers); on sockets of their own (SO_REUSEPORT)
     the kernel spreads them. 32 connections: each worker gets at least 5 unless the kernel's
     hash splits them worse than 1 in 50,000 splits would."""
     port = several[0]
     start = threading.Barrier(len(BURST_SOURCES) * CAP)
-    answered: Counter[int] = Counter()
 
-    def connect_and_ask(source: str) -> None:
+    def answering_worker(source: str) -> int:
         start.wait()
         with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             response = http.client.HTTPResponse(s)
             response.begin()
             assert response.status == 200
-            answered[json.loads(response.read())["worker"]] += 1
+            return json.loads(response.read())["worker"]
 
     with ThreadPoolExecutor(len(BURST_SOURCES) * CAP) as pool:
-        list(pool.map(connect_and_ask, [source for source in BURST_SOURCES for _ in range(CAP)]))
+        answered = Counter(pool.map(answering_worker, [source for source in BURST_SOURCES for _ in range(CAP)]))
     assert sorted(answered) == list(range(WORKERS)) and min(answered.values()) >= 5, answered
 
 
