@@ -1,8 +1,8 @@
 """The parent of the worker processes: forks ``workers`` children that serve the one port (each
 on a socket of its own where the kernel spreads connections,
 :data:`aoq_serve.server.SPREAD_BY_KERNEL`), replaces a child that dies while serving, and stops
-them all on SIGTERM or SIGINT. It loads no model itself (the children do, after the fork), so it stays small and
-forks no threads' state."""
+them all on SIGTERM or SIGINT. It loads no model itself (the children do, after the fork), so
+it stays small and forks no threads' state."""
 
 from __future__ import annotations
 

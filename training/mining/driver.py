@@ -156,9 +156,9 @@ def mine_offline_negatives(
             rounded embeddings within a proven bound (``aoq_train.mining.int8``). ``auto``:
             ``bf16`` where it pays (the fused CPU pass on a CPU whose bf16 products are at least
             1.5x faster, :func:`aoq_train.mining.bf16.bf16_pays`), else ``int8`` where that
-            pays (int8 products at least 6x faster, :func:`aoq_train.mining.int8.int8_pays`),
-            else ``fp32``. CUDA: ``fp16``, float16
-            products with float32 results and the same kind of bound (a float32 copy of the
+            pays (:func:`aoq_train.mining.int8.int8_pays`: its products faster by
+            :data:`aoq_train.mining.int8.INT8_PAYS_FACTOR`), else ``fp32``. CUDA: ``fp16``,
+            float16 products with float32 results and the same kind of bound (a float32 copy of the
             gallery is kept on the device for the canonical scores).
         work_dir: folder for resumable per-block results; None keeps everything in memory.
         progress: show a tqdm bar over the blocks.
