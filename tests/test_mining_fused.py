@@ -218,6 +218,23 @@ def test_pool_keeps_the_best_k_and_raises_the_threshold_to_the_kth_score() -> No
     np.testing.assert_array_equal(again.best(3)[0], pool.best(3)[0])
 
 
+def test_select_best_moves_each_lists_best_k_first_and_keeps_its_keys() -> None:
+    rng = np.random.default_rng(5)
+    keys = rng.integers(-6, 6, size=(300, 40)).astype(np.int64)  # many equal keys: the partition's hard case
+    keys[:100] = rng.integers(-(2**62), 2**62, size=(100, 40))
+    fill = rng.integers(0, 41, size=300)
+    before = keys.copy()
+    kernels.select_best(keys, fill, 7)
+    for a, b, n in zip(keys, before, fill):
+        np.testing.assert_array_equal(np.sort(a[:n]), np.sort(b[:n]))  # the same keys, reordered
+        np.testing.assert_array_equal(a[n:], b[n:])  # nothing past the fill is touched
+        if n >= 7:
+            np.testing.assert_array_equal(np.sort(a[:7]), np.sort(b[:n])[n - 7 :])
+            assert a[6] == np.sort(b[:n])[n - 7]
+        else:
+            np.testing.assert_array_equal(a, b)
+
+
 def test_scan_finds_the_scores_reaching_either_level_in_row_major_order() -> None:
     rng = np.random.default_rng(3)
     scores = rng.standard_normal((5, 21)).astype(np.float32)  # a width that is not a multiple of 8

@@ -153,6 +153,42 @@ def bf16_filter_keys(levels: np.ndarray, margin: float) -> np.ndarray:
 
 
 @njit(nogil=True, cache=True)
+def select_best(keys: np.ndarray, fill: np.ndarray, k: int) -> None:
+    """Reorder each list's first ``fill`` keys in place so that its best ``k`` come first, the
+    k-th best at index ``k - 1`` (a quickselect in decreasing order; lists with fewer than
+    ``k`` keys are left as they are). The pools' lists are unordered, so only the selection is
+    paid for: numpy's partition first copies every list into a padded array."""
+    for i in range(fill.shape[0]):
+        n = fill[i]
+        if n < k:
+            continue
+        a = keys[i]
+        lo, hi, t = 0, n - 1, k - 1
+        while lo < hi:
+            x, y, z = a[lo], a[(lo + hi) >> 1], a[hi]  # the pivot: their median
+            if x < y:
+                x, y = y, x
+            if y < z:
+                y = min(x, z)
+            left, right = lo, hi
+            while left <= right:  # Hoare's partition: keys >= y to the left, <= y to the right
+                while a[left] > y:
+                    left += 1
+                while a[right] < y:
+                    right -= 1
+                if left <= right:
+                    a[left], a[right] = a[right], a[left]
+                    left += 1
+                    right -= 1
+            if t <= right:
+                hi = right
+            elif t >= left:
+                lo = left
+            else:
+                break  # a[right + 1 : left] all equal the pivot, and t is among them
+
+
+@njit(nogil=True, cache=True)
 def append(lists: np.ndarray, others: np.ndarray, other_ids: np.ndarray, values: np.ndarray,
            threshold: np.ndarray, keys: np.ndarray, fill: np.ndarray, k: int) -> int:
     """Append candidate ``i`` (score ``values[i]``, id ``other_ids[others[i]]``) to list

@@ -56,28 +56,31 @@ class Pool:
         return kernels.append(lists, others, other_ids, values, threshold, self.keys, self.fill[: self.n], k)
 
     def rth_best(self, r: int) -> np.ndarray:
-        """Each list's r-th best score (-inf where a list holds fewer than r keys)."""
-        width = int(self.fill[: self.n].max()) if self.n else 0
+        """Each list's r-th best score (-inf where a list holds fewer than r keys). Reorders the
+        lists in place (a list's order never matters to the pool)."""
+        fill = self.fill[: self.n]
+        kernels.select_best(self.keys, fill, r)
         out = np.full(self.n, -np.inf, dtype=np.float32)
-        if width >= r:
-            rth = np.partition(self.padded(width), width - r, axis=1)[:, width - r]
-            held = self.fill[: self.n] >= r
-            out[held] = decode_scores(rth[held])
+        held = np.flatnonzero(fill >= r)
+        if held.size:
+            out[held] = decode_scores(self.keys[held, r - 1])
         return out
 
     def best(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(keys, short): each list's best k keys in decreasing order (``PAD`` where a list has
-        fewer), and the lists with fewer than k. Sorts the lists in place (a list's order never
-        matters to the pool) and returns a view: read it before the pool changes again."""
-        width = max(int(self.fill[: self.n].max()) if self.n else 0, k)
-        if width > self.cap:
-            keys = self.padded(width)
+        fewer), and the lists with fewer than k. Reorders the lists in place (the best k first,
+        :func:`aoq_train.mining.kernels.select_best`, then only those sorted) and returns a view:
+        read it before the pool changes again."""
+        fill = self.fill[: self.n]
+        if k > self.cap:
+            keys = self.padded(k)
         else:
-            keys = self.keys[: self.n, :width]
-            np.copyto(keys, PAD, where=np.arange(width) >= self.fill[: self.n, None])
-        keys.sort(axis=1)  # numpy's vectorised sort beats a partition here
+            kernels.select_best(self.keys, fill, k)
+            keys = self.keys[: self.n, :k]
+            np.copyto(keys, PAD, where=np.arange(k) >= fill[:, None])
+        keys.sort(axis=1)  # numpy's vectorised sort
         keys[...] = keys[:, ::-1]  # decreasing: each list's keys stay first, as the pool needs
-        return keys[:, :k], self.fill[: self.n] < k
+        return keys, fill < k
 
     def padded(self, width: int) -> np.ndarray:
         """The first ``width`` key slots of every list, ``PAD`` past each list's fill."""
