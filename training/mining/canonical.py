@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from aoq_train.mining.keys import LOWEST
@@ -123,36 +124,51 @@ def _float32_levels(levels: np.ndarray, margin: float, out: np.ndarray) -> None:
 # --------------------------------------------------------------------------- the CPU kernel
 
 
-@intrinsic
-def _lanes(typingctx, qrow, b, blocks, tail, ahead):
-    """float64 lanes of ``qrow . b``, in the order of the module docstring, rounded to float32:
-    ``qrow`` the query as float64 values, ``b`` the gallery row (float32), ``blocks`` the number
-    of whole 32-wide blocks, ``tail`` 32 float64 products of the last, partial block (zeros past
-    its end; adding +0.0 changes no lane, none of which is ever -0.0). Written as LLVM vector
-    operations: four 8-wide float64 accumulators stay in registers (numba's loops kept them in
-    memory, 2-3x slower). Each product is added with a fused multiply-add, which rounds once,
-    like the add alone: the product is exact. ``ahead``, a gallery row scored soon after, is
-    prefetched as this one is read (the rows are not in the L1/L2 caches; 20-30% faster here)."""
-    sig = types.float32(qrow, b, blocks, tail, ahead)
+def _lanes_codegen(count: int):
+    """LLVM code scoring ``count`` gallery rows against one query, for the intrinsics
+    :func:`_lanes` (one row) and :func:`_lanes2` (two), whose arguments are ``(qrow, g,
+    row_1..row_count, blocks, tail_1..tail_count, ahead_1..ahead_count)`` and whose result is
+    the ``count`` float32 scores: the float64 lanes of ``qrow . g[row_i]`` in the order of the
+    module docstring, rounded to float32. ``qrow`` is the query as float64 values, ``g`` the
+    gallery (a C-contiguous float32 matrix; its rows are addressed here, where numba's row views
+    cost a reference count each), ``blocks`` the number of whole 32-wide blocks, ``tail_i`` the
+    32 float64 products of the last, partial block (zeros past its end; adding +0.0 changes no
+    lane, none of which is ever -0.0). Written as LLVM vector operations: four 8-wide float64
+    accumulators per row stay in registers (numba's loops kept them in memory, 2-3x slower).
+    Each product is added with a fused multiply-add, which rounds once, like the add alone: the
+    product is exact. Two rows at a time share each load of the query and keep eight
+    independent sums in flight (docs/mining.md, "Measurements behind the code"). ``ahead_i``,
+    rows scored soon after, are prefetched as these are read (the rows are not in the L1/L2
+    caches; 20-30% faster)."""
 
     def codegen(context, builder, signature, args):
-        q_p = context.make_array(signature.args[0])(context, builder, args[0]).data
-        b_p = context.make_array(signature.args[1])(context, builder, args[1]).data
-        t_p = context.make_array(signature.args[3])(context, builder, args[3]).data
-        a_p = context.make_array(signature.args[4])(context, builder, args[4]).data
-        n = args[2]
+        def data(i):
+            return context.make_array(signature.args[i])(context, builder, args[i]).data
+
         i64, i32, f64 = ir.IntType(64), ir.IntType(32), ir.DoubleType()
         v8d, v8f, byte_ptr = ir.VectorType(f64, 8), ir.VectorType(ir.FloatType(), 8), ir.IntType(8).as_pointer()
+        gallery = context.make_array(signature.args[1])(context, builder, args[1])
+        stride = cgutils.unpack_tuple(builder, gallery.strides, 2)[0]  # bytes per row
+        base_ptr = builder.bitcast(gallery.data, byte_ptr)
+
+        def row(i):
+            start = builder.gep(base_ptr, [builder.mul(args[i], stride)])
+            return builder.bitcast(start, ir.FloatType().as_pointer())
+
+        q_p = data(0)
+        b_ps = [row(2 + i) for i in range(count)]
+        n = args[2 + count]
+        t_ps = [data(3 + count + i) for i in range(count)]
+        a_ps = [row(3 + 2 * count + i) for i in range(count)]
 
         def vec(ptr, offset, vtype, align):
             return builder.load(builder.bitcast(builder.gep(ptr, [offset]), vtype.as_pointer()), align=align)
 
-        def declared(name, fnty):
-            return builder.module.globals.get(name) or ir.Function(builder.module, fnty, name=name)
-
-        fma = declared("llvm.fma.v8f64", ir.FunctionType(v8d, [v8d, v8d, v8d]))
+        fma = builder.module.globals.get("llvm.fma.v8f64") or ir.Function(
+            builder.module, ir.FunctionType(v8d, [v8d, v8d, v8d]), name="llvm.fma.v8f64")
         prefetch = builder.module.declare_intrinsic("llvm.prefetch", [byte_ptr],
                                                     ir.FunctionType(ir.VoidType(), [byte_ptr, i32, i32, i32]))
+        fabs = builder.module.declare_intrinsic("llvm.fabs", [f64])
 
         entry = builder.block
         head = builder.append_basic_block("lanes.head")
@@ -161,42 +177,66 @@ def _lanes(typingctx, qrow, b, blocks, tail, ahead):
         builder.branch(head)
         builder.position_at_end(head)
         t = builder.phi(i64)
-        accs = [builder.phi(v8d) for _ in range(4)]
         t.add_incoming(ir.Constant(i64, 0), entry)
-        for a in accs:
+        accs = [[builder.phi(v8d) for _ in range(4)] for _ in range(count)]
+        for a in (a for row in accs for a in row):
             a.add_incoming(ir.Constant(v8d, None), entry)
         builder.cbranch(builder.icmp_signed("<", t, n), body, done)
         builder.position_at_end(body)
         base = builder.mul(t, ir.Constant(i64, LANES))
-        for line in (0, 16):  # the two 64-byte lines of this block, in the row ahead (read, keep in caches)
-            where = builder.bitcast(builder.gep(a_p, [builder.add(base, ir.Constant(i64, line))]), byte_ptr)
-            builder.call(prefetch, [where, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        new = []
+        for a_p in a_ps:  # the two 64-byte lines of this block in the rows ahead (read, keep in caches)
+            for line in (0, 16):
+                where = builder.bitcast(builder.gep(a_p, [builder.add(base, ir.Constant(i64, line))]), byte_ptr)
+                builder.call(prefetch, [where, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        new = [[] for _ in range(count)]
         for k in range(4):
             off = builder.add(base, ir.Constant(i64, 8 * k))
-            x, y = builder.fpext(vec(b_p, off, v8f, 4), v8d), vec(q_p, off, v8d, 8)
-            new.append(builder.call(fma, [x, y, accs[k]]))
+            y = vec(q_p, off, v8d, 8)
+            for row, b_p in enumerate(b_ps):
+                new[row].append(builder.call(fma, [builder.fpext(vec(b_p, off, v8f, 4), v8d), y, accs[row][k]]))
         t.add_incoming(builder.add(t, ir.Constant(i64, 1)), body)
-        for a, v in zip(accs, new):
-            a.add_incoming(v, body)
+        for row in range(count):
+            for a, v in zip(accs[row], new[row]):
+                a.add_incoming(v, body)
         builder.branch(head)
         builder.position_at_end(done)
-        lanes = [builder.fadd(a, vec(t_p, ir.Constant(i64, 8 * k), v8d, 8)) for k, a in enumerate(accs)]
-        # pairwise: lanes 0-15 += 16-31 (vectors 0, 1 += 2, 3), then 0-7 += 8-15, then within a vector
-        v = builder.fadd(builder.fadd(lanes[0], lanes[2]), builder.fadd(lanes[1], lanes[3]))
-        width = 8
-        while width > 1:
-            half = width // 2
-            low = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half))))
-            high = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(ir.IntType(32), half),
-                                                            list(range(half, width))))
-            v, width = builder.fadd(low, high), half
-        c = builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-        tiny = builder.fcmp_ordered("<", builder.call(builder.module.declare_intrinsic("llvm.fabs", [f64]), [c]),
-                                    ir.Constant(f64, FLOAT32_TINY))
-        return builder.select(tiny, ir.Constant(ir.FloatType(), 0.0), builder.fptrunc(c, ir.FloatType()))
+        scores = []
+        for row in range(count):
+            lanes = [builder.fadd(a, vec(t_ps[row], ir.Constant(i64, 8 * k), v8d, 8)) for k, a in enumerate(accs[row])]
+            # pairwise: lanes 0-15 += 16-31 (vectors 0, 1 += 2, 3), then 0-7 += 8-15, then within a vector
+            v = builder.fadd(builder.fadd(lanes[0], lanes[2]), builder.fadd(lanes[1], lanes[3]))
+            width = 8
+            while width > 1:
+                half = width // 2
+                low = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, half), list(range(half))))
+                high = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, half), list(range(half, width))))
+                v, width = builder.fadd(low, high), half
+            c = builder.extract_element(v, ir.Constant(i32, 0))
+            tiny = builder.fcmp_ordered("<", builder.call(fabs, [c]), ir.Constant(f64, FLOAT32_TINY))
+            scores.append(builder.select(tiny, ir.Constant(ir.FloatType(), 0.0), builder.fptrunc(c, ir.FloatType())))
+        return scores[0] if count == 1 else context.make_tuple(builder, signature.return_type, scores)
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def _lanes(typingctx, qrow, g, row, blocks, tail, ahead):
+    """One gallery row's canonical score (:func:`_lanes_codegen`)."""
+    return types.float32(qrow, g, row, blocks, tail, ahead), _lanes_codegen(1)
+
+
+@intrinsic
+def _lanes2(typingctx, qrow, g, row, row2, blocks, tail, tail2, ahead, ahead2):
+    """Two gallery rows' canonical scores against one query (:func:`_lanes_codegen`)."""
+    return (types.UniTuple(types.float32, 2)(qrow, g, row, row2, blocks, tail, tail2, ahead, ahead2),
+            _lanes_codegen(2))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _tail(qrow: np.ndarray, g: np.ndarray, row: int, full: int, tail: np.ndarray) -> None:
+    """The products of the last, partial block of ``qrow . g[row]`` into ``tail`` (see :func:`_lanes_codegen`)."""
+    for j in range(full, qrow.shape[0]):
+        tail[j - full] = qrow[j] * np.float64(g[row, j])
 
 
 @njit(nogil=True, cache=True)
@@ -204,22 +244,34 @@ def rescore(q: np.ndarray, g: np.ndarray, p0: int, c0: int, rows: np.ndarray, co
             out: np.ndarray) -> None:
     """Canonical scores of ``q[p0 + rows[i]]`` and ``g[c0 + cols[i]]`` into ``out[i]`` (float32
     C-contiguous matrices). A query row is converted to float64 once for a run of equal
-    ``rows`` (the scan's row-major order)."""
+    ``rows`` (the scan's row-major order), and the run's candidates are scored two at a time."""
     d, n = q.shape[1], rows.shape[0]
     full = d - d % LANES
+    blocks = np.int64(full // LANES)
     qrow = np.zeros(d, np.float64)
-    tail = np.zeros(LANES, np.float64)
+    tail, tail2 = np.zeros(LANES, np.float64), np.zeros(LANES, np.float64)
     last = -1
-    for i in range(n):
+    i = 0
+    while i < n:
         r = p0 + rows[i]
         if r != last:
             for j in range(d):
                 qrow[j] = np.float64(q[r, j])
             last = r
-        b = g[c0 + cols[i]]
-        for j in range(full, d):
-            tail[j - full] = qrow[j] * np.float64(b[j])
-        out[i] = _lanes(qrow, b, full // LANES, tail, g[c0 + cols[min(i + 2, n - 1)]])
+        c = np.int64(c0 + cols[i])
+        if i + 1 < n and rows[i + 1] == rows[i]:
+            c2 = np.int64(c0 + cols[i + 1])
+            if full < d:
+                _tail(qrow, g, c, full, tail)
+                _tail(qrow, g, c2, full, tail2)
+            out[i], out[i + 1] = _lanes2(qrow, g, c, c2, blocks, tail, tail2, np.int64(c0 + cols[min(i + 2, n - 1)]),
+                                         np.int64(c0 + cols[min(i + 3, n - 1)]))
+            i += 2
+        else:
+            if full < d:
+                _tail(qrow, g, c, full, tail)
+            out[i] = _lanes(qrow, g, c, blocks, tail, np.int64(c0 + cols[min(i + 2, n - 1)]))
+            i += 1
 
 
 def canonical_pairs(queries: np.ndarray, gallery: np.ndarray, qi: np.ndarray, gi: np.ndarray) -> np.ndarray:
