@@ -151,15 +151,15 @@ def _lanes_codegen(count: int):
         stride = cgutils.unpack_tuple(builder, gallery.strides, 2)[0]  # bytes per row
         base_ptr = builder.bitcast(gallery.data, byte_ptr)
 
-        def row(i):
+        def gallery_row(i):
             start = builder.gep(base_ptr, [builder.mul(args[i], stride)])
             return builder.bitcast(start, ir.FloatType().as_pointer())
 
         q_p = data(0)
-        b_ps = [row(2 + i) for i in range(count)]
+        b_ps = [gallery_row(2 + i) for i in range(count)]
         n = args[2 + count]
         t_ps = [data(3 + count + i) for i in range(count)]
-        a_ps = [row(3 + 2 * count + i) for i in range(count)]
+        a_ps = [gallery_row(3 + 2 * count + i) for i in range(count)]
 
         def vec(ptr, offset, vtype, align):
             return builder.load(builder.bitcast(builder.gep(ptr, [offset]), vtype.as_pointer()), align=align)
@@ -179,8 +179,8 @@ def _lanes_codegen(count: int):
         t = builder.phi(i64)
         t.add_incoming(ir.Constant(i64, 0), entry)
         accs = [[builder.phi(v8d) for _ in range(4)] for _ in range(count)]
-        for a in (a for row in accs for a in row):
-            a.add_incoming(ir.Constant(v8d, None), entry)
+        for acc in (acc for per_row in accs for acc in per_row):
+            acc.add_incoming(ir.Constant(v8d, None), entry)
         builder.cbranch(builder.icmp_signed("<", t, n), body, done)
         builder.position_at_end(body)
         base = builder.mul(t, ir.Constant(i64, LANES))
