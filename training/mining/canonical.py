@@ -134,12 +134,12 @@ def _lanes_codegen(count: int):
     cost a reference count each), ``blocks`` the number of whole 32-wide blocks, ``tail_i`` the
     32 float64 products of the last, partial block (zeros past its end; adding +0.0 changes no
     lane, none of which is ever -0.0). Written as LLVM vector operations: four 8-wide float64
-    accumulators per row stay in registers (numba's loops kept them in memory, 2-3x slower).
-    Each product is added with a fused multiply-add, which rounds once, like the add alone: the
-    product is exact. Two rows at a time share each load of the query and keep eight
-    independent sums in flight (docs/mining.md, "Measurements behind the code"). ``ahead_i``,
-    rows scored soon after, are prefetched as these are read (the rows are not in the L1/L2
-    caches; 20-30% faster)."""
+    accumulators per row stay in registers (numba's loops kept them in memory). Each product
+    is added with a fused multiply-add, which rounds once, like the add alone: the product is
+    exact. Two rows at a time share each load of the query and keep eight independent sums in
+    flight. ``ahead_i``, rows scored soon after, are prefetched as these are read (the rows are
+    not in the L1/L2 caches). The figures behind each choice: docs/mining.md, "Measurements
+    behind the code"."""
 
     def codegen(context, builder, signature, args):
         def data(i):
