@@ -33,6 +33,7 @@ import httpx
 from aoq.config import ExperimentConfig, load_config
 from aoq.io import ArtefactError, read_manifest, stamp_matches, write_stamp
 from aoq.net import ServerNotReady, port_free, wait_http
+from aoq_cli.main import configure_logging
 
 log = logging.getLogger("aoq_cli.demo")
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend-port", type=int, default=int(os.environ.get("BACKEND_PORT", 8000)))
     parser.add_argument("--ui-port", type=int, default=int(os.environ.get("UI_PORT", 7860)))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _interrupt)
     start = time.monotonic()

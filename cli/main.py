@@ -45,6 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(verbose: bool = False) -> None:
+    """Timestamped log lines on stderr, INFO and up (DEBUG with ``verbose``), for ``aoq`` and the demo."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        # faiss logs which CPU build it loads (six lines, two of them a ModuleNotFoundError) on
+        # import; a command's output, and a refusal that must fit one line, do not need it.
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -56,14 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = argparse.ArgumentParser(prog=f"aoq {top.command}", description=COMMANDS[top.command])
     module.add_arguments(sub)
     args = sub.parse_args(rest)
-    logging.basicConfig(
-        level=logging.DEBUG if top.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not top.verbose:
-        # faiss logs which CPU build it loads (six lines) on import; a command's output, and a
-        # refusal that must fit one line, do not need it.
-        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    configure_logging(top.verbose)
     try:
         return int(module.run(args) or 0)
     except (ConfigError, DataError, ArtefactError) as exc:

@@ -22,6 +22,10 @@ def test_quick_demo_reaches_a_first_query_then_skips_work(quick_demo):
     assert "first query" in first.stdout and "ready in" in first.stdout
     for stage in ("dataset", "features", "pipeline", "indexes", "servers", "first query"):
         assert f"stage {stage}: " in first.stderr, stage
+    # What a newcomer would read as trouble: a progress bar per process loading MiniLM, faiss's
+    # "Could not load library ... ModuleNotFoundError" about the CPU builds it tries first.
+    assert "Loading weights" not in first.stderr
+    assert "faiss.loader" not in first.stderr
     run = demo_root / "runs" / "demo-emoji-quick"
     assert (run / "models" / "aoq" / "manifest.json").is_file()
     assert (demo_root / "data" / "demo-emoji-quick" / "dataset_emoji.json").is_file()

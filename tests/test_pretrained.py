@@ -175,6 +175,19 @@ def test_minilm_loads_offline_and_pools_like_the_model_card(model, vocab) -> Non
     assert np.allclose(feats, reference, atol=1e-5)
 
 
+def test_minilm_loads_without_a_progress_bar_and_leaves_the_setting_alone(capfd) -> None:
+    bars = packages.import_transformers().utils.logging
+    shown = bars.is_progress_bar_enabled()
+    bars.enable_progress_bar()  # the library's default (an environment may turn it off): the bar would show
+    try:
+        MiniLMTextEncoder(embed_dim=8)
+        assert "Loading weights" not in capfd.readouterr().err
+        assert bars.is_progress_bar_enabled()
+    finally:
+        if not shown:
+            bars.disable_progress_bar()
+
+
 def test_wordpiece_vocab_covers_any_word_and_keeps_symbols(vocab) -> None:
     ids_hash, ids_star = vocab.encode("keycap: #"), vocab.encode("keycap: *")
     assert ids_hash != ids_star

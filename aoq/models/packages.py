@@ -8,10 +8,12 @@ trained projection head are detected instead of silently used.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -116,3 +118,18 @@ def import_transformers():
             "the MiniLM text encoder needs the 'transformers' library; run: pip install transformers"
         ) from None
     return transformers
+
+
+@contextlib.contextmanager
+def quiet_transformers(transformers) -> Iterator[None]:
+    """No "Loading weights" progress bar while ``transformers`` loads from a package folder: the
+    load takes a fraction of a second, and the bar, printed by every process that loads the model
+    (a demo runs a dozen), buried the demo's own output. The library's setting is restored after."""
+    bars = transformers.utils.logging
+    shown = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            bars.enable_progress_bar()

@@ -183,7 +183,8 @@ class _MiniLMEncoder(_PretrainedEncoder):
     def _load_backbone(self, finetune_layers: int) -> None:
         self.identity = packages.minilm_identity()
         transformers = packages.import_transformers()
-        model = transformers.AutoModel.from_pretrained(str(packages.minilm_dir()), local_files_only=True)
+        with packages.quiet_transformers(transformers):
+            model = transformers.AutoModel.from_pretrained(str(packages.minilm_dir()), local_files_only=True)
         self.backbone = model
         layers = list(model.encoder.layer)
         if not 0 <= finetune_layers <= len(layers):
