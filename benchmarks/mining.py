@@ -202,10 +202,8 @@ def public_loop(queries: np.ndarray, gallery: np.ndarray, k: int, own, n: int, f
 
 
 class Clock:
-    """Wall and CPU seconds of a section, and the system seconds and page faults within its CPU
-    time: on these VMs the first touch of memory the host has not backed (a machine's first
-    minutes) costs several times an ordinary page fault (docs/mining.md, section 5), and that
-    shows as system time."""
+    """Wall and CPU seconds of a section, and its system seconds and page faults: touching memory
+    a VM's host has not backed yet costs several times more (docs/mining.md, section 2)."""
 
     def __enter__(self) -> "Clock":
         self.t0, self.c0 = time.perf_counter(), time.process_time()

@@ -24,35 +24,46 @@ def test_quantize_rounds_each_row_to_its_scale() -> None:
     assert xi.tolist() == [[64, -127, 32], [0, 0, 0]]  # 63.5 rounds to even: 64
 
 
-def test_error_bound_holds_for_every_pair_and_is_not_loose_by_orders() -> None:
+def test_error_bounds_hold_for_every_pair_and_are_not_loose_by_orders() -> None:
     rng = np.random.default_rng(0)
-    q, g = torch.from_numpy(_unit(rng, 300, 256)), torch.from_numpy(_unit(rng, 500, 256))
+    q, g = _unit(rng, 300, 256), _unit(rng, 500, 256)
+    q[:5] = 0.0  # zero rows (scale 1, no error) beside ones with a large coordinate (a coarse grid)
+    q[5:10, 0] = 50.0
+    q[5:10] /= np.linalg.norm(q[5:10], axis=1, keepdims=True)
+    q, g = torch.from_numpy(q), torch.from_numpy(g)
     (qi, qs), (gi, gs) = int8.quantize(q), int8.quantize(g)
-    bound = int8.error_bound(q, g, qi, qs, gi, gs)
-    values = int8.as_float32(int8.products(qi, gi).numpy(), qs.double().numpy(), gs.double().numpy())
-    exact = q.double() @ g.double().T
-    errors = (torch.from_numpy(values).double() - exact).abs()
-    assert errors.max() <= bound
-    assert errors.max() > bound / 20  # the same order: the filter's width is what int8 rounding costs
+    bounds = int8.error_bounds(q, g, qi, qs, gi, gs)
+    v = (int8.products(qi, gi).double() * qs.double()[:, None]) * gs.double()[None, :]  # the scan's float64 value
+    rows, cols = np.indices((300, 500)).reshape(2, -1)
+    canonical_scores = torch.from_numpy(canonical.canonical_pairs(q.numpy(), g.numpy(), rows, cols).reshape(300, 500))
+    errors = (v - canonical_scores.double()).abs()
+    copies = torch.from_numpy(int8.as_float32(int8.products(qi, gi).numpy(), qs.double().numpy(), gs.double().numpy()))
+    assert (copies.double() - canonical_scores.double()).abs().max() <= bounds.margin
+    per_pair = torch.from_numpy(bounds.rows[:, None] + bounds.columns[None, :])
+    assert (errors <= per_pair).all()
+    assert (per_pair <= bounds.margin).all()
+    assert per_pair.mean() < 0.75 * bounds.margin  # the rows' error norms differ: the point of the per-pair form
+    assert errors.max() > bounds.margin / 20  # the same order: the filter's width is what int8 rounding costs
 
 
-def test_error_bound_refuses_dimensions_whose_products_may_overflow() -> None:
+def test_error_bounds_refuse_dimensions_whose_products_may_overflow() -> None:
     x = torch.zeros(1, 140_000)  # 127^2 d >= 2^31
     xi, s = int8.quantize(x)
     with pytest.raises(ValueError, match="overflow"):
-        int8.error_bound(x, x, xi, s, xi, s)
+        int8.error_bounds(x, x, xi, s, xi, s)
 
 
-def test_int8_scan_compares_in_float64_and_never_passes_an_own_positive() -> None:
+def test_int8_scan_compares_in_float64_with_each_pairs_bound_and_never_passes_an_own_positive() -> None:
     rng = np.random.default_rng(3)
     p = rng.integers(-2000, 2000, (5, 70)).astype(np.int32)
     p[2, 7] = np.iinfo(np.int32).min
     qs, gs = rng.uniform(1e-3, 2e-3, 5), rng.uniform(1e-3, 2e-3, 70)
-    values = (p.astype(np.float64) * qs[:, None]) * gs[None, :]
+    a, b = rng.uniform(0, 1e-3, 5), rng.uniform(0, 1e-3, 70)
+    values = (p.astype(np.float64) * qs[:, None]) * gs[None, :] + (a[:, None] + b[None, :])
     tr = np.array([0.0, LOWEST, np.inf, 1e-3, -1e-3], np.float32)
     tc = np.where(rng.random(70) < 0.5, np.inf, 2e-3).astype(np.float32)
     mask, rows, cols = np.empty(128 + 64, np.uint8), np.empty(p.size, np.int32), np.empty(p.size, np.int32)
-    n = kernels.scan_int8(p, qs, gs, tr, tc, mask, rows, cols)
+    n = kernels.scan_int8(p, qs, gs, tr, tc, a, b, mask, rows, cols)
     want = (values >= np.minimum(tr[:, None].astype(np.float64), tc[None, :].astype(np.float64)))
     want[2, 7] = False
     r, c = np.nonzero(want)
@@ -115,7 +126,8 @@ def test_a_margin_below_the_bound_loses_members(small_tiles, monkeypatch) -> Non
     got = mine_offline_negatives(img, cap, 5, 30, 7, block_size=16, gallery_chunk=41, precision="int8", progress=False)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
-    monkeypatch.setattr(fused.int8, "error_bound", lambda *arrays: canonical.FLOAT32_TINY)
+    monkeypatch.setattr(fused.int8, "error_bounds", lambda q, g, *rest: int8.Bounds(
+        canonical.FLOAT32_TINY, np.zeros(len(q)), np.zeros(len(g))))
     with pytest.raises(RuntimeError, match="int8 products are further"):  # the premise check sees it on a tile
         mine_offline_negatives(img, cap, 5, 30, 7, block_size=16, gallery_chunk=41, precision="int8", progress=False)
     monkeypatch.setattr(fused.bf16_filter, "tile_within_bound", lambda *args: True)

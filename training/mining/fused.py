@@ -36,8 +36,9 @@ Canonical decision
     chunk is still in the caches), and thresholds, pools, keys and lists hold canonical scores
     only: the lists do not depend on the tiles' precision, blocking or CPU. The row tiles' bf16
     scan reads the bf16 products as they come out (:func:`kernels.scan_bf16`), and the int8
-    ones as int32 (:func:`kernels.scan_int8`); only the sample tiles, whose thresholds are read
-    with numpy, are converted to float32. A first tile checks
+    ones as int32 (:func:`kernels.scan_int8`, with each pair's own int8 bound in place of the
+    margin: a row term plus a column term, :class:`aoq_train.mining.int8.Bounds`); only the
+    sample tiles, whose thresholds are read with numpy, are converted to float32. A first tile checks
     the bound's premise on this CPU against canonical scores.
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
@@ -132,7 +133,8 @@ class FusedPass:
             self.margin = bf16_filter.error_bound(self.q, self.g, self.q16, self.g16)
         elif self.int8:
             (self.q8, q_scales), (self.g8, g_scales) = int8.quantize(self.q), int8.quantize(self.g)
-            self.margin = int8.error_bound(self.q, self.g, self.q8, q_scales, self.g8, g_scales)
+            self.int8_bounds = int8.error_bounds(self.q, self.g, self.q8, q_scales, self.g8, g_scales)
+            self.margin = self.int8_bounds.margin
             self.q_scales, self.g_scales = q_scales.double().numpy(), g_scales.double().numpy()
         else:
             self.margin = self.f32_margin
@@ -200,9 +202,9 @@ class FusedPass:
         if tr is None:
             tr = np.full(rows, np.inf, dtype=np.float32)
         if scores.dtype == np.int32:
-            n = kernels.scan_int8(scores, self.q_scales[p0 : p0 + rows], self.g_scales[c0 : c0 + width],
-                                  canonical.float32_levels(tr, self.margin), canonical.float32_levels(tc, self.margin),
-                                  out[3], out[0], out[1])
+            bounds = self.int8_bounds
+            n = kernels.scan_int8(scores, self.q_scales[p0 : p0 + rows], self.g_scales[c0 : c0 + width], tr, tc,
+                                  bounds.rows[p0 : p0 + rows], bounds.columns[c0 : c0 + width], out[3], out[0], out[1])
         elif scores.dtype == np.uint16:
             n = kernels.scan_bf16(scores, kernels.bf16_filter_keys(tr, self.margin),
                                   kernels.bf16_filter_keys(tc, self.margin), out[3], out[0], out[1])

@@ -15,13 +15,16 @@ g~`` and their canonical score ``s_c``:
 
 and ``q~.g~ = s_q s_g P`` exactly. The scan evaluates ``v = float64(P) * s_q * s_g`` (two float64
 roundings, ``|v - q~.g~| <= 2**-51 |q~| |g~|``); a sample tile's float32 copy of ``v`` adds one
-float32 rounding (``2**-24 |v|``, plus ``2**-126`` for an underflow). :func:`error_bound` is the sum of these terms with every norm
-replaced by its maximum over the rows, slightly inflated for the float64 arithmetic that computes
-it: ``m``. So ``s_c >= L`` implies ``v >= L - m`` (and the float32 copy too), and the filter
-compares with ``L - m`` rounded down to float32 (:func:`aoq_train.mining.canonical.float32_levels`):
-no list member is ever filtered out, whatever the CPU, and the lists are those of the float32
-mode, byte for byte. The price is the bound's width (several times the bfloat16 filter's):
-more candidates to re-score (docs/mining.md, section 2).
+float32 rounding (``2**-24 |v|``, plus ``2**-126`` for an underflow). :func:`error_bounds` sums
+these terms, slightly inflated for the float64 arithmetic that computes them, in two forms: with
+every norm at its maximum over the rows, ``m``, which a sample tile's float32 copy is compared
+with (``L - m`` rounded down to float32, :func:`aoq_train.mining.canonical.float32_levels`); and
+per pair as a row term plus a column term, ``a_r + b_c`` (the rounding errors' norms kept per
+row), which the row tiles' scan adds to ``v`` in float64 before comparing with the level ``L``.
+Either way ``s_c >= L`` implies that the pair passes: no list member is ever filtered out,
+whatever the CPU, and the lists are those of the float32 mode, byte for byte. The price is the
+bound's width (several times the bfloat16 filter's): more candidates to re-score (docs/mining.md,
+section 2).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,9 +45,10 @@ log = logging.getLogger(__name__)
 
 INT8_MAX = 127
 #: How much faster than float32 ones this CPU's int8 tile products must be for ``auto`` to pick
-#: the int8 filter: its bound admits ~2.7x the float32 mode's candidates, and on a CPU whose
-#: float32 products are fast their re-scoring costs what the faster products save (a 4.1x
-#: product gained nothing over float32 as a whole pass, a ~9x one won: docs/mining.md, section 2).
+#: the int8 filter: its bound admits more than twice the float32 mode's candidates, and on a CPU
+#: whose float32 products are fast their re-scoring costs what the faster products save (a 4.1x
+#: product gained nothing over float32 as a whole pass, before the per-pair bound; a ~9x one won:
+#: docs/mining.md, section 2).
 INT8_PAYS_FACTOR = 6.0
 
 
@@ -61,19 +66,13 @@ def quantize(x: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Ten
     return out, scales
 
 
-def _norms(x: torch.Tensor, xi: torch.Tensor, scales: torch.Tensor) -> tuple[float, float, float]:
-    """(max |x_r|, max |x~_r|, max |x_r - x~_r|) over the rows (:func:`_row_norms`)."""
-    top = _row_norms(x.numpy(), xi.numpy(), scales.numpy())
-    return float(top[0]), float(top[1]), float(top[2])
-
-
 @njit(nogil=True, cache=True)
 def _row_norms(x: np.ndarray, xi: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """The three maxima of :func:`_norms`, in float64: ``x~ = s X`` is exact there (a 24-bit
-    significand times a 7-bit integer) and each square and sum is one rounding, which the 1e-6
-    inflation of :func:`error_bound` covers (compiled: numpy's float64 temporaries cost more
-    than the int8 products of a small run)."""
-    top = np.zeros(3)
+    """Per row, ``(|x_r|, |x~_r|, |x_r - x~_r|)`` (n, 3), in float64: ``x~ = s X`` is exact there (a
+    24-bit significand times a 7-bit integer) and each square and sum is one rounding, which the
+    ``2**-50`` inflation and the 1e-6 of :func:`error_bounds` cover (compiled: numpy's float64
+    temporaries cost more than the int8 products of a small run)."""
+    out = np.empty((x.shape[0], 3))
     for r in range(x.shape[0]):
         s = np.float64(scales[r])
         a, b, c = 0.0, 0.0, 0.0
@@ -83,23 +82,45 @@ def _row_norms(x: np.ndarray, xi: np.ndarray, scales: np.ndarray) -> np.ndarray:
             a += v * v
             b += w * w
             c += (v - w) * (v - w)
-        top[0], top[1], top[2] = max(top[0], a), max(top[1], b), max(top[2], c)
-    return np.sqrt(top) * (1 + 2.0**-50)
+        out[r, 0], out[r, 1], out[r, 2] = a, b, c
+    return np.sqrt(out) * (1 + 2.0**-50)
 
 
-def error_bound(queries: torch.Tensor, gallery: torch.Tensor, qi: torch.Tensor, q_scales: torch.Tensor,
-                gi: torch.Tensor, g_scales: torch.Tensor) -> float:
-    """A proven bound ``m`` on the distance between a pair's canonical score and the scan's value
-    of its int8 product (or that value's float32 copy), for every pair of rows (module
-    docstring); ``qi``/``q_scales``, ``gi``/``g_scales``: :func:`quantize`'s roundings."""
+@dataclass(frozen=True)
+class Bounds:
+    """How far a pair's canonical score ``s_c`` may lie from the scans' values of its int8
+    product (module docstring): ``margin`` for every pair and either value (the float64 value
+    ``v`` or its float32 copy: the sample tiles); ``rows[r] + columns[c]`` for the float64 value
+    of pair ``(r, c)`` (the row tiles' scan, :func:`aoq_train.mining.kernels.scan_int8`)."""
+
+    margin: float
+    rows: np.ndarray
+    columns: np.ndarray
+
+
+def error_bounds(queries: torch.Tensor, gallery: torch.Tensor, qi: torch.Tensor, q_scales: torch.Tensor,
+                 gi: torch.Tensor, g_scales: torch.Tensor) -> Bounds:
+    """Proven bounds on the distance between a pair's canonical score and the scan's value of its
+    int8 product; ``qi``/``q_scales``, ``gi``/``g_scales``: :func:`quantize`'s roundings.
+
+    ``margin`` takes every norm at its maximum over the rows. The per-pair bound keeps the
+    rounding errors' norms per row: ``|e_q| |g| + |q~| |e_g| <= |e_q| max|g| + max|q~| |e_g|``, a
+    row term plus a column term, with the float64 evaluation's and the canonical score's own
+    errors (taken at the maximal norms) in the row term. ``|e_q|`` ranges over ~1.7x between the
+    rows of random unit vectors (the largest sets ``margin``), so the pairs' bounds are ~40%
+    narrower on average, and fewer candidates pass the filter."""
     d = queries.shape[1]
     if d * INT8_MAX * INT8_MAX >= 2**31:
         raise ValueError(f"int8 products of dimension {d} may overflow int32: mine with precision fp32 or bf16")
-    nq, nq8, eq = _norms(queries, qi, q_scales)
-    ng, ng8, eg = _norms(gallery, gi, g_scales)
-    bound = eq * ng + nq8 * eg + (2.0**-51 + 2.0**-24 * (1 + 2.0**-51)) * nq8 * ng8
-    bound += canonical.canonical_error(d, nq, ng) + 2 * canonical.FLOAT32_TINY  # the float32 copy's underflow
-    return bound * (1 + 1e-6) if math.isfinite(bound) else math.inf
+    q_norms = _row_norms(queries.numpy(), qi.numpy(), q_scales.numpy())
+    g_norms = _row_norms(gallery.numpy(), gi.numpy(), g_scales.numpy())
+    (nq, nq8, eq), (ng, ng8, eg) = q_norms.max(axis=0, initial=0.0), g_norms.max(axis=0, initial=0.0)
+    common = canonical.canonical_error(d, nq, ng) + 2.0**-51 * nq8 * ng8
+    margin = eq * ng + nq8 * eg + common + 2.0**-24 * (1 + 2.0**-51) * nq8 * ng8 + 2 * canonical.FLOAT32_TINY
+    if not math.isfinite(margin):
+        return Bounds(math.inf, np.full(len(q_norms), np.inf), np.full(len(g_norms), np.inf))
+    inflate = 1 + 1e-6
+    return Bounds(margin * inflate, (q_norms[:, 2] * ng + common) * inflate, nq8 * g_norms[:, 2] * inflate)
 
 
 def products(qi: torch.Tensor, gi: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

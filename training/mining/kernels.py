@@ -102,11 +102,13 @@ def scan_bf16(bits: np.ndarray, kr: np.ndarray, kc: np.ndarray, mask: np.ndarray
 
 @njit(nogil=True, cache=True)
 def scan_int8(products: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, tr: np.ndarray, tc: np.ndarray,
-              mask: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> int:
+              q_terms: np.ndarray, g_terms: np.ndarray, mask: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> int:
     """:func:`scan` on a tile of exact int8 products (int32, :mod:`aoq_train.mining.int8`): a
-    score is ``(float64(p) * q_scales[r]) * g_scales[c]``, in that order (the bound counts its two
-    roundings), compared in float64 with the float32 levels ``tr``/``tc``; ``INT32_MIN`` marks an
-    own positive, which never passes. No values: the caller re-scores the positions."""
+    score is ``v = (float64(p) * q_scales[r]) * g_scales[c]``, in that order (the bound counts its
+    two roundings), and passes when ``v + (q_terms[r] + g_terms[c]) >= min(tr[r], tc[c])``, in
+    float64, with ``tr``/``tc`` the thresholds themselves (float32) and the terms the pair's
+    bound (:class:`aoq_train.mining.int8.Bounds`); ``INT32_MIN`` marks an own positive, which
+    never passes. No values: the caller re-scores the positions."""
     n = 0
     n_rows, width = products.shape
     groups = _flag_groups(mask, width)
@@ -114,11 +116,12 @@ def scan_int8(products: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, 
     for r in range(n_rows):
         t = np.float64(tr[r])
         sq = np.float64(q_scales[r])
+        a = q_terms[r]
         row = products[r]
         for c in range(width):
             p = row[c]
             v = (np.float64(p) * sq) * np.float64(g_scales[c])
-            mask[c] = (p != lowest) & (v >= min(t, np.float64(tc[c])))
+            mask[c] = (p != lowest) & (v + (a + g_terms[c]) >= min(t, np.float64(tc[c])))
         n = _collect(mask, groups, r, rows, cols, n)
     return n
 
