@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 
 from aoq.io import sha256_file
 
@@ -121,7 +122,7 @@ def import_transformers():
 
 
 @contextlib.contextmanager
-def quiet_transformers(transformers) -> Iterator[None]:
+def quiet_transformers(transformers: ModuleType) -> Iterator[None]:
     """No "Loading weights" progress bar while ``transformers`` loads from a package folder: the
     load takes a fraction of a second, and the bar, printed by every process that loads the model
     (a demo runs a dozen), buried the demo's own output. The library's setting is restored after."""
