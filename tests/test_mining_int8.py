@@ -37,13 +37,26 @@ def test_error_bounds_hold_for_every_pair_and_are_not_loose_by_orders() -> None:
     rows, cols = np.indices((300, 500)).reshape(2, -1)
     canonical_scores = torch.from_numpy(canonical.canonical_pairs(q.numpy(), g.numpy(), rows, cols).reshape(300, 500))
     errors = (v - canonical_scores.double()).abs()
-    copies = torch.from_numpy(int8.as_float32(int8.products(qi, gi).numpy(), qs.double().numpy(), gs.double().numpy()))
+    copies = torch.from_numpy(int8.as_float32(int8.products(qi, gi).numpy(), qs.double().numpy(), gs.double().numpy(),
+                                              np.empty((300, 500), np.float32)))
     assert (copies.double() - canonical_scores.double()).abs().max() <= bounds.margin
     per_pair = torch.from_numpy(bounds.rows[:, None] + bounds.columns[None, :])
     assert (errors <= per_pair).all()
     assert (per_pair <= bounds.margin).all()
     assert per_pair.mean() < 0.75 * bounds.margin  # the rows' error norms differ: the point of the per-pair form
     assert errors.max() > bounds.margin / 20  # the same order: the filter's width is what int8 rounding costs
+
+
+def test_float32_copy_of_a_tile_is_the_float64_value_rounded_once() -> None:
+    rng = np.random.default_rng(3)
+    p = rng.integers(-(2**31) + 1, 2**31 - 1, size=(37, 53), dtype=np.int32)
+    p[0] = np.iinfo(np.int32).min  # an own positive's product
+    q_scales = rng.random(37) * 10.0 ** rng.integers(-30, 5, 37)  # down to float32's subnormals and beyond
+    g_scales = rng.random(53) * 10.0 ** rng.integers(-30, 5, 53)
+    expected = ((p.astype(np.float64) * q_scales[:, None]) * g_scales[None, :]).astype(np.float32)
+    out = np.empty(p.shape, np.float32)
+    assert int8.as_float32(p, q_scales, g_scales, out) is out
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
 
 
 def test_error_bounds_refuse_dimensions_whose_products_may_overflow() -> None:

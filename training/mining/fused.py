@@ -5,55 +5,48 @@ captions), a column a caption's scores (its top images). This pass computes ever
 and selects both directions from it, so the product, most of the cost, is paid once.
 
 Layout
-    Images and captions are visited in a fixed pseudo-random order (:func:`processing_order`),
-    so any contiguous slice of either is a fair sample of all ids, whatever their original order.
-    Caption chunks are ``CHUNK`` consecutive positions of that order. Image rows are scored
-    ``ROW_TILE`` at a time against every chunk (a 512 x 1024 tile stays in the caches from the
-    product to the compares), one row tile per worker thread, one worker per torch thread, each
-    running single-threaded kernels. Row tiles are grouped in blocks of ``block_size`` rows, the
-    resumable unit.
+    Images and captions are visited in a fixed pseudo-random order (:func:`processing_order`):
+    any contiguous slice of either is a fair sample of all ids. Caption chunks are ``CHUNK``
+    consecutive positions of that order. Image rows are scored ``ROW_TILE`` at a time against
+    every chunk (a 512 x 1024 tile stays in the caches from the product to the compares), a row
+    tile per worker thread, one worker per torch thread running single-threaded kernels. Row
+    tiles are grouped in blocks of ``block_size`` rows, the resumable unit.
 
 Thresholds
-    Rows: a row tile scores the first ``sample_chunks`` chunks first (~``ROW_HITS`` sampled scores
+    Rows: a row tile scores its first ``sample_chunks`` chunks first (~``ROW_HITS`` sampled scores
     above the target level) and reads each row's threshold from them
-    (:func:`aoq_train.mining.pools.sampled_threshold`). Columns: the pass starts with its sample
-    phase, the first ``sample_height`` rows of the image order scored as one tall tile per chunk,
-    whose first ``sample_rows`` give each column its threshold (~``COL_HITS`` hits). A score then
-    enters a row's pool when it reaches the row's threshold and a column's pool when it reaches the
-    column's (one read of the tile finds the scores reaching either). Thresholds only rise: a full
-    pool list is cut to its best k and its threshold raised to its k-th best score (exact); after a
-    quarter and after half of a row's chunks (of the image rows, for columns) the thresholds are
-    estimated again from the pools, which by then hold a larger fair sample.
+    (:func:`aoq_train.mining.pools.sampled_threshold`). Columns: the sample phase scores the first
+    ``sample_height`` rows as one tall tile per chunk, whose first ``sample_rows`` give each
+    column its threshold (~``COL_HITS`` hits). A score enters a row's (a column's) pool when it
+    reaches that threshold. Thresholds only rise: a full list is cut to its best k and its
+    threshold raised to its k-th best (exact); after a quarter and half of a row's chunks (of the
+    image rows, for columns) they are estimated again from the pools' larger fair sample.
 
 Canonical decision
-    The tiles' products (float32 BLAS, bfloat16 with ``precision="bf16"``, or exact int8
-    products of rounded embeddings with ``precision="int8"``) only find the candidates: a score
-    is one when it reaches a threshold's *filter level*, the threshold minus a proven bound
-    ``margin`` on how far the tile's product may lie from the pair's canonical score
-    (:mod:`aoq_train.mining.canonical`; for bf16, :mod:`aoq_train.mining.bf16`; for int8,
-    :mod:`aoq_train.mining.int8`), rounded down to the tile's format (float32 for int8 values). Every candidate is then re-scored canonically
-    (:func:`aoq_train.mining.canonical.rescore` on the permuted float32 embeddings, while the
-    chunk is still in the caches), and thresholds, pools, keys and lists hold canonical scores
-    only: the lists do not depend on the tiles' precision, blocking or CPU. The row tiles' bf16
-    scan reads the bf16 products as they come out (:func:`kernels.scan_bf16`), and the int8
-    ones as int32 (:func:`kernels.scan_int8`, with each pair's own int8 bound in place of the
-    margin: a row term plus a column term, :class:`aoq_train.mining.int8.Bounds`); only the
-    sample tiles, whose thresholds are read with numpy, are converted to float32. A first tile checks
-    the bound's premise on this CPU against canonical scores.
+    The tiles' products (float32 BLAS, bfloat16 with ``precision="bf16"``, exact int8 products of
+    rounded embeddings with ``precision="int8"``) only find the candidates: the scores reaching a
+    threshold minus a proven bound on their distance to the pair's canonical score
+    (:mod:`aoq_train.mining.canonical`, ``bf16``, ``int8``). Every candidate is re-scored
+    canonically (:func:`aoq_train.mining.canonical.rescore`, while the chunk is in the caches);
+    thresholds, pools and lists hold canonical scores only, so the lists do not depend on the
+    tiles' precision, blocking or CPU. The scans read bf16 products as they come out
+    (:func:`kernels.scan_bf16`) and int8 ones as int32 with each pair's own bound
+    (:func:`kernels.scan_int8`, :class:`aoq_train.mining.int8.Bounds`); sample tiles, whose
+    thresholds are read with numpy, are float32 (int8: a float32 copy beside the int32 products,
+    which the scan reads). A first tile checks the bound's premise on this CPU.
 
 Exactness: a list that ends with fewer than k candidates, or whose k-th best is below its last
-threshold (an estimate that was too high), is redone with no threshold
-(:func:`aoq_train.mining.topk.exact_rows`). Every other list equals the brute force of canonical
-scores: each member reached every threshold it met.
+threshold (an estimate too high), is redone unfiltered (:func:`aoq_train.mining.topk.exact_rows`).
+Every other list is the canonical brute force's: each member reached every threshold it met.
 
 Memory, beyond the inputs and the two returned id arrays: a permuted float32 copy of both
-embedding arrays (plus a bfloat16 copy with ``bf16``); the column pools, ``N_captions x (1.5
-k_cols + 64)`` int64 keys; the sample phase's row pool, ``sample_height x (2 k_rows + 64)``
-keys; per worker a row pool (``ROW_TILE x (2 k_rows + 64)`` keys), a tall tile (``sample_height
-x CHUNK`` floats) and the scan's output (``ROW_TILE x CHUNK`` positions and values).
+embedding arrays (plus a bf16 or int8 copy); the column pools, ``N_captions x (1.5 k_cols +
+64)`` int64 keys; the sample phase's row pool, ``sample_height x (2 k_rows + 64)`` keys; per
+worker a row pool (``ROW_TILE x (2 k_rows + 64)`` keys), a tall tile (``sample_height x CHUNK``
+values; int8: float32 copies of the sample tiles too) and the scan's output.
 
-The per-score work (the scan of a tile, the appends to the pools) is compiled
-(:mod:`aoq_train.mining.kernels`): with numpy it cost more than the product itself.
+The per-score work (scans, appends) is compiled (:mod:`aoq_train.mining.kernels`): with numpy it
+cost more than the product itself.
 """
 
 from __future__ import annotations
@@ -62,7 +55,6 @@ import collections
 import contextlib
 import functools
 import logging
-import math
 import threading
 import time
 import warnings
@@ -76,7 +68,8 @@ import torch
 from aoq_train.mining import bf16 as bf16_filter
 from aoq_train.mining import canonical, int8, kernels
 from aoq_train.mining.keys import LOWEST, decode_ids, decode_scores
-from aoq_train.mining.pools import Pool, fresh_array, load_pools, sample_rank, sampled_threshold, save_pools
+from aoq_train.mining.pools import (Pool, fresh_array, load_pools, sample_rank, sample_width, sampled_threshold,
+                                   save_pools)
 from aoq_train.mining.topk import directions, exact_rows
 from aoq_train.mining.workers import worker_pool
 
@@ -95,11 +88,6 @@ SNAPSHOT_SECONDS = 600.0  # the column pools are saved at most this often: a kil
 def processing_order(n: int, seed: int) -> np.ndarray:
     """A fixed pseudo-random order of ``n`` ids: every contiguous slice is a fair sample."""
     return np.random.default_rng(seed).permutation(n)
-
-
-def sample_width(n: int, k: int, hits: int) -> int:
-    """Ids to sample for a threshold with about ``hits`` sampled scores above its level."""
-    return min(n, math.ceil(hits * n / k))
 
 
 def _permuted(a: np.ndarray, order: np.ndarray) -> torch.Tensor:
@@ -160,14 +148,14 @@ class FusedPass:
     # ------------------------------------------------------------------ one tile
 
     def _dense(self, p0: int, p1: int, ci: int, slot: int = 0, raw: bool = False) -> np.ndarray:
-        """Rows [p0, p1) against chunk ``ci``: float32 scores (of bf16 or int8 products in those
-        modes), own positives at -inf, in this worker's buffer ``slot``. With ``raw`` and ``bf16``,
-        the bf16 products themselves, as their bit patterns (uint16): the scan reads them
-        directly, where a float32 copy of the tile would cost about as much as the bf16 product
-        that made it; with ``raw`` and ``int8``, the int32 products, own positives at INT32_MIN."""
+        """Rows [p0, p1) against chunk ``ci`` in this worker's buffer ``slot``: float32 scores (of
+        bf16 products in that mode), own positives at -inf; int8: the int32 products, own positives
+        at INT32_MIN (:meth:`_sampled` has their float32 copy). With ``raw`` and ``bf16``, the bf16
+        products' bit patterns (uint16), which the scan reads directly: a float32 copy of the tile
+        would cost about as much as the bf16 product that made it."""
         c0, c1 = self.bounds[ci], self.bounds[ci + 1]
         rows, width = p1 - p0, c1 - c0
-        raw = raw and (self.bf16 or self.int8)
+        raw = (raw and self.bf16) or self.int8
         dtype = torch.int32 if self.int8 else torch.bfloat16 if raw else torch.float32
         bufs = self.local.__dict__.setdefault("bufs", {})
         key = (slot, raw)
@@ -175,18 +163,36 @@ class FusedPass:
             bufs[key] = torch.empty(rows * width, dtype=dtype)
         out = bufs[key][: rows * width].view(rows, width)
         if self.int8:
-            out = int8.products(self.q8[p0:p1], self.g8[c0:c1], out).numpy()
-            scores = out if raw else int8.as_float32(out, self.q_scales[p0:p1], self.g_scales[c0:c1])
+            scores = int8.products(self.q8[p0:p1], self.g8[c0:c1], out).numpy()
         elif raw:
             scores = torch.mm(self.q16[p0:p1], self.g16[c0:c1].T, out=out).view(torch.int16).numpy().view(np.uint16)
         elif self.bf16:
             scores = out.copy_(torch.mm(self.q16[p0:p1], self.g16[c0:c1].T)).numpy()
         else:
             scores = torch.mm(self.q[p0:p1], self.g[c0:c1].T, out=out).numpy()  # (torch < 2.3 has no uint16)
-        own = self.own[p0:p1]
-        r, u = np.nonzero((own >= c0) & (own < c1))
-        scores[r, own[r, u] - c0] = -np.inf if not raw else INT32_MIN if self.int8 else BF16_NEG_INF
+        self._mask_own(scores, p0, ci, -np.inf if not raw else INT32_MIN if self.int8 else BF16_NEG_INF)
         return scores
+
+    def _mask_own(self, scores: np.ndarray, p0: int, ci: int, value: float) -> None:
+        """Set the tile's own positives (rows from ``p0``, columns of chunk ``ci``) to ``value``."""
+        c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+        own = self.own[p0 : p0 + scores.shape[0]]
+        r, u = np.nonzero((own >= c0) & (own < c1))
+        scores[r, own[r, u] - c0] = value
+
+    def _sampled(self, tile: np.ndarray, p0: int, ci: int, slot: int = 0) -> np.ndarray:
+        """The float32 scores of a :meth:`_dense` tile: the tile itself, but in the int8 mode a
+        float32 copy (own positives at -inf) in this worker's buffer ``slot``."""
+        if not self.int8:
+            return tile
+        bufs = self.local.__dict__.setdefault("copies", {})
+        if slot not in bufs or bufs[slot].size < tile.size:
+            bufs[slot] = np.empty(tile.size, dtype=np.float32)
+        c0, c1 = self.bounds[ci], self.bounds[ci + 1]
+        out = int8.as_float32(tile, self.q_scales[p0 : p0 + tile.shape[0]], self.g_scales[c0:c1],
+                              bufs[slot][: tile.size].reshape(tile.shape))
+        self._mask_own(out, p0, ci, -np.inf)
+        return out
 
     def _passing(self, scores: np.ndarray, tr: np.ndarray | None, tc: np.ndarray, p0: int, c0: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -243,17 +249,19 @@ class FusedPass:
             pool.reset(n)
         return pool
 
-    def _sample_tiles(self, p0: int, p1: int) -> list[np.ndarray]:
-        """Rows [p0, p1) against the chunks that sample the row thresholds, one buffer each."""
-        return [self._dense(p0, p1, ci, slot=ci) for ci in range(self.sample_chunks)]
+    def _sample_tiles(self, p0: int, p1: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Rows [p0, p1) against the chunks that sample the row thresholds, one buffer each (as
+        the scan reads them), and the rows' sampled thresholds."""
+        tiles = [self._dense(p0, p1, ci, slot=ci) for ci in range(self.sample_chunks)]
+        sampled = [self._sampled(tile, p0, ci, slot=ci) for ci, tile in enumerate(tiles)]
+        return tiles, sampled_threshold(sampled, self.k_rows + self.cpi, self.n_cap)
 
     def _row_tile(self, p0: int, p1: int, wanted: bool) -> tuple[np.ndarray, np.ndarray] | None:
         """Rows [p0, p1) against every chunk, the row sample first; their lists when ``wanted``."""
         pool, tr, n = None, None, len(self.bounds) - 1
         if wanted:
             pool = self._row_pool(p1 - p0)
-            first = self._sample_tiles(p0, p1)
-            tr = sampled_threshold(first, self.k_rows + self.cpi, self.n_cap)
+            first, tr = self._sample_tiles(p0, p1)
         else:
             first = []
         rest = n - len(first)  # the other chunks from a tile-dependent start: workers seldom share a column pool
@@ -286,7 +294,7 @@ class FusedPass:
         rows = min(h, ROW_TILE)  # the bound's premise (float32 accumulation, rounding to nearest), on a first tile
         exact = bf16_filter.canonical_tile(self.q[:rows], self.g[: self.bounds[1]])
         unit = bf16_filter.BF16_UNIT_ROUNDOFF if self.bf16 else 0.0
-        if not bf16_filter.tile_within_bound(self._dense(0, rows, 0), exact, self.margin, unit):
+        if not bf16_filter.tile_within_bound(self._sampled(self._dense(0, rows, 0), 0, 0), exact, self.margin, unit):
             raise RuntimeError(f"this CPU's {'bf16' if self.bf16 else 'int8' if self.int8 else 'float32'} products are further from the "
                                "canonical scores than the proven bound allows (aoq_train.mining.canonical); "
                                + ("mine with precision fp32" if self.bf16 or self.int8 else "is torch's float32 matmul "
@@ -294,14 +302,14 @@ class FusedPass:
         tr = None
         if rows_wanted:
             pieces = [(p, min(h, p + ROW_TILE)) for p in range(0, h, ROW_TILE)]
-            tr = np.concatenate(pool_map(lambda t: sampled_threshold(self._sample_tiles(*t), self.k_rows + self.cpi,
-                                                                     self.n_cap), pieces))
+            tr = np.concatenate(pool_map(lambda t: self._sample_tiles(*t)[1], pieces))
         pool, lock = Pool(h, self.row_cap), threading.Lock()
 
         def chunk(ci: int) -> None:
             c0, c1 = self.bounds[ci], self.bounds[ci + 1]
             scores = self._dense(0, h, ci)
-            self.tc[c0:c1] = sampled_threshold([scores[: self.sample_rows]], self.k_cols + 1, self.n_img, axis=0)
+            self.tc[c0:c1] = sampled_threshold([self._sampled(scores[: self.sample_rows], 0, ci)], self.k_cols + 1,
+                                               self.n_img, axis=0)
             for s0 in range(0, h, ROW_TILE):  # ROW_TILE rows at a time: the scan's buffers stay one tile
                 self._select(scores[s0 : s0 + ROW_TILE], ci, s0, tr, s0, pool, lock)
 

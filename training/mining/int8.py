@@ -130,11 +130,22 @@ def products(qi: torch.Tensor, gi: torch.Tensor, out: torch.Tensor | None = None
     return torch._int_mm(qi, gi.T, out=out)
 
 
-def as_float32(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray) -> np.ndarray:
-    """The float32 copy of a tile's values ``float64(P) * s_q * s_g`` (a sample tile: its
-    thresholds are read with numpy)."""
-    return ((p.astype(np.float64) * q_scales.astype(np.float64)[:, None]) * g_scales.astype(np.float64)[None, :]
-            ).astype(np.float32)
+def as_float32(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The float32 copy of a tile's values ``float64(P) * s_q * s_g`` (float64 scales) into
+    ``out``: what sampled thresholds are read from, with numpy. Compiled, with no temporaries:
+    the sample phase's tiles are tall (thousands of rows), and numpy's float64 temporaries of
+    such a tile cost as much as its product (docs/mining.md, section 2)."""
+    _scale_into(p, q_scales, g_scales, out)
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _scale_into(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, out: np.ndarray) -> None:
+    """``out[r, c] = float32((float64(p[r, c]) * q_scales[r]) * g_scales[c])``."""
+    for r in range(p.shape[0]):
+        s = q_scales[r]
+        for c in range(p.shape[1]):
+            out[r, c] = np.float32((np.float64(p[r, c]) * s) * g_scales[c])
 
 
 @functools.lru_cache(maxsize=1)

@@ -95,6 +95,11 @@ class Pool:
         self.fill[: self.n] = fill
 
 
+def sample_width(n: int, k: int, hits: int) -> int:
+    """Ids to sample for a threshold with about ``hits`` sampled scores above its level."""
+    return min(n, math.ceil(hits * n / k))
+
+
 def sampled_threshold(blocks: list[np.ndarray], k: int, population: int, axis: int = 1) -> np.ndarray:
     """Per query, a score that about ``E >= k`` of its ``population`` scores reach, read from a
     fair sample of them: ``blocks`` hold the sample, queries along the other axis (rows of each
