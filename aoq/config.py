@@ -196,11 +196,13 @@ class MiningConfig(_Strict):
     block_size: int = Field(4096, ge=16)
     backend: MiningBackend = "torch"
     device: str = "auto"
-    #: ``fp32`` scores everything in float32 (exact lists). CPU torch backend: ``bf16`` filters with
-    #: bfloat16 products within a proven error bound and re-scores the passing pairs in float32,
-    #: same lists (docs/mining.md, section 2). ``auto``: ``bf16`` on a CPU whose bf16 products are
-    #: at least 1.5x faster (AMX, some AVX512-BF16 CPUs), else ``fp32``. CUDA: ``fp16`` float16
-    #: products, faster, lists not exactly float32's.
+    #: The products that find the candidates; the canonical re-score decides, so every choice gives
+    #: the same lists (docs/mining.md, section 2). ``fp32``: float32 products. CPU torch backend:
+    #: ``bf16`` filters with bfloat16 products within a proven error bound, ``int8`` (one CPU
+    #: device) with exact int8 products of rounded embeddings. ``auto``: ``bf16`` on a CPU whose
+    #: bf16 products are at least 1.5x faster, unless its int8 products save much more (``int8``),
+    #: else ``int8`` where those are 6x faster, else ``fp32``. CUDA: ``fp16``, float16 products
+    #: within the same kind of bound.
     precision: Literal["auto", "fp32", "bf16", "int8", "fp16"] = "auto"
     #: mine with this checkpoint (a "teacher") instead of the run's own round-1 model.
     teacher: str | None = None

@@ -53,7 +53,7 @@ seconds divided by the thread count are what idle cores would take. The projecti
 what grows with the pools' fill over a whole run (the column thresholds' re-estimates, the final
 sorts of full pools, the part files): whole runs measured 4-18% (fp32) and 16-37% (bf16) above it.
 
-``--coco-full fp32|bf16``: the whole COCO shape mined once (part files in a temporary folder),
+``--coco-full fp32|bf16|int8|auto``: the whole COCO shape mined once (auto: this CPU's default),
 64 image and 64 caption lists checked against a brute force of canonical scores and one of
 float64 products. Last line: ``RESULT coco_full_precision=.. coco_full_wall_s=.. coco_full_cpu_s=..
 peak_mb=.. checked_identical=<share byte-identical to the canonical brute force>
@@ -361,19 +361,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--coco", action="store_true", help="the COCO shape on a slice, fp32 and bf16, projected")
     p.add_argument("--coco-tiles", type=int, default=4, help="row tiles timed with --coco, besides the sample phase")
-    p.add_argument("--coco-full", choices=list(MODES), default=None,
-                   help="mine the whole COCO shape once in this precision (~5 min in bf16 on 2 AMX cores, ~10 "
-                        "GB of memory) and check 128 lists against a float64 brute force")
+    p.add_argument("--coco-full", choices=[*MODES, "auto"], default=None,
+                   help="mine the whole COCO shape once in this precision (auto: the default here; 3-8 min on 2 "
+                        "cores with bf16 or int8 products, ~10 GB of memory) and check 128 lists against brute force")
     args = p.parse_args(argv)
     print(cpu_description(), flush=True)  # the machine every figure below comes from
     if args.threads:
         torch.set_num_threads(args.threads)
     warm_kernels()
+    top_k = args.top_captions, args.top_images
+    products = product_precision(torch.device("cpu"), "torch", "auto")  # the default's: "auto" here
+    default = FILTER_MODES.get(products, "fp32")
     if args.coco:
-        print(coco(args.coco_tiles, args.top_captions, args.top_images))
+        print(coco(args.coco_tiles, *top_k))
         return 0
     if args.coco_full:
-        print(coco_full(args.coco_full, args.top_captions, args.top_images, args.block_size))
+        print(coco_full(default if args.coco_full == "auto" else args.coco_full, *top_k, args.block_size))
         return 0
     if args.quick:
         args.images, args.top_captions, args.top_images = 2000, 200, 40
@@ -387,8 +390,6 @@ def main(argv: list[str] | None = None) -> int:
         f"block {args.block_size}, {torch.get_num_threads()} torch threads"
     )
 
-    products = product_precision(torch.device("cpu"), "torch", "auto")
-    default = FILTER_MODES.get(products, "fp32")
     runs = {}
     for mode in (default, *(m for m in MODES if m != default)):
         with tempfile.TemporaryDirectory() as work, PeakMemory() as mem, Clock() as clock:

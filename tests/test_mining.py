@@ -403,10 +403,13 @@ def test_product_precision_names_what_runs_and_refuses_what_cannot(monkeypatch) 
     assert product_precision(cpu, "torch", "int8") == "int8+float32"
     with pytest.raises(ValueError, match="int8 on one CPU device"):  # the int8 filter is the fused pass's
         product_precision(cpu, "torch", "int8", fused=False)
-    # auto: the bf16 filter where it pays, else the int8 filter where it pays, else float32
-    for bf16, int8, products in ((True, True, "bfloat16+float32"), (False, True, "int8+float32"),
-                                 (False, False, "float32")):
+    # auto: the bf16 filter where it pays (the int8 one where its products save much more), else
+    # the int8 filter where it pays, else float32
+    monkeypatch.setattr(driver, "bf16_speedup", lambda: 2.0)
+    for bf16, beats, int8, products in ((True, False, True, "bfloat16+float32"), (True, True, False, "int8+float32"),
+                                        (False, True, True, "int8+float32"), (False, True, False, "float32")):
         monkeypatch.setattr(driver, "bf16_pays", lambda pays=bf16: pays)
+        monkeypatch.setattr(driver, "int8_beats_bf16", lambda speedup, beats=beats: beats and speedup == 2.0)
         monkeypatch.setattr(driver, "int8_pays", lambda pays=int8: pays)
         assert product_precision(cpu, "torch", "auto") == products
         assert product_precision(cpu, "torch", "auto", fused=False) == "float32"  # several CPU devices

@@ -154,15 +154,27 @@ def test_int8_pays_only_where_its_products_cover_the_wider_bound(monkeypatch, fp
     # 4.1x: the speed-up of an Intel Xeon without AMX whose int8 pass was no faster than its float32 one
     timings = iter([fp32_ms * 1e-3, 1e-3])
     monkeypatch.setattr(int8, "best_seconds", lambda fn, repeats: next(timings))
-    int8.int8_pays.cache_clear()
+    int8.int8_speedup.cache_clear()
     try:
         assert int8.int8_pays() is pays
     finally:
-        int8.int8_pays.cache_clear()
+        int8.int8_speedup.cache_clear()
+
+
+@pytest.mark.parametrize(("int8_x", "bf16_x", "beats"), [
+    (4.33, 2.26, True),  # an AMD Zen 4's tile products: int8 saves 0.22 of the float32 time; its pass was faster
+    (9.2, 4.6, False),  # an AMD Zen 5's: 0.11; the two passes tied
+    (30.0, 9.0, False),  # an AMX CPU's bf16: nothing left for int8 to save that pays for its extra candidates
+    (0.0, 2.26, False),  # no exact int8 products
+])
+def test_int8_filter_is_taken_over_bf16_only_where_its_products_save_much_more(
+        monkeypatch, int8_x: float, bf16_x: float, beats: bool) -> None:
+    monkeypatch.setattr(int8, "int8_speedup", lambda: int8_x)
+    assert int8.int8_beats_bf16(bf16_x) is beats
 
 
 def test_int8_pays_is_measured_once_per_process(monkeypatch) -> None:
-    first = int8.int8_pays()
-    assert isinstance(first, bool)
+    first = int8.int8_speedup()
+    assert first >= 0.0 and int8.int8_pays() is (first >= int8.INT8_PAYS_FACTOR)
     monkeypatch.setattr(int8.torch, "mm", None)  # a second measurement would fail
-    assert int8.int8_pays() is first
+    assert int8.int8_speedup() == first

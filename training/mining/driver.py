@@ -22,8 +22,8 @@ from aoq.io import (
     stamp_matches,
     write_stamp,
 )
-from aoq_train.mining.bf16 import bf16_pays, canonical_tile, error_bound, tile_within_bound
-from aoq_train.mining.int8 import int8_pays
+from aoq_train.mining.bf16 import bf16_pays, bf16_speedup, canonical_tile, error_bound, tile_within_bound
+from aoq_train.mining.int8 import int8_beats_bf16, int8_pays
 from aoq_train.mining.canonical import RULE, canonical_inputs, float32_margin
 from aoq_train.mining.fused import CHUNK, FusedPass, processing_order
 from aoq_train.mining.pools import fresh_array
@@ -155,7 +155,8 @@ def mine_offline_negatives(
             (``aoq_train.mining.bf16``); ``int8`` (fused pass only) with exact int8 products of
             rounded embeddings within a proven bound (``aoq_train.mining.int8``). ``auto``:
             ``bf16`` where it pays (the fused CPU pass on a CPU whose bf16 products are at least
-            1.5x faster, :func:`aoq_train.mining.bf16.bf16_pays`), else ``int8`` where that
+            1.5x faster, :func:`aoq_train.mining.bf16.bf16_pays`) unless int8 products save
+            much more (:func:`aoq_train.mining.int8.int8_beats_bf16`), else ``int8`` where that
             pays (:func:`aoq_train.mining.int8.int8_pays`: its products faster by
             :data:`aoq_train.mining.int8.INT8_PAYS_FACTOR`), else ``fp32``. CUDA: ``fp16``,
             float16 products with float32 results and the same kind of bound (a float32 copy of the
@@ -244,9 +245,9 @@ def product_precision(device: torch.device, backend: str, precision: str, fused:
     on it.
     ``int8+float32`` (the CPU's int8 filter, :mod:`aoq_train.mining.int8`).
     ``auto`` picks the bf16 filter for the fused CPU pass (``fused``: one CPU device, torch
-    backend) where :func:`aoq_train.mining.bf16.bf16_pays`, else the int8 filter where
-    :func:`aoq_train.mining.int8.int8_pays`, else float32 (bf16 first: its tighter bound leaves
-    fewer candidates to re-score).
+    backend) where :func:`aoq_train.mining.bf16.bf16_pays`, unless the int8 filter's products save
+    enough more to pay for its wider bound (:func:`aoq_train.mining.int8.int8_beats_bf16`), else
+    the int8 filter where :func:`aoq_train.mining.int8.int8_pays`, else float32.
 
     Raises:
         ValueError: an unknown precision, or one the device cannot run.
@@ -256,7 +257,9 @@ def product_precision(device: torch.device, backend: str, precision: str, fused:
     if precision == "auto":
         if not (backend == "torch" and device.type == "cpu" and fused):
             return "float32"
-        return BF16_FILTER if bf16_pays() else INT8_FILTER if int8_pays() else "float32"
+        if bf16_pays():
+            return INT8_FILTER if int8_beats_bf16(bf16_speedup()) else BF16_FILTER
+        return INT8_FILTER if int8_pays() else "float32"
     if backend == "faiss" or precision == "fp32":
         return "float32"
     if device.type == "cuda" and precision == "fp16":

@@ -50,6 +50,11 @@ INT8_MAX = 127
 #: product gained nothing over float32 as a whole pass, before the per-pair bound; a ~9x one won:
 #: docs/mining.md, section 2).
 INT8_PAYS_FACTOR = 6.0
+#: Where bf16 products pay as well, the share of the float32 tile product's time that int8 products
+#: must save over bf16 ones for ``auto`` to pick the int8 filter (its wider bound leaves more
+#: candidates to re-score): int8 saved 0.22 on an AMD Zen 4, whose int8 pass was the faster, and
+#: ~0.11 on an AMD Zen 5, whose two passes tied (docs/mining.md, section 2).
+INT8_OVER_BF16 = 0.15
 
 
 def quantize(x: torch.Tensor, rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,10 +154,10 @@ def _scale_into(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, out: 
 
 
 @functools.lru_cache(maxsize=1)
-def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
-    """Whether this CPU's single-threaded int8 products are at least ``INT8_PAYS_FACTOR`` times
-    faster than float32 ones on a 512 x 1024 tile and exact there (int32 results equal to int64
-    ones). Timed once per process: ``precision="auto"`` where the bf16 filter does not pay."""
+def int8_speedup(dim: int = 512, repeats: int = 5) -> float:
+    """How many times faster this CPU's single-threaded int8 products are than float32 ones on a
+    512 x 1024 tile; 0 where they are not exact there (int32 results against int64 ones) or torch
+    has none. Timed once per process."""
     gen = torch.Generator().manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(512, dim, generator=gen), dim=1)
     g = torch.nn.functional.normalize(torch.randn(1024, dim, generator=gen), dim=1)
@@ -164,12 +169,25 @@ def int8_pays(dim: int = 512, repeats: int = 5) -> bool:
                 "int8": best_seconds(lambda: products(qi, gi), repeats)}
         exact = bool((products(qi[:64], gi).long() == qi[:64].long() @ gi.long().T).all())
     except (RuntimeError, NotImplementedError) as err:  # a torch build without int8 products on this CPU
-        log.info("no int8 products here (%s): mining filters in fp32", err)
-        return False
+        log.info("no int8 products here (%s)", err)
+        return 0.0
     finally:
         torch.set_num_threads(threads)
     speedup = best["fp32"] / best["int8"]
-    pays = exact and speedup >= INT8_PAYS_FACTOR
-    log.info("int8 products %.2fx float32 on one core%s: mining filters in %s", speedup,
-             "" if exact else " but not exact", "int8" if pays else "fp32")
-    return pays
+    log.info("int8 products %.2fx float32 on one core%s", speedup, "" if exact else " but not exact")
+    return speedup if exact else 0.0
+
+
+def int8_pays() -> bool:
+    """Whether this CPU's int8 products are exact and at least ``INT8_PAYS_FACTOR`` times faster
+    than float32 ones: ``precision="auto"`` where the bf16 filter does not pay."""
+    return int8_speedup() >= INT8_PAYS_FACTOR
+
+
+def int8_beats_bf16(bf16_speedup: float) -> bool:
+    """Where bf16 products pay (``bf16_speedup`` times float32's), whether ``precision="auto"``
+    takes the int8 filter instead: its products must save at least ``INT8_OVER_BF16`` of the
+    float32 product's time over bf16 ones (``1 / bf16_speedup - 1 / int8_speedup``) to pay for
+    the wider bound's extra re-scoring."""
+    speedup = int8_speedup()
+    return speedup > 0 and 1 / bf16_speedup - 1 / speedup >= INT8_OVER_BF16
