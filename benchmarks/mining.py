@@ -7,9 +7,9 @@ H = 2000 captions per image / 400 images per caption, like the public AOQ code):
     fused pass: every score computed once, both directions selected from it), in every precision
     mode (float32 products, the bf16 filter and the int8 filter; the canonical scores decide
     either way), with its resumable per-block files written to a temporary folder (as ``aoq
-    mine`` does). The default ("auto": the bf16 filter where this CPU's bf16 products pay, else
-    the int8 filter where its int8 products pay, else float32) is run first; every mode's lists
-    are compared byte for byte with the float32 mode's;
+    mine`` does). The default ("auto": the bf16 or int8 filter where this CPU's low-precision
+    products pay, docs/mining.md section 2, else float32) is run first; every mode's lists are
+    compared byte for byte with the float32 mode's;
 (b) the public AOQ mining loop: one anchor at a time, ``(anchor * gallery).sum(1)``, own
     positives set to -inf, ``torch.topk``; timed on a subset of anchors per direction and
     extrapolated to all anchors. The same loop with a matrix-vector product instead of the
