@@ -181,6 +181,7 @@ def mine_offline_negatives(
     devs = _devices(device) if backend == "torch" else [torch.device("cpu")]
     fused = backend == "torch" and len(devs) == 1 and devs[0].type == "cpu"  # one pass for both directions
     products = product_precision(devs[0], backend, precision, fused)
+    log.info("mining precision %s: %s products find the candidates, canonical scores rank them", precision, products)
     half = products == "float16"
     job = {
         "img_emb": _array_hash(img_emb),
