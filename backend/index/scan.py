@@ -14,27 +14,134 @@ Ties are ordered by gallery position: of equal scores, the item indexed first co
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from aoq_serve.index.shared import shared
 
 #: gallery items per block: a block of a 128-dimensional gallery (64 KiB) stays in a core's L2
 #: cache while every query of a batch passes over it.
 WIDTH = 128
+#: dimensions of a block summed in one pass over the queries: a slice of 16 KiB stays in L1.
+SLICE = 32
+#: float32 lanes of the LLVM vectors the sums are kept in (one AVX-512 register, two AVX2 ones).
+LANES = 16
+
+
+def _wide_registers() -> bool:
+    """Whether the CPU numba compiles for has AVX-512's 32 vector registers, which hold two
+    queries' sums of a block (AVX2's 16 hold about one query's).
+    (``NUMBA_CPU_FEATURES`` overrides the host's features for numba: followed here too.)"""
+    features = os.environ.get("NUMBA_CPU_FEATURES")
+    if features is not None:
+        return "+avx512f" in features.split(",")
+    return bool(llvm.get_host_cpu_features().get("avx512f"))
+
+
+#: which kernel :meth:`FlatScan.search` runs: either gives the same bits.
+WIDE = _wide_registers()
+
+
+def _sums_codegen(queries: int):
+    """LLVM code adding dimensions ``[c0, c1)`` of a block's items to the running sums of
+    ``queries`` consecutive queries (from ``q``), for the intrinsics below, whose arguments are
+    ``(blocks, queries, sums, block, q, c0, c1)``. The sums stay in registers across the
+    dimensions (numba's loops stored them back to memory at every dimension, and the stores
+    bound the scan; with AVX2 a few of one query's 16 vectors go to the stack, still fewer
+    stores). Each is a float32 multiply and then an add, in increasing dimension order, exactly
+    as ``sums[q, j] += queries[q, c] * blocks[block, c, j]`` (no fused multiply-add), so either
+    kernel gives the same bits as that plain loop."""
+
+    def codegen(context, builder, signature, args):
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        vec, byte = ir.VectorType(f32, LANES), ir.IntType(8).as_pointer()
+        block, q, c0, c1 = (context.cast(builder, args[i], signature.args[i], types.int64) for i in range(3, 7))
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in range(3)]
+        (gallery, query_rows, sums), strides = arrays, [cgutils.unpack_tuple(builder, a.strides) for a in arrays]
+
+        def at(array, offset):
+            return builder.bitcast(builder.gep(builder.bitcast(array.data, byte), [offset]), f32.as_pointer())
+
+        def vector(ptr, v):
+            return builder.bitcast(builder.gep(ptr, [ir.Constant(i64, LANES * v)]), vec.as_pointer())
+
+        start = builder.mul(block, strides[0][0])
+        rows = [builder.add(q, ir.Constant(i64, t)) for t in range(queries)]
+        weights = [at(query_rows, builder.mul(r, strides[1][0])) for r in rows]
+        outs = [at(sums, builder.mul(r, strides[2][0])) for r in rows]
+        count = WIDTH // LANES
+        initial = [[builder.load(vector(out, v), align=4) for v in range(count)] for out in outs]
+        entry = builder.block
+        head, body, done = (builder.append_basic_block(f"sums.{name}") for name in ("head", "body", "done"))
+        builder.branch(head)
+        builder.position_at_end(head)
+        c = builder.phi(i64)
+        c.add_incoming(c0, entry)
+        accs = [[builder.phi(vec) for _ in range(count)] for _ in rows]
+        for per_query, values in zip(accs, initial):
+            for acc, value in zip(per_query, values):
+                acc.add_incoming(value, entry)
+        builder.cbranch(builder.icmp_signed("<", c, c1), body, done)
+        builder.position_at_end(body)
+        column = at(gallery, builder.add(start, builder.mul(c, strides[0][1])))
+        xs = [builder.load(vector(column, v), align=4) for v in range(count)]
+        splat = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+        for w_ptr, per_query in zip(weights, accs):
+            w = builder.load(builder.gep(w_ptr, [c]))
+            wv = builder.shuffle_vector(builder.insert_element(ir.Constant(vec, ir.Undefined), w, ir.Constant(i32, 0)),
+                                        ir.Constant(vec, ir.Undefined), splat)
+            for acc, x in zip(per_query, xs):
+                acc.add_incoming(builder.fadd(acc, builder.fmul(wv, x)), body)
+        c.add_incoming(builder.add(c, ir.Constant(i64, 1)), body)
+        builder.branch(head)
+        builder.position_at_end(done)
+        for out, per_query in zip(outs, accs):
+            for v, acc in enumerate(per_query):
+                builder.store(acc, vector(out, v), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _typed(queries: int, blocks, query_rows, sums, *indices):
+    """The intrinsics' signature and code; none for arrays that are not C-contiguous float32
+    (the code addresses items and dimensions by their byte offsets)."""
+    arrays = (blocks, query_rows, sums)
+    if any(not isinstance(a, types.Array) or a.layout != "C" or a.dtype != types.float32 for a in arrays):
+        return None
+    return types.void(*arrays, *indices), _sums_codegen(queries)
+
+
+@intrinsic
+def _pair(typingctx, blocks, queries, sums, block, q, c0, c1):
+    """Two queries' sums over a block (:func:`_sums_codegen`): the kernel for AVX-512."""
+    return _typed(2, blocks, queries, sums, block, q, c0, c1)
+
+
+@intrinsic
+def _single(typingctx, blocks, queries, sums, block, q, c0, c1):
+    """One query's sums over a block: AVX-512's odd query out, and the kernel for AVX2."""
+    return _typed(1, blocks, queries, sums, block, q, c0, c1)
 
 
 @njit(nogil=True, cache=True)
 def _scan(blocks: np.ndarray, n: int, queries: np.ndarray, k: int, top_scores: np.ndarray,
-          top_positions: np.ndarray, sums: np.ndarray) -> None:  # pragma: no cover - compiled
+          top_positions: np.ndarray, sums: np.ndarray, wide: bool) -> None:  # pragma: no cover - compiled
     """Fill each query's top ``k`` (scores descending, ties by position) over ``n`` items.
 
     ``sums`` is scratch of shape (queries, WIDTH). Each query's sums are its own row, computed by
-    the same loop for any number of queries: the batch never changes a score.
+    the same arithmetic for any number of queries and either kernel (``wide``: two queries at a
+    time, else one): the batch never changes a score. A block none of whose scores beats a full
+    list's last is passed over without visiting its items.
     """
     count, dim = queries.shape
     filled = np.zeros(count, np.int64)
@@ -42,15 +149,21 @@ def _scan(blocks: np.ndarray, n: int, queries: np.ndarray, k: int, top_scores: n
         base = block * WIDTH
         valid = min(WIDTH, n - base)
         sums[:count] = 0
-        for c in range(dim):
-            column = blocks[block, c]
-            for q in range(count):
-                weight = queries[q, c]
-                row = sums[q]
-                for j in range(WIDTH):
-                    row[j] += weight * column[j]
+        for c0 in range(0, dim, SLICE):
+            c1 = min(c0 + SLICE, dim)
+            paired = count - count % 2 if wide else 0
+            for q in range(0, paired, 2):
+                _pair(blocks, queries, sums, block, q, c0, c1)
+            for q in range(paired, count):
+                _single(blocks, queries, sums, block, q, c0, c1)
         for q in range(count):
             row, best, where, size = sums[q], top_scores[q], top_positions[q], filled[q]
+            if size == k:
+                last, beaten = best[k - 1], False
+                for j in range(valid):  # vectorised: most blocks hold nothing that enters
+                    beaten |= row[j] > last
+                if not beaten:
+                    continue
             for j in range(valid):
                 score = row[j]
                 # a later item enters only by beating the last one: earlier items win ties
@@ -110,7 +223,7 @@ class FlatScan:
         ids = np.full((count, k), -1, dtype=np.int64)
         if size > 0:
             where = np.empty((count, size), dtype=np.int64)
-            _scan(self.blocks, self.ntotal, queries, size, scores, where, np.empty((count, WIDTH), dtype=np.float32))
+            _scan(self.blocks, self.ntotal, queries, size, scores, where, np.empty((count, WIDTH), dtype=np.float32), WIDE)
             ids[:, :size] = self.ids[where]
         return scores, ids
 
