@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def _wide_registers() -> bool:
 WIDE = _wide_registers()
 
 
-def _sums_codegen(queries: int):
+def _sums_codegen(queries: int) -> Callable:
     """LLVM code adding dimensions ``[c0, c1)`` of a block's items to the running sums of
     ``queries`` consecutive queries (from ``q``), for the intrinsics below, whose arguments are
     ``(blocks, queries, sums, block, q, c0, c1)``. The sums stay in registers across the
@@ -112,7 +113,8 @@ def _sums_codegen(queries: int):
     return codegen
 
 
-def _typed(queries: int, blocks, query_rows, sums, *indices):
+def _typed(queries: int, blocks: types.Type, query_rows: types.Type, sums: types.Type, *indices: types.Type
+           ) -> tuple[types.Type, Callable] | None:
     """The intrinsics' signature and code; none for arrays that are not C-contiguous float32
     (the code addresses items and dimensions by their byte offsets)."""
     arrays = (blocks, query_rows, sums)
