@@ -90,20 +90,24 @@ def test_a_flat_index_loads_as_the_scan_and_answers_as_faiss(tmp_path):
 
 @pytest.mark.parametrize("wide", [True, False])
 @pytest.mark.parametrize("dim, count", [(1, 1), (24, 3), (33, 2), (128, 5), (300, 4)])
-def test_scores_are_the_float32_sums_in_dimension_order_with_either_kernel(dim, count, wide):
+@pytest.mark.parametrize("whole", [True, False])
+def test_scores_are_the_float32_sums_in_dimension_order_with_either_kernel(dim, count, wide, whole):
     """Both kernels (two queries at a time for AVX-512, one for AVX2) give every score exactly as
     ``s = 0; s = s + q_c * x_c`` for c = 0, 1, ..., each operation rounded to float32 (numpy's
-    float32 arithmetic is that, elementwise): the definition the service's answers keep on any CPU."""
-    x, queries = _unit(2 * WIDTH + 9, dim, 10), _unit(count, dim, 11)
+    float32 arithmetic is that, elementwise): the definition the service's answers keep on any CPU.
+    Every item ranked (``whole``), or a top 10, which fills in the first block, so that the later
+    blocks are first compared with its last score as a whole."""
+    x, queries = _unit(3 * WIDTH + 9, dim, 10), _unit(count, dim, 11)
     n = len(x)
+    k = n if whole else 10
     scan = FlatScan.from_vectors(x, np.arange(n, dtype=np.int64))
-    scores = np.full((count, n), -np.inf, dtype=np.float32)
-    where = np.empty((count, n), dtype=np.int64)
-    _scan(scan.blocks, n, queries, n, scores, where, np.empty((count, WIDTH), dtype=np.float32), wide)
+    scores = np.full((count, k), -np.inf, dtype=np.float32)
+    where = np.empty((count, k), dtype=np.int64)
+    _scan(scan.blocks, n, queries, k, scores, where, np.empty((count, WIDTH), dtype=np.float32), wide)
     for q, query in enumerate(queries):
         want = np.zeros(n, dtype=np.float32)
         for c in range(dim):
             want = want + query[c] * x[:, c]
-        order = np.lexsort((np.arange(n), -want))
+        order = np.lexsort((np.arange(n), -want))[:k]
         assert np.array_equal(where[q], order)
         assert np.array_equal(scores[q].view(np.uint32), want[order].view(np.uint32))
