@@ -147,13 +147,13 @@ def _scan(blocks: np.ndarray, n: int, queries: np.ndarray, k: int, top_scores: n
     """
     count, dim = queries.shape
     filled = np.zeros(count, np.int64)
+    paired = count - count % 2 if wide else 0  # queries summed two at a time, the rest one by one
     for block in range(blocks.shape[0]):
         base = block * WIDTH
         valid = min(WIDTH, n - base)
         sums[:count] = 0
         for c0 in range(0, dim, SLICE):
             c1 = min(c0 + SLICE, dim)
-            paired = count - count % 2 if wide else 0
             for q in range(0, paired, 2):
                 _pair(blocks, queries, sums, block, q, c0, c1)
             for q in range(paired, count):
@@ -225,7 +225,8 @@ class FlatScan:
         ids = np.full((count, k), -1, dtype=np.int64)
         if size > 0:
             where = np.empty((count, size), dtype=np.int64)
-            _scan(self.blocks, self.ntotal, queries, size, scores, where, np.empty((count, WIDTH), dtype=np.float32), WIDE)
+            sums = np.empty((count, WIDTH), dtype=np.float32)
+            _scan(self.blocks, self.ntotal, queries, size, scores, where, sums, WIDE)
             ids[:, :size] = self.ids[where]
         return scores, ids
 
