@@ -13,7 +13,7 @@ import torch
 from tests.mining_helpers import Stop, exact_embeddings, reference, stop_at
 from aoq_train.mining import canonical, fused, kernels, mine_offline_negatives
 from aoq_train.mining.bf16 import filter_levels
-from aoq_train.mining.keys import LOWEST, PAD, decode_ids
+from aoq_train.mining.keys import LOWEST, PAD, decode_ids, decode_scores
 from aoq_train.mining.pools import Pool, sampled_threshold
 
 
@@ -218,21 +218,33 @@ def test_pool_keeps_the_best_k_and_raises_the_threshold_to_the_kth_score() -> No
     np.testing.assert_array_equal(again.best(3)[0], pool.best(3)[0])
 
 
-def test_select_best_moves_each_lists_best_k_first_and_keeps_its_keys() -> None:
+@pytest.mark.parametrize("cap,k", [(40, 1), (40, 7), (40, 40), (3000, 1), (3000, 2000)])
+def test_pool_selections_keep_each_lists_keys_and_find_its_best(cap: int, k: int) -> None:
     rng = np.random.default_rng(5)
-    keys = rng.integers(-6, 6, size=(300, 40)).astype(np.int64)  # many equal keys: the partition's hard case
-    keys[:100] = rng.integers(-(2**62), 2**62, size=(100, 40))
-    fill = rng.integers(0, 41, size=300)
-    before = keys.copy()
-    kernels.select_best(keys, fill, 7)
-    for a, b, n in zip(keys, before, fill):
-        np.testing.assert_array_equal(np.sort(a[:n]), np.sort(b[:n]))  # the same keys, reordered
-        np.testing.assert_array_equal(a[n:], b[n:])  # nothing past the fill is touched
-        if n >= 7:
-            np.testing.assert_array_equal(np.sort(a[:7]), np.sort(b[:n])[n - 7 :])
-            assert a[6] == np.sort(b[:n])[n - 7]
-        else:
-            np.testing.assert_array_equal(a, b)
+    keys = rng.integers(-6, 6, size=(300, cap)).astype(np.int64)  # many equal keys: the partition's hard case
+    keys[:100] = rng.integers(-(2**62), 2**62, size=(100, cap))
+    keys[100:110] = 3  # lists of one key repeated
+    fill = rng.integers(0, cap + 1, size=300)
+    fill[:3] = cap, 0, k  # full, empty, exactly k
+    pool = Pool(300, cap=cap, keys=keys.copy())
+    pool.fill[:] = fill
+    held = [np.sort(row[:n]) for row, n in zip(keys, fill)]  # each list's keys, ascending
+
+    def keeps_its_keys() -> None:
+        for row, n, sorted_keys in zip(pool.keys, fill, held):
+            np.testing.assert_array_equal(np.sort(row[:n]), sorted_keys)
+
+    rth = pool.rth_best(k)
+    keeps_its_keys()
+    for value, n, sorted_keys in zip(rth, fill, held):
+        assert value == (decode_scores(sorted_keys[n - k : n - k + 1])[0] if n >= k else -np.inf)
+    best, short = pool.best(k)
+    for row, n, sorted_keys in zip(best, fill, held):
+        top = sorted_keys[::-1][:k]
+        np.testing.assert_array_equal(row[: len(top)], top)  # decreasing
+        assert (row[len(top) :] == PAD).all()
+    np.testing.assert_array_equal(short, fill < k)
+    keeps_its_keys()  # the best k first, the list's other keys after them
 
 
 def test_scan_finds_the_scores_reaching_either_level_in_row_major_order() -> None:

@@ -156,39 +156,41 @@ def bf16_filter_keys(levels: np.ndarray, margin: float) -> np.ndarray:
 
 
 @njit(nogil=True, cache=True)
-def select_best(keys: np.ndarray, fill: np.ndarray, k: int) -> None:
-    """Reorder each list's first ``fill`` keys in place so that its best ``k`` come first, the
-    k-th best at index ``k - 1`` (a quickselect in decreasing order; lists with fewer than
-    ``k`` keys are left as they are). The pools' lists are unordered, so only the selection is
-    paid for: numpy's partition first copies every list into a padded array."""
+def pad_lists(keys: np.ndarray, fill: np.ndarray, width: int) -> None:
+    """Fill each list's slots from its fill to ``width`` with distinct pads below every key
+    (``PAD + slot``: a key's high half never encodes a NaN, so every key is far above them), so
+    that numpy can partition or sort the pool's first ``width`` slots of every list at once (its
+    vectorised partition is several times faster than a compiled quickselect; a ragged pool is
+    not one array to numpy; equal pads slowed it down). :func:`unpad_lists` restores the pool."""
+    low = np.iinfo(np.int64).min
     for i in range(fill.shape[0]):
-        n = fill[i]
-        if n < k:
-            continue
-        a = keys[i]
-        lo, hi, t = 0, n - 1, k - 1
-        while lo < hi:
-            x, y, z = a[lo], a[(lo + hi) >> 1], a[hi]  # the pivot: their median
-            if x < y:
-                x, y = y, x
-            if y < z:
-                y = min(x, z)
-            left, right = lo, hi
-            while left <= right:  # Hoare's partition: keys >= y to the left, <= y to the right
-                while a[left] > y:
-                    left += 1
-                while a[right] < y:
-                    right -= 1
-                if left <= right:
-                    a[left], a[right] = a[right], a[left]
-                    left += 1
-                    right -= 1
-            if t <= right:
-                hi = right
-            elif t >= left:
-                lo = left
-            else:
-                break  # a[right + 1 : left] all equal the pivot, and t is among them
+        for j in range(fill[i], width):
+            keys[i, j] = low + j
+
+
+@njit(nogil=True, cache=True)
+def unpad_lists(keys: np.ndarray, fill: np.ndarray, width: int, front: int) -> None:
+    """After numpy reordered each list's first ``width`` slots (:func:`pad_lists`), put its keys
+    back in its first ``fill`` slots: the last ``front`` slots reversed first (numpy's ascending
+    order made decreasing; ``PAD`` past a list's fill when it holds fewer), then the list's other
+    keys."""
+    low = np.iinfo(np.int64).min
+    pads = low + width  # every pad is below it, every key above
+    scratch = np.empty(width if front else 0, dtype=np.int64)
+    for i in range(fill.shape[0]):
+        row = keys[i]
+        source = row
+        if front:
+            scratch[:] = row[:width]
+            source = scratch
+            for j in range(front):
+                x = source[width - 1 - j]
+                row[j] = x if x >= pads else low
+        w = front
+        for j in range(width - front):  # forward: in place when nothing comes first
+            x = source[j]
+            row[w] = x
+            w += x >= pads
 
 
 @njit(nogil=True, cache=True)

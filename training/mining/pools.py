@@ -59,28 +59,37 @@ class Pool:
         """Each list's r-th best score (-inf where a list holds fewer than r keys). Reorders the
         lists in place (a list's order never matters to the pool)."""
         fill = self.fill[: self.n]
-        kernels.select_best(self.keys, fill, r)
         out = np.full(self.n, -np.inf, dtype=np.float32)
+        width = int(fill.max(initial=0))
+        if width < r:
+            return out
+        kernels.pad_lists(self.keys, fill, width)
+        lists = self.keys[: self.n, :width]
+        lists.partition(width - r, axis=1)  # ascending, PADs lowest: the r-th best at width - r
         held = np.flatnonzero(fill >= r)
-        if held.size:
-            out[held] = decode_scores(self.keys[held, r - 1])
+        out[held] = decode_scores(lists[held, width - r])
+        kernels.unpad_lists(self.keys, fill, width, 0)
         return out
 
     def best(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(keys, short): each list's best k keys in decreasing order (``PAD`` where a list has
-        fewer), and the lists with fewer than k. Reorders the lists in place (the best k first,
-        :func:`aoq_train.mining.kernels.select_best`, then only those sorted) and returns a view:
-        read it before the pool changes again."""
+        fewer), and the lists with fewer than k. Reorders the lists in place (the best k first, in
+        that order: numpy partitions and sorts the padded lists, :func:`aoq_train.mining.kernels.
+        pad_lists`) and returns a view: read it before the pool changes again."""
         fill = self.fill[: self.n]
         if k > self.cap:
             keys = self.padded(k)
-        else:
-            kernels.select_best(self.keys, fill, k)
-            keys = self.keys[: self.n, :k]
-            np.copyto(keys, PAD, where=np.arange(k) >= fill[:, None])
-        keys.sort(axis=1)  # numpy's vectorised sort
-        keys[...] = keys[:, ::-1]  # decreasing: each list's keys stay first, as the pool needs
-        return keys, fill < k
+            keys.sort(axis=1)  # numpy's vectorised sort
+            keys[...] = keys[:, ::-1]
+            return keys, fill < k
+        width = max(k, int(fill.max(initial=0)))
+        kernels.pad_lists(self.keys, fill, width)
+        lists = self.keys[: self.n, :width]
+        if width > k:
+            lists.partition(width - k, axis=1)  # ascending: the best k last
+        lists[:, width - k :].sort(axis=1)
+        kernels.unpad_lists(self.keys, fill, width, k)  # decreasing, first; the other keys after them
+        return self.keys[: self.n, :k], fill < k
 
     def padded(self, width: int) -> np.ndarray:
         """The first ``width`` key slots of every list, ``PAD`` past each list's fill."""
