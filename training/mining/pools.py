@@ -65,7 +65,7 @@ class Pool:
             return out
         kernels.pad_lists(self.keys, fill, width)
         lists = self.keys[: self.n, :width]
-        lists.partition(width - r, axis=1)  # ascending, PADs lowest: the r-th best at width - r
+        lists.partition(width - r, axis=1)  # ascending, the pads lowest: the r-th best at width - r
         held = np.flatnonzero(fill >= r)
         out[held] = decode_scores(lists[held, width - r])
         kernels.unpad_lists(self.keys, fill, width, 0)
