@@ -9,7 +9,10 @@ H = 2000 captions per image / 400 images per caption, like the public AOQ code):
     either way), with its resumable per-block files written to a temporary folder (as ``aoq
     mine`` does). The default ("auto": the bf16 or int8 filter where this CPU's low-precision
     products pay, docs/mining.md section 2, else float32) is run first; every mode's lists are
-    compared byte for byte with the float32 mode's;
+    compared byte for byte with the float32 mode's. A mode whose products this CPU runs slower
+    than float32 ones (bf16 and int8 on an AVX2-only CPU: there its full-size run takes tens of
+    minutes) is mined at the ``--quick`` shape instead, for the comparison only, and its ratios
+    print as ``skipped``, unless ``--all-modes``;
 (b) the public AOQ mining loop: one anchor at a time, ``(anchor * gallery).sum(1)``, own
     positives set to -inf, ``torch.topk``; timed on a subset of anchors per direction and
     extrapolated to all anchors. The same loop with a matrix-vector product instead of the
@@ -35,7 +38,8 @@ identical_lists=<the smallest share, over the modes, of the lists (both directio
 to the float32 mode's> speedup_vs_loop=<(b)/(a)> ratio_to_matmul=<(a)/(c), wall, the default
 mode> ratio_to_matmul_cpu=<(a)/(c), CPU time> fp32_mode_ratio=<the float32 mode's, wall>
 fp32_mode_ratio_cpu=<.., CPU time> bf16_mode_ratio=.. bf16_mode_ratio_cpu=.. int8_mode_ratio=..
-int8_mode_ratio_cpu=.. coco_projected_s=<the COCO shape at this run's throughput, wall>
+int8_mode_ratio_cpu=.. (``skipped`` for a mode checked only at the quick shape)
+coco_projected_s=<the COCO shape at this run's throughput, wall>
 coco_projected_cpu_s=<the same from the CPU time, divided by the thread count> peak_mb=<the default's>``.
 
 ``--coco``: the COCO shape (113,287 images x 566,435 captions, d = 1024, H = 2000 / 400) on a
@@ -74,15 +78,21 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # mining_checks, also when loaded by path
 
 from aoq.device import cpu_description  # noqa: E402
 from aoq_train.mining import fused, mine_offline_negatives  # noqa: E402
-from aoq_train.mining.canonical import canonical_pairs  # noqa: E402
 from aoq_train.mining.driver import FILTER_MODES, product_precision  # noqa: E402
+from aoq_train.mining.bf16 import bf16_speedup  # noqa: E402
+from aoq_train.mining.int8 import int8_speedup  # noqa: E402
+from aoq_train.mining.canonical import canonical_pairs  # noqa: E402
 from aoq_train.mining.workers import worker_pool  # noqa: E402
+from mining_checks import agreement, brute_force, canonical_brute_force, identical_lists, worst_swap  # noqa: E402
 
 COCO_IMAGES, COCO_CPI, COCO_DIM = 113_287, 5, 1024
 MODES = ("fp32", "bf16", "int8")  # the fused pass's products; the first is the reference the others are compared with
+SPEEDUPS = {"bf16": bf16_speedup, "int8": int8_speedup}  # each filter mode's products against float32 ones, one core
+QUICK = dict(images=2000, top_captions=200, top_images=40)  # --quick's shape, also where slow modes are checked
 
 
 def coco_scale(n_img: int, n_cap: int, dim: int) -> float:
@@ -169,26 +179,6 @@ def tiled_matmul(queries: np.ndarray, gallery: np.ndarray) -> None:
         list(ex.map(rows, range(0, len(q), fused.ROW_TILE)))
 
 
-def identical_lists(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
-    """The share of the lists (image lists and caption lists together) that two miners' results
-    hold byte for byte: same ids in the same order."""
-    same = [(x == y).all(axis=1) for x, y in zip(a, b)]
-    return float(np.concatenate(same).mean())
-
-
-def agreement(img: np.ndarray, cap: np.ndarray, a: tuple[np.ndarray, np.ndarray],
-              b: tuple[np.ndarray, np.ndarray]) -> str:
-    """How far two miners' lists (image lists, caption lists) agree: the share holding the same
-    ids, and where not, the largest float64 score by which an id only ``b`` kept beats one only
-    ``a`` kept (:func:`worst_swap`)."""
-    parts = []
-    for name, queries, gallery, x, y in (("image", img, cap, a[0], b[0]), ("caption", cap, img, a[1], b[1])):
-        differ = np.flatnonzero((np.sort(x, axis=1) != np.sort(y, axis=1)).any(axis=1))
-        swap = worst_swap(queries[differ], gallery, y[differ], x[differ]) if differ.size else 0.0
-        parts.append(f"{1 - differ.size / len(x):.4%} of the {name} lists hold the same ids (worst swap {swap:.1e})")
-    return "against fp32 mode: " + "; ".join(parts)
-
-
 def public_loop(queries: np.ndarray, gallery: np.ndarray, k: int, own, n: int, form: str) -> float:
     """Seconds per anchor of the public per-anchor loop over the first ``n`` anchors."""
     g = torch.from_numpy(gallery)
@@ -218,19 +208,6 @@ class Clock:
     def split(self) -> str:
         """The CPU time's system part, for the printed lines."""
         return f"{self.system:.2f} s of it system time, {self.faults:,} page faults"
-
-
-def worst_swap(queries: np.ndarray, gallery: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
-    """Over the rows whose lists ``a`` and ``b`` hold different ids: the largest float64 score
-    by which an id only ``a`` kept beats an id only ``b`` kept (<= 0 where ``b`` is not worse).
-    Float32 near-ties give ~1e-8; a member ``b`` wrongly filtered out gives a gap of its own size."""
-    worst = 0.0
-    for r in range(len(a)):
-        only_a, only_b = np.setdiff1d(a[r], b[r]), np.setdiff1d(b[r], a[r])
-        if only_a.size:
-            q = queries[r].astype(np.float64)
-            worst = max(worst, float((gallery[only_a] @ q).max() - (gallery[only_b] @ q).min()))
-    return worst
 
 
 def coco(tiles: int, top_captions: int, top_images: int) -> str:
@@ -291,29 +268,6 @@ def coco(tiles: int, top_captions: int, top_images: int) -> str:
             f"bf16_worst_swap={swap:.1e}")
 
 
-def brute_force(queries: np.ndarray, gallery: np.ndarray, own: list[slice], k: int) -> np.ndarray:
-    """Top-k gallery ids of each query from float64 products, its ``own`` gallery ids excluded."""
-    gallery64 = gallery.astype(np.float64)  # once: a float32 @ float64 product would upcast it per query
-    out = np.empty((len(queries), k), dtype=np.int64)
-    for n, q in enumerate(queries):
-        scores = gallery64 @ q.astype(np.float64)
-        scores[own[n]] = -np.inf
-        out[n] = np.argsort(-scores, kind="stable")[:k]
-    return out
-
-
-def canonical_brute_force(queries: np.ndarray, gallery: np.ndarray, own: list[slice], k: int) -> np.ndarray:
-    """Top-k gallery ids of each query by canonical scores (the miner's rule: every pair scored by
-    :func:`aoq_train.mining.canonical.canonical_pairs`, ties to the lower id), ``own`` excluded."""
-    out = np.empty((len(queries), k), dtype=np.int64)
-    ids = np.arange(len(gallery))
-    for n, q in enumerate(queries):
-        scores = canonical_pairs(q[None], gallery, np.zeros(len(gallery), np.int64), ids)
-        scores[own[n]] = -np.inf
-        out[n] = np.argsort(-scores, kind="stable")[:k]
-    return out
-
-
 def coco_full(precision: str, top_captions: int, top_images: int, block_size: int, checked: int = 64) -> str:
     """Mine the whole COCO shape once (both directions, part files in a temporary folder, as
     ``aoq mine`` does) and check ``checked`` image and caption lists against a brute force of
@@ -346,6 +300,43 @@ def coco_full(precision: str, top_captions: int, top_images: int, block_size: in
             f"checked_same_ids={same / (2 * checked):.4f} checked_worst_swap={max(swaps):.1e}")
 
 
+def slow_modes(default: str) -> dict[str, float]:
+    """The filter modes other than ``default`` whose products this CPU runs slower than float32
+    ones, with their speed-ups (those ``auto`` measured, cached: one tile on one core)."""
+    return {mode: speedup() for mode, speedup in SPEEDUPS.items() if mode != default and speedup() < 1}
+
+
+def mine_timed(img: np.ndarray, cap: np.ndarray, cpi: int, top_k: tuple[int, int], block_size: int, mode: str,
+               default: str) -> tuple[Clock, PeakMemory, tuple[np.ndarray, np.ndarray]]:
+    """(a) in one precision mode: both directions mined once, part files in a temporary folder."""
+    with tempfile.TemporaryDirectory() as work, PeakMemory() as mem, Clock() as clock:
+        lists = mine_offline_negatives(img, cap, cpi, *top_k, block_size, "cpu", work_dir=work, progress=False,
+                                       precision=mode)
+    note = " (the default here)" if mode == default else ""
+    print(f"(a {mode}) fused miner, both directions, {mode} products{note}: {clock.wall:.2f} s ({clock.cpu:.2f} s "
+          f"CPU, {clock.split()}); extra peak memory {mem.mb:.0f} MB ({mem.method})", flush=True)
+    return clock, mem, lists
+
+
+def check_slow_modes(slow: dict[str, float], dim: int, cpi: int, block_size: int) -> float:
+    """The share of lists byte-identical to the float32 mode's for each mode in ``slow`` (its
+    products' speed-up over float32 ones, below 1 here), mined at the ``--quick`` shape: at full
+    size such a mode would take many times the float32 mode's time, and no default picks it on
+    this CPU."""
+    gen = torch.Generator().manual_seed(2)
+    img, cap = unit_vectors(QUICK["images"], dim, gen), unit_vectors(QUICK["images"] * cpi, dim, gen)
+    top_k = QUICK["top_captions"], QUICK["top_images"]
+    reference = mine_offline_negatives(img, cap, cpi, *top_k, block_size, "cpu", progress=False, precision="fp32")
+    shares = []
+    for mode, speedup in slow.items():
+        lists = mine_offline_negatives(img, cap, cpi, *top_k, block_size, "cpu", progress=False, precision=mode)
+        shares.append(identical_lists(reference, lists))
+        print(f"    {mode} mode: products {speedup:.2f}x float32 on this CPU, not timed at this size (--all-modes "
+              f"does); at the --quick shape ({len(img)} x {len(cap)}) {shares[-1]:.4%} of its lists are the fp32 "
+              f"mode's, byte for byte", flush=True)
+    return min(shares)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true",
@@ -359,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop-images", type=int, default=40, help="image anchors timed in (b)")
     p.add_argument("--loop-captions", type=int, default=200, help="caption anchors timed in (b)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--all-modes", action="store_true",
+                   help="time every precision mode at full size, also those whose products this CPU runs slower "
+                        "than float32 ones (by default those are only checked, at the --quick shape)")
     p.add_argument("--coco", action="store_true", help="the COCO shape on a slice, fp32 and bf16, projected")
     p.add_argument("--coco-tiles", type=int, default=4, help="row tiles timed with --coco, besides the sample phase")
     p.add_argument("--coco-full", choices=[*MODES, "auto"], default=None,
@@ -379,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         print(coco_full(default if args.coco_full == "auto" else args.coco_full, *top_k, args.block_size))
         return 0
     if args.quick:
-        args.images, args.top_captions, args.top_images = 2000, 200, 40
+        args.images, args.top_captions, args.top_images = QUICK["images"], QUICK["top_captions"], QUICK["top_images"]
         args.loop_images, args.loop_captions = 100, 500
     cpi = args.captions_per_image
     n_img, n_cap = args.images, args.images * cpi
@@ -390,20 +384,17 @@ def main(argv: list[str] | None = None) -> int:
         f"block {args.block_size}, {torch.get_num_threads()} torch threads"
     )
 
-    runs = {}
-    for mode in (default, *(m for m in MODES if m != default)):
-        with tempfile.TemporaryDirectory() as work, PeakMemory() as mem, Clock() as clock:
-            lists = mine_offline_negatives(img, cap, cpi, args.top_captions, args.top_images, args.block_size, "cpu",
-                                           work_dir=work, progress=False, precision=mode)
-        runs[mode] = clock, mem, lists
-        note = " (the default here)" if mode == default else ""
-        print(f"(a {mode}) fused miner, both directions, {mode} products{note}: {clock.wall:.2f} s ({clock.cpu:.2f} s "
-              f"CPU, {clock.split()}); extra peak memory {mem.mb:.0f} MB ({mem.method})")
+    slow = {} if args.all_modes else slow_modes(default)
+    timed_modes = [default, *(m for m in MODES if m != default and m not in slow)]
+    runs = {mode: mine_timed(img, cap, cpi, top_k, args.block_size, mode, default) for mode in timed_modes}
     ours, mem, lists = runs[default]
-    identical = min(identical_lists(runs["fp32"][2], runs[mode][2]) for mode in MODES)
-    for mode in MODES[1:]:
-        print(f"    {mode} mode {agreement(img, cap, runs[mode][2], runs['fp32'][2])}; "
-              f"{identical_lists(runs['fp32'][2], runs[mode][2]):.4%} of all lists byte-identical")
+    identical = min(identical_lists(runs["fp32"][2], runs[mode][2]) for mode in timed_modes)
+    for mode in timed_modes:
+        if mode != "fp32":
+            print(f"    {mode} mode {agreement(img, cap, runs[mode][2], runs['fp32'][2])}; "
+                  f"{identical_lists(runs['fp32'][2], runs[mode][2]):.4%} of all lists byte-identical")
+    if slow:
+        identical = min(identical, check_slow_modes(slow, args.dim, cpi, args.block_size))
 
     products_timed = {}
     for name, fn in (("blocks of 4096 x 16384, torch's threads", blocked_matmul),
@@ -415,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     wall_mm = min(c.wall for c in products_timed.values())  # the faster arrangement: the stricter reference
     cpu_mm = min(c.cpu for c in products_timed.values())
     ratios = {mode: (clock.wall / wall_mm, clock.cpu / cpu_mm) for mode, (clock, _, _) in runs.items()}
+    shown = {mode: ("skipped",) * 2 if mode in slow else tuple(f"{r:.2f}" for r in ratios[mode]) for mode in MODES}
     for mode, (wall_ratio, cpu_ratio) in ratios.items():
         print(f"ratio (a {mode})/(c): {wall_ratio:.2f} wall, {cpu_ratio:.2f} CPU time "
               "(against the faster product; CPU time is less sensitive to other processes)")
@@ -438,9 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         f"RESULT precision={products} identical_lists={identical:.4f} "
         f"speedup_vs_loop={loops['elementwise'] / ours.wall:.1f} "
         f"ratio_to_matmul={ratios[default][0]:.2f} ratio_to_matmul_cpu={ratios[default][1]:.2f} "
-        f"fp32_mode_ratio={ratios['fp32'][0]:.2f} fp32_mode_ratio_cpu={ratios['fp32'][1]:.2f} "
-        f"bf16_mode_ratio={ratios['bf16'][0]:.2f} bf16_mode_ratio_cpu={ratios['bf16'][1]:.2f} "
-        f"int8_mode_ratio={ratios['int8'][0]:.2f} int8_mode_ratio_cpu={ratios['int8'][1]:.2f} "
+        + "".join(f"{mode}_mode_ratio={shown[mode][0]} {mode}_mode_ratio_cpu={shown[mode][1]} " for mode in MODES) +
         f"coco_projected_s={coco_s:.0f} coco_projected_cpu_s={coco_cpu_s:.0f} peak_mb={mem.mb:.0f}"
     )
     return 0

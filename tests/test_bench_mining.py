@@ -49,3 +49,11 @@ def test_canonical_brute_force_is_the_miners_rule() -> None:
     ref = canonical_reference(img, cap, 3, 10, 4)
     got = bench.canonical_brute_force(img[[2, 7]], cap, [slice(6, 9), slice(21, 24)], 10)
     np.testing.assert_array_equal(got, ref[0][[2, 7]])
+
+
+def test_only_modes_slower_than_float32_and_not_the_default_are_left_untimed(monkeypatch) -> None:
+    monkeypatch.setattr(bench, "SPEEDUPS", {"bf16": lambda: 0.12, "int8": lambda: 2.5})
+    assert bench.slow_modes("fp32") == {"bf16": 0.12}
+    assert bench.slow_modes("bf16") == {}  # the default is always timed, however its products compare
+    monkeypatch.setattr(bench, "SPEEDUPS", {"bf16": lambda: 1.0, "int8": lambda: 0.0})  # 0: not exact here
+    assert bench.slow_modes("fp32") == {"int8": 0.0}
