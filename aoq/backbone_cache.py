@@ -354,29 +354,37 @@ def with_backbone_features(model: JointModel, split: SplitData, vocab, *, root: 
                                extra=extra)
 
 
-def precompute_backbone_features(model: JointModel, splits: Sequence[SplitData], vocab, *,
-                                 root: str | Path | None = None, progress: bool = False, workers: int = 1) -> None:
+#: Builds the caption encoder and its vocabulary when :func:`precompute_backbone_features` needs them.
+TextEncoderFactory = Callable[[], tuple[MiniLMTextEncoder | MiniLMWordEncoder, object]]
+
+
+def precompute_backbone_features(splits: Sequence[SplitData], *, image: EffNetImageEncoder | None,
+                                 text: TextEncoderFactory | None, root: str | Path | None = None,
+                                 progress: bool = False, workers: int = 1) -> None:
     """Every missing cache entry of ``splits`` in one go (``make demo``): the image features of
     all splits on a pool of ``workers`` processes while this process computes the caption
     features on one thread, so that the cores stay busy with both. Each entry is the one
     :func:`with_backbone_features` computes (same key, same rows, same runtime rule).
 
+    ``image`` is the frozen image encoder (None: no image entries); ``text`` builds the frozen
+    caption encoder and its vocabulary (None: no caption entries). It is called once the image
+    workers have their work: loading MiniLM (transformers' first import) takes seconds of one
+    core, which the workers would otherwise wait for.
+
     Raises:
         DataError: an image backbone needs image files and a split has none.
     """
-    image, text = cached_modalities(model)
     base = cache_root(root)
     jobs: list[tuple[list[Path], dict]] = []
-    if image:
-        enc: EffNetImageEncoder = model.image_encoder  # type: ignore[assignment]
+    if image is not None:
         for split in splits:
             if split.image_paths is None:
                 raise DataError(f"{split.source}: model.image_encoder=effnet_lite0 needs the image files")
-            inputs = image_key_inputs(enc.identity.to_dict(), list(split.image_paths))
+            inputs = image_key_inputs(image.identity.to_dict(), list(split.image_paths))
             if not has_entry(inputs, base):
                 jobs.append((list(split.image_paths), inputs))
     total = sum(len(paths) for paths, _ in jobs)
-    runtime = image_runtime(enc, base, total) if jobs else ImageRuntime()
+    runtime = image_runtime(image, base, total) if image is not None and jobs else ImageRuntime()
     pool = _image_pool(workers, runtime) if workers > 1 and total >= POOL_MIN_IMAGES else None
     bar = tqdm(total=total, desc="EfficientNet-Lite0 features", disable=not progress or not total, leave=False)
     futures = []
@@ -388,16 +396,17 @@ def precompute_backbone_features(model: JointModel, splits: Sequence[SplitData],
                 future.add_done_callback(lambda _, n=len(chunk): bar.update(n))
     threads = torch.get_num_threads()
     try:
-        if text:
+        if text is not None:
             if pool is not None:
                 torch.set_num_threads(1)  # the pool's workers have the other cores
+            encoder, vocab = text()
             for split in splits:
-                _caption_entry(model.text_encoder, vocab, split, base, progress)  # type: ignore[arg-type]
+                _caption_entry(encoder, vocab, split, base, progress)
         torch.set_num_threads(threads)
         for k, (paths, inputs) in enumerate(jobs):
             def compute(k: int = k, paths: list[Path] = paths) -> np.ndarray:
                 if pool is None:
-                    return _image_features(runtime.runner(enc), paths, runtime.batch_size, bar)
+                    return _image_features(runtime.runner(image), paths, runtime.batch_size, bar)
                 return np.concatenate([future.result() for future in futures[k]])
 
             entry = cached_features(base, inputs, compute, len(paths), lambda: runtime_version(runtime.name))
@@ -407,7 +416,6 @@ def precompute_backbone_features(model: JointModel, splits: Sequence[SplitData],
         bar.close()
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-
 
 
 def _caption_entry(encoder: MiniLMTextEncoder | MiniLMWordEncoder, vocab, split: SplitData, base: Path,

@@ -199,10 +199,15 @@ def ensure_features(cfg: ExperimentConfig, workers: int) -> None:
         log.info("backbone features: all %d splits cached, skipped", len(splits))
         return
     from aoq.models.joint import build_model, text_vocabulary
+    from aoq.models.pretrained import EffNetImageEncoder
 
-    model = build_model(cfg.model, 1, None if image else 1)
-    vocab = text_vocabulary(cfg.model, [], cfg.data.vocab_threshold)
-    precompute_backbone_features(model, missing, vocab, progress=True, workers=workers)
+    def text_encoder() -> tuple:
+        # built once the image workers run: MiniLM's loading overlaps them
+        model = build_model(cfg.model, 1, None if image else 1)
+        return model.text_encoder, text_vocabulary(cfg.model, [], cfg.data.vocab_threshold)
+
+    precompute_backbone_features(missing, image=EffNetImageEncoder(cfg.model.embed_dim) if image else None,
+                                 text=text_encoder if text else None, progress=True, workers=workers)
 
 
 def ensure_indexes(models_dir: Path, data_root: Path, index_dir: Path, catalogue_url: str | None) -> None:

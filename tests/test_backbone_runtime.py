@@ -145,7 +145,8 @@ def test_precompute_writes_the_entries_training_reads(exported: Path, cache: Pat
     vocab = text_vocabulary(cfg.model, [], 1)
     splits = [load_split(cfg.data, s) for s in ("train", "dev", "test")]
     monkeypatch.setenv(backbone_runtime.RUNTIME_ENV, "onnxruntime")
-    precompute_backbone_features(model, splits, vocab, root=cache)
+    precompute_backbone_features(splits, image=model.image_encoder, text=lambda: (model.text_encoder, vocab),
+                                 root=cache)
     for split in splits:
         entry = cache / "efficientnet_lite0" / sha256_json(image_key_inputs(model.image_encoder.identity.to_dict(),
                                                                             list(split.image_paths)))
@@ -162,4 +163,47 @@ def test_precompute_writes_the_entries_training_reads(exported: Path, cache: Pat
         monkeypatch.setenv(backbone_runtime.RUNTIME_ENV, "onnxruntime")
         reference = image_backbone_features(model.image_encoder, list(split.image_paths), runtime=ImageRuntime())
         assert np.abs(np.asarray(ready.features) - reference).max() <= IMAGE_ATOL
+        assert ready.caption_features.shape == (split.n_captions, 384)
+
+
+def test_precompute_loads_the_caption_encoder_after_the_image_workers_have_their_work(
+        cache: Path, tmp_path: Path, monkeypatch) -> None:
+    """MiniLM's loading (seconds of one core) overlaps the image workers: the factory runs once
+    every image chunk is queued, and the images still come out in split order."""
+    from concurrent.futures import Future
+
+    from aoq import backbone_cache
+
+    data = write_karpathy_fixture(tmp_path / "data", "flickr30k", {"train": 6, "val": 2, "test": 2}, image_size=24)
+    cfg = config_from_dict({"name": "o", "out_dir": str(tmp_path / "run"),
+                            "data": {"format": "karpathy", "path": str(data), "image_size": 224},
+                            "model": {"image_encoder": "effnet_lite0", "text_encoder": "minilm", "embed_dim": 8}})
+    model = build_model(cfg.model, 0, None).eval()
+    splits = [load_split(cfg.data, s) for s in ("train", "dev", "test")]
+    queued: list[list[Path]] = []
+
+    class InlinePool:  # the workers' work, done at once in this process: only the order is tested
+        def submit(self, fn, chunk, batch_size) -> Future:
+            queued.append(chunk)
+            done: Future = Future()
+            done.set_result(image_backbone_features(model.image_encoder, chunk, runtime=ImageRuntime()))
+            return done
+
+        def shutdown(self, cancel_futures: bool) -> None:
+            pass
+
+    def text() -> tuple:
+        assert sum(len(chunk) for chunk in queued) == sum(len(s.image_paths) for s in splits), "loaded too early"
+        return model.text_encoder, text_vocabulary(cfg.model, [], 1)
+
+    monkeypatch.setattr(backbone_cache, "POOL_MIN_IMAGES", 1)
+    monkeypatch.setattr(backbone_cache, "_image_pool", lambda workers, runtime: InlinePool())
+    monkeypatch.setenv(backbone_runtime.RUNTIME_ENV, "torch")
+    root = tmp_path / "cache"
+    precompute_backbone_features(splits, image=model.image_encoder, text=text, root=root, workers=2)
+    for split in splits:
+        ready = with_backbone_features(model, split, text_vocabulary(cfg.model, [], 1), root=root,
+                                       compute_missing=False)
+        reference = image_backbone_features(model.image_encoder, list(split.image_paths), runtime=ImageRuntime())
+        assert np.array_equal(np.asarray(ready.features), reference)
         assert ready.caption_features.shape == (split.n_captions, 384)
