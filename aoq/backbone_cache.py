@@ -232,12 +232,19 @@ def image_runtime(encoder: EffNetImageEncoder, root: Path, n_images: int, name: 
 
 
 _WORKER_RUN: ImageRunner | None = None
+#: added to the image workers' niceness (:func:`_init_worker`)
+WORKER_NICENESS = 10
 
 
 def _init_worker(runtime: ImageRuntime) -> None:
     """A pool worker's own backbone (PyTorch's without the head, or an OpenVINO or ONNX Runtime
-    session), on one thread: the workers share the cores between them."""
+    session), on one thread: the workers share the cores between them. They run at a lower
+    priority (:data:`WORKER_NICENESS`): the captions that :func:`precompute_backbone_features`
+    computes beside them on one thread then keep a core to themselves and, being the longer
+    single-threaded part, no longer finish alone while the other cores idle; the images take
+    whatever the captions leave, all of it once they are done."""
     global _WORKER_RUN
+    os.nice(WORKER_NICENESS)
     torch.set_num_threads(1)
     _WORKER_RUN = runtime.runner(None)
 

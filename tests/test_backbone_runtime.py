@@ -207,3 +207,13 @@ def test_precompute_loads_the_caption_encoder_after_the_image_workers_have_their
         reference = image_backbone_features(model.image_encoder, list(split.image_paths), runtime=ImageRuntime())
         assert np.array_equal(np.asarray(ready.features), reference)
         assert ready.caption_features.shape == (split.n_captions, 384)
+
+
+def test_image_workers_run_below_the_caption_process() -> None:
+    """The captions beside the image workers keep a core: the workers are niced."""
+    import os
+
+    from aoq.backbone_cache import WORKER_NICENESS, _image_pool
+
+    with _image_pool(1, ImageRuntime()) as pool:
+        assert pool.submit(os.nice, 0).result() == min(19, os.nice(0) + WORKER_NICENESS)
