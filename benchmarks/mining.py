@@ -303,7 +303,8 @@ def coco_full(precision: str, top_captions: int, top_images: int, block_size: in
 def slow_modes(default: str) -> dict[str, float]:
     """The filter modes other than ``default`` whose products this CPU runs slower than float32
     ones, with their speed-ups (those ``auto`` measured, cached: one tile on one core)."""
-    return {mode: speedup() for mode, speedup in SPEEDUPS.items() if mode != default and speedup() < 1}
+    speedups = {mode: speedup() for mode, speedup in SPEEDUPS.items() if mode != default}
+    return {mode: x for mode, x in speedups.items() if x < 1}
 
 
 def mine_timed(img: np.ndarray, cap: np.ndarray, cpi: int, top_k: tuple[int, int], block_size: int, mode: str,
