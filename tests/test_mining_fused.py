@@ -13,7 +13,7 @@ import torch
 from tests.mining_helpers import Stop, exact_embeddings, reference, stop_at
 from aoq_train.mining import canonical, fused, kernels, mine_offline_negatives
 from aoq_train.mining.bf16 import filter_levels
-from aoq_train.mining.keys import LOWEST, PAD, decode_ids, decode_scores
+from aoq_train.mining.keys import LOWEST, PAD, decode_ids, decode_scores, encode_keys
 from aoq_train.mining.pools import Pool, sampled_threshold
 
 
@@ -201,6 +201,7 @@ def test_pool_keeps_the_best_k_and_raises_the_threshold_to_the_kth_score() -> No
     scores = np.array([0.5, 0.1, 0.9, 0.3, 0.7, -0.0], np.float32)
     assert pool.add(np.array([0, 0, 0, 1, 1, 0]), np.array([1, 2, 3, 4, 5, 6]), ids, scores, 2, threshold) == 0
     np.testing.assert_array_equal(pool.fill, [4, 2])  # 0.3 reaches list 1's 0.3; -0.0 (as +0.0) list 0's 0.0
+    assert pool.keys[0, 3] == encode_keys(np.array([0.0], np.float32), np.array([6]))[0]  # keyed as +0.0
     # list 0 is full: cut to 0.9, 0.5 before 0.2 is looked at, which then no longer reaches the new 0.5
     assert pool.add(np.array([0, 0]), np.array([6, 0]), ids, np.array([0.2, 0.5], np.float32), 2, threshold) == 1
     np.testing.assert_array_equal(threshold, np.array([0.5, 0.3], np.float32))
@@ -245,6 +246,19 @@ def test_pool_selections_keep_each_lists_keys_and_find_its_best(cap: int, k: int
         assert (row[len(top) :] == PAD).all()
     np.testing.assert_array_equal(short, fill < k)
     keeps_its_keys()  # the best k first, the list's other keys after them
+
+
+@pytest.mark.parametrize("dtype, value", [(np.float32, -np.inf), (np.uint16, fused.BF16_NEG_INF),
+                                          (np.int32, fused.INT32_MIN)])
+def test_mask_own_marks_only_the_own_positives_inside_the_tiles_columns(dtype, value) -> None:
+    scores = np.ones((3, 10), dtype=dtype)
+    own = np.array([[19, 20, 29], [30, 5, 25], [22, 22, 0]])  # a tile of columns [20, 30)
+    kernels.mask_own(scores, own, 20, 30, value)
+    expected = np.ones((3, 10), dtype=dtype)
+    expected[0, [0, 9]] = value
+    expected[1, 5] = value
+    expected[2, 2] = value
+    np.testing.assert_array_equal(scores, expected)
 
 
 def test_scan_finds_the_scores_reaching_either_level_in_row_major_order() -> None:

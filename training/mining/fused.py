@@ -123,7 +123,7 @@ class FusedPass:
             (self.q8, q_scales), (self.g8, g_scales) = int8.quantize(self.q), int8.quantize(self.g)
             self.int8_bounds = int8.error_bounds(self.q, self.g, self.q8, q_scales, self.g8, g_scales)
             self.margin = self.int8_bounds.margin
-            self.q_scales, self.g_scales = q_scales.double().numpy(), g_scales.double().numpy()
+            self.q_scales, self.g_scales = q_scales.numpy(), g_scales.numpy()  # float32, as the scan computes
         else:
             self.margin = self.f32_margin
         self.bounds = [*range(0, self.n_cap, chunk), self.n_cap]
@@ -175,10 +175,7 @@ class FusedPass:
 
     def _mask_own(self, scores: np.ndarray, p0: int, ci: int, value: float) -> None:
         """Set the tile's own positives (rows from ``p0``, columns of chunk ``ci``) to ``value``."""
-        c0, c1 = self.bounds[ci], self.bounds[ci + 1]
-        own = self.own[p0 : p0 + scores.shape[0]]
-        r, u = np.nonzero((own >= c0) & (own < c1))
-        scores[r, own[r, u] - c0] = value
+        kernels.mask_own(scores, self.own[p0 : p0 + scores.shape[0]], self.bounds[ci], self.bounds[ci + 1], value)
 
     def _sampled(self, tile: np.ndarray, p0: int, ci: int, slot: int = 0) -> np.ndarray:
         """The float32 scores of a :meth:`_dense` tile: the tile itself, but in the int8 mode a

@@ -13,14 +13,21 @@ g~`` and their canonical score ``s_c``:
     q.g - q~.g~ = e_q.g + q~.e_g                  so |q.g - q~.g~| <= |e_q| |g| + |q~| |e_g|  (Cauchy-Schwarz)
     |q.g - s_c| <= canonical_error                (aoq_train.mining.canonical)
 
-and ``q~.g~ = s_q s_g P`` exactly. The scan evaluates ``v = float64(P) * s_q * s_g`` (two float64
-roundings, ``|v - q~.g~| <= 2**-51 |q~| |g~|``); a sample tile's float32 copy of ``v`` adds one
-float32 rounding (``2**-24 |v|``, plus ``2**-126`` for an underflow). :func:`error_bounds` sums
+and ``q~.g~ = s_q s_g P`` exactly. A sample tile's float32 copy ``float32((float64(P) * s_q) *
+s_g)`` is within ``2**-51 |q~| |g~|`` (two float64 roundings) plus one float32 rounding
+(``2**-24 |v|``, plus ``2**-126`` for an underflow) of ``q~.g~``. The row tiles' scan works in
+float32 (twice the lanes of float64): ``v = (float32(P) * s_q) * s_g`` and ``v + (A_r + B_c) >=
+L``, five float32 roundings, each within ``2**-24`` of its result relatively (``P`` itself is
+exact below ``2**24``) and ``2**-126`` absolutely (an underflow, or a flush to zero). With ``u =
+2**-24``, ``N = |q~| |g~|`` and ``a_r + b_c`` the Cauchy-Schwarz terms above (the canonical error
+in ``a_r``), the float32 ``v`` is within ``3.001 u N`` of ``q~.g~``, the sum ``A_r + B_c``
+loses at most ``u (A_r + B_c)`` and the last addition ``u |v + A_r + B_c|``: so ``A_r = a_r +
+8 u (N + max a + max b)`` (plus the absolute terms) and ``B_c = b_c``, both rounded up to
+float32, leave ``v + (A_r + B_c) >= L`` whenever ``s_c >= L``. :func:`error_bounds` computes
 these terms, slightly inflated for the float64 arithmetic that computes them, in two forms: with
 every norm at its maximum over the rows, ``m``, which a sample tile's float32 copy is compared
 with (``L - m`` rounded down to float32, :func:`aoq_train.mining.canonical.float32_levels`); and
-per pair as a row term plus a column term, ``a_r + b_c`` (the rounding errors' norms kept per
-row), which the row tiles' scan adds to ``v`` in float64 before comparing with the level ``L``.
+per pair, ``A_r + B_c`` (the rounding errors' norms kept per row), for the row tiles' scan.
 Either way ``s_c >= L`` implies that the pair passes: no list member is ever filtered out,
 whatever the CPU, and the lists are those of the float32 mode, byte for byte. The price is the
 bound's width (several times the bfloat16 filter's): more candidates to re-score (docs/mining.md,
@@ -94,13 +101,27 @@ def _row_norms(x: np.ndarray, xi: np.ndarray, scales: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Bounds:
     """How far a pair's canonical score ``s_c`` may lie from the scans' values of its int8
-    product (module docstring): ``margin`` for every pair and either value (the float64 value
-    ``v`` or its float32 copy: the sample tiles); ``rows[r] + columns[c]`` for the float64 value
-    of pair ``(r, c)`` (the row tiles' scan, :func:`aoq_train.mining.kernels.scan_int8`)."""
+    product (module docstring): ``margin`` for every pair's float32 copy (the sample tiles);
+    ``rows[r] + columns[c]`` (float32, rounded up) for pair ``(r, c)`` in the row tiles' float32
+    scan, :func:`aoq_train.mining.kernels.scan_int8`, its own roundings included."""
 
     margin: float
     rows: np.ndarray
     columns: np.ndarray
+
+
+#: Beyond this product of the rounded rows' largest norms the float32 scan could overflow: every
+#: pair then passes (infinite bounds), as where the margin itself is not finite.
+FLOAT32_SAFE_PRODUCT = 2.0**120
+
+
+def _float32_up(x: np.ndarray) -> np.ndarray:
+    """``x`` (float64) rounded up to float32 (``inf`` past float32's range)."""
+    with np.errstate(over="ignore"):
+        out = x.astype(np.float32)
+    low = out.astype(np.float64) < x
+    out[low] = np.nextafter(out[low], np.float32(np.inf))
+    return out
 
 
 def error_bounds(queries: torch.Tensor, gallery: torch.Tensor, qi: torch.Tensor, q_scales: torch.Tensor,
@@ -110,22 +131,27 @@ def error_bounds(queries: torch.Tensor, gallery: torch.Tensor, qi: torch.Tensor,
 
     ``margin`` takes every norm at its maximum over the rows. The per-pair bound keeps the
     rounding errors' norms per row: ``|e_q| |g| + |q~| |e_g| <= |e_q| max|g| + max|q~| |e_g|``, a
-    row term plus a column term, with the float64 evaluation's and the canonical score's own
-    errors (taken at the maximal norms) in the row term. ``|e_q|`` ranges over ~1.7x between the
-    rows of random unit vectors (the largest sets ``margin``), so the pairs' bounds are ~40%
-    narrower on average, and fewer candidates pass the filter."""
+    row term plus a column term, with the float32 scan's and the canonical score's own errors
+    (taken at the maximal norms) in the row term. ``|e_q|`` ranges over ~1.7x between the rows of
+    random unit vectors (the largest sets ``margin``), so the pairs' bounds are ~40% narrower on
+    average, and fewer candidates pass the filter."""
     d = queries.shape[1]
     if d * INT8_MAX * INT8_MAX >= 2**31:
         raise ValueError(f"int8 products of dimension {d} may overflow int32: mine with precision fp32 or bf16")
     q_norms = _row_norms(queries.numpy(), qi.numpy(), q_scales.numpy())
     g_norms = _row_norms(gallery.numpy(), gi.numpy(), g_scales.numpy())
     (nq, nq8, eq), (ng, ng8, eg) = q_norms.max(axis=0, initial=0.0), g_norms.max(axis=0, initial=0.0)
-    common = canonical.canonical_error(d, nq, ng) + 2.0**-51 * nq8 * ng8
-    margin = eq * ng + nq8 * eg + common + 2.0**-24 * (1 + 2.0**-51) * nq8 * ng8 + 2 * canonical.FLOAT32_TINY
-    if not math.isfinite(margin):
-        return Bounds(math.inf, np.full(len(q_norms), np.inf), np.full(len(g_norms), np.inf))
+    product, canonical_error = nq8 * ng8, canonical.canonical_error(d, nq, ng)
+    tiny, u = canonical.FLOAT32_TINY, canonical.UNIT_ROUNDOFF
+    margin = eq * ng + nq8 * eg + canonical_error + (2.0**-51 + u * (1 + 2.0**-51)) * product + 2 * tiny
+    if not math.isfinite(margin) or product >= FLOAT32_SAFE_PRODUCT:
+        return Bounds(math.inf, np.full(len(q_norms), np.inf, np.float32), np.full(len(g_norms), np.inf, np.float32))
     inflate = 1 + 1e-6
-    return Bounds(margin * inflate, (q_norms[:, 2] * ng + common) * inflate, nq8 * g_norms[:, 2] * inflate)
+    rows, columns = q_norms[:, 2] * ng + canonical_error, nq8 * g_norms[:, 2]
+    # the scan's five float32 roundings (module docstring); the absolute terms cover underflows and
+    # flushed subnormal scales (a scale below 2**-126 leaves |q~.g~| <= 127 d 2**-126 max|g~|)
+    scan = 8 * u * (product + rows.max(initial=0.0) + columns.max(initial=0.0)) + (127 * d * (nq8 + ng8) + 8) * tiny
+    return Bounds(margin * inflate, _float32_up((rows + scan) * inflate), _float32_up(columns * inflate))
 
 
 def products(qi: torch.Tensor, gi: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,7 +162,7 @@ def products(qi: torch.Tensor, gi: torch.Tensor, out: torch.Tensor | None = None
 
 
 def as_float32(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """The float32 copy of a tile's values ``float64(P) * s_q * s_g`` (float64 scales) into
+    """The float32 copy of a tile's values ``float64(P) * s_q * s_g`` (the scales taken in float64) into
     ``out``: what sampled thresholds are read from, with numpy. Compiled, with no temporaries:
     the sample phase's tiles are tall (thousands of rows), and numpy's float64 temporaries of
     such a tile cost as much as its product (docs/mining.md, section 2)."""
@@ -148,9 +174,9 @@ def as_float32(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, out: n
 def _scale_into(p: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, out: np.ndarray) -> None:
     """``out[r, c] = float32((float64(p[r, c]) * q_scales[r]) * g_scales[c])``."""
     for r in range(p.shape[0]):
-        s = q_scales[r]
+        s = np.float64(q_scales[r])
         for c in range(p.shape[1]):
-            out[r, c] = np.float32((np.float64(p[r, c]) * s) * g_scales[c])
+            out[r, c] = np.float32((np.float64(p[r, c]) * s) * np.float64(g_scales[c]))
 
 
 @functools.lru_cache(maxsize=1)

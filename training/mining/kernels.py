@@ -54,6 +54,19 @@ def _collect(mask: np.ndarray, groups: int, r: int, rows: np.ndarray, cols: np.n
 
 
 @njit(nogil=True, cache=True)
+def mask_own(scores: np.ndarray, own: np.ndarray, c0: int, c1: int, value: float) -> None:
+    """Set ``scores[r, own[r, u] - c0]`` to ``value`` wherever ``c0 <= own[r, u] < c1``: a tile's
+    own positives (``own``: each row's own gallery positions; the tile holds columns [c0, c1)).
+    Compiled: a tile holds a few of them, and numpy's masks and gathers over ``own`` cost about
+    what the tile's scan does."""
+    for r in range(scores.shape[0]):
+        for u in range(own.shape[1]):
+            pos = own[r, u]
+            if c0 <= pos < c1:
+                scores[r, pos - c0] = value
+
+
+@njit(nogil=True, cache=True)
 def scan(scores: np.ndarray, tr: np.ndarray, tc: np.ndarray, mask: np.ndarray,
          rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> int:
     """Positions and values of the tile's scores reaching their row's or their column's level:
@@ -104,24 +117,25 @@ def scan_bf16(bits: np.ndarray, kr: np.ndarray, kc: np.ndarray, mask: np.ndarray
 def scan_int8(products: np.ndarray, q_scales: np.ndarray, g_scales: np.ndarray, tr: np.ndarray, tc: np.ndarray,
               q_terms: np.ndarray, g_terms: np.ndarray, mask: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> int:
     """:func:`scan` on a tile of exact int8 products (int32, :mod:`aoq_train.mining.int8`): a
-    score is ``v = (float64(p) * q_scales[r]) * g_scales[c]``, in that order (the bound counts its
-    two roundings), and passes when ``v + (q_terms[r] + g_terms[c]) >= min(tr[r], tc[c])``, in
-    float64, with ``tr``/``tc`` the thresholds themselves (float32) and the terms the pair's
-    bound (:class:`aoq_train.mining.int8.Bounds`); ``INT32_MIN`` marks an own positive, which
-    never passes. No values: the caller re-scores the positions."""
+    score is ``v = (float32(p) * q_scales[r]) * g_scales[c]``, in that order, and passes when
+    ``v + (q_terms[r] + g_terms[c]) >= min(tr[r], tc[c])``, all in float32 (twice the lanes of
+    float64), with ``tr``/``tc`` the thresholds themselves and the terms the pair's bound, which
+    covers these roundings (:class:`aoq_train.mining.int8.Bounds`); every array float32.
+    ``INT32_MIN`` marks an own positive, which never passes. No values: the caller re-scores the
+    positions."""
     n = 0
     n_rows, width = products.shape
     groups = _flag_groups(mask, width)
     lowest = np.int32(-2147483648)
     for r in range(n_rows):
-        t = np.float64(tr[r])
-        sq = np.float64(q_scales[r])
+        t = tr[r]
+        sq = q_scales[r]
         a = q_terms[r]
         row = products[r]
         for c in range(width):
             p = row[c]
-            v = (np.float64(p) * sq) * np.float64(g_scales[c])
-            mask[c] = (p != lowest) & (v + (a + g_terms[c]) >= min(t, np.float64(tc[c])))
+            v = (np.float32(p) * sq) * g_scales[c]
+            mask[c] = (p != lowest) & (v + (a + g_terms[c]) >= min(t, tc[c]))
         n = _collect(mask, groups, r, rows, cols, n)
     return n
 
@@ -199,8 +213,8 @@ def append(lists: np.ndarray, others: np.ndarray, other_ids: np.ndarray, values:
     """Append candidate ``i`` (score ``values[i]``, id ``other_ids[others[i]]``) to list
     ``lists[i]`` when its score reaches ``threshold[lists[i]]``. A full list is first cut to its
     best ``k`` keys and its threshold raised to its k-th best score (nothing below it can enter
-    its top k), so thresholds only rise and the lists stay exact. ``values`` must hold no -0.0
-    (the keys' order would put it below +0.0). Returns the number of cuts."""
+    its top k), so thresholds only rise and the lists stay exact. A -0.0 is keyed as +0.0 (the
+    keys' order would put it below). Returns the number of cuts."""
     cap = keys.shape[1]
     bits = values.view(np.int32)
     scratch = np.empty(1, dtype=np.int32)
@@ -222,6 +236,8 @@ def append(lists: np.ndarray, others: np.ndarray, other_ids: np.ndarray, values:
             if values[i] < threshold[li]:
                 continue
         b = bits[i]
+        if b == np.int32(-2147483648):  # -0.0
+            b = np.int32(0)
         ordered = b ^ ((b >> 31) & ID_MASK)
         keys[li, fill[li]] = (np.int64(ordered) << 32) | (ID_MASK - np.int64(other_ids[others[i]]))
         fill[li] += 1

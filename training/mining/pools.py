@@ -52,7 +52,7 @@ class Pool:
         full list is cut to its best ``k``, see :func:`aoq_train.mining.kernels.append`): list
         ``lists[i]`` gets score ``values[i]`` (float32) with id ``other_ids[others[i]]``.
         Returns the number of cuts."""
-        values = np.asarray(values, dtype=np.float32) + np.float32(0.0)  # -0.0 -> +0.0, as encode_keys
+        values = np.ascontiguousarray(values, dtype=np.float32)  # no copy: the scan's own array
         return kernels.append(lists, others, other_ids, values, threshold, self.keys, self.fill[: self.n], k)
 
     def rth_best(self, r: int) -> np.ndarray:
