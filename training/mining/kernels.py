@@ -57,8 +57,8 @@ def _collect(mask: np.ndarray, groups: int, r: int, rows: np.ndarray, cols: np.n
 def mask_own(scores: np.ndarray, own: np.ndarray, c0: int, c1: int, value: float) -> None:
     """Set ``scores[r, own[r, u] - c0]`` to ``value`` wherever ``c0 <= own[r, u] < c1``: a tile's
     own positives (``own``: each row's own gallery positions; the tile holds columns [c0, c1)).
-    Compiled: a tile holds a few of them, and numpy's masks and gathers over ``own`` cost about
-    what the tile's scan does."""
+    Compiled: a tile holds only a few of them, yet numpy's masks and gathers over all of ``own``
+    ran for every tile (docs/mining.md, section 5)."""
     for r in range(scores.shape[0]):
         for u in range(own.shape[1]):
             pos = own[r, u]
